@@ -1,0 +1,1 @@
+"""Adapters turn what a user passes (names, classes, callables) into torch objects."""

@@ -1,0 +1,210 @@
+"""Metrics by name, `torchmetrics.Metric` or callable, computed as exact dataset values.
+
+Named metrics become torchmetrics objects when the first batch is seen, which tells the
+task (binary, multiclass, multilabel, regression) and the class count. Metrics accumulate on
+the device; nothing is read back to the host until `compute()` (once per epoch or evaluation).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable
+
+import torch
+
+NAMES = ("accuracy", "mae", "mse", "f1", "precision", "recall", "auroc")
+_ALIASES = {"acc": "accuracy", "f1_score": "f1", "mean_absolute_error": "mae", "mean_squared_error": "mse", "auc": "auroc"}
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def primary_output(outputs: Any) -> torch.Tensor:
+    """The tensor metrics look at: the tensor itself, `logits` of a dict, or the first item."""
+    if isinstance(outputs, torch.Tensor):
+        return outputs
+    if isinstance(outputs, dict):
+        for key in ("logits", "predictions", "preds", "output"):
+            if key in outputs:
+                return outputs[key]
+        return next(v for k, v in outputs.items() if k != "loss")
+    if isinstance(outputs, (tuple, list)):
+        return outputs[0]
+    return getattr(outputs, "logits", outputs)
+
+
+def check_metrics(specs: Any) -> list:
+    """Validate at `compile`: names are known, objects are metrics or callables."""
+    if specs is None:
+        return []
+    if isinstance(specs, (str, dict)) or callable(specs):
+        specs = [specs]
+    out = []
+    for spec in specs:
+        if isinstance(spec, str):
+            key = _ALIASES.get(spec.lower(), spec.lower())
+            if key not in NAMES:
+                raise ValueError(
+                    f"unknown metric {spec!r} in `metrics`; valid names are: {', '.join(NAMES)} "
+                    "(or pass torchmetrics.Metric instances or callables (preds, target) -> tensor)"
+                )
+            out.append(spec)
+        elif callable(spec) or _is_metric(spec):
+            out.append(spec)
+        else:
+            raise TypeError(f"`metrics` items must be names, torchmetrics.Metric objects or callables; got {spec!r}")
+    return out
+
+
+def _is_metric(obj: Any) -> bool:
+    return type(obj).__module__.startswith("torchmetrics") or hasattr(obj, "compute") and hasattr(obj, "update")
+
+
+class _Mean:
+    """A batch-size-weighted mean of a callable metric, accumulated on the device."""
+
+    higher_is_better = None
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+        self.total: torch.Tensor | float = 0.0
+        self.count = 0
+
+    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
+        n = preds.shape[0] if preds.dim() else 1
+        self.total = self.total + self.fn(preds, target).detach().float() * n
+        self.count += n
+
+    def compute(self) -> torch.Tensor:
+        return torch.as_tensor(self.total) / max(self.count, 1)
+
+    def reset(self) -> None:
+        self.total, self.count = 0.0, 0
+
+
+def _build_named(name: str, preds: torch.Tensor, target: torch.Tensor):
+    import torchmetrics.classification as C
+    import torchmetrics.regression as R
+
+    key = _ALIASES.get(name.lower(), name.lower())
+    if key == "mae":
+        return R.MeanAbsoluteError(), "regression"
+    if key == "mse":
+        return R.MeanSquaredError(), "regression"
+    classes = preds.shape[-1] if preds.dim() >= 2 else 1
+    multilabel = False
+    if classes > 1 and target.shape == preds.shape:
+        # one-hot rows (Keras' categorical targets) are multiclass; anything else is multilabel
+        multilabel = not bool(((target == 0) | (target == 1)).all() and (target.sum(-1) == 1).all())
+    common = {"validate_args": False}
+    if classes > 1 and not multilabel:
+        kinds = {
+            "accuracy": lambda: C.MulticlassAccuracy(num_classes=classes, average="micro", **common),
+            "f1": lambda: C.MulticlassF1Score(num_classes=classes, average="macro", **common),
+            "precision": lambda: C.MulticlassPrecision(num_classes=classes, average="macro", **common),
+            "recall": lambda: C.MulticlassRecall(num_classes=classes, average="macro", **common),
+            "auroc": lambda: C.MulticlassAUROC(num_classes=classes, **common),
+        }
+        onehot = target.shape == preds.shape
+        return kinds[key](), "onehot" if onehot else "multiclass"
+    if multilabel:
+        kinds = {
+            "accuracy": lambda: C.MultilabelAccuracy(num_labels=classes, **common),
+            "f1": lambda: C.MultilabelF1Score(num_labels=classes, **common),
+            "precision": lambda: C.MultilabelPrecision(num_labels=classes, **common),
+            "recall": lambda: C.MultilabelRecall(num_labels=classes, **common),
+            "auroc": lambda: C.MultilabelAUROC(num_labels=classes, **common),
+        }
+        return kinds[key](), "multilabel"
+    kinds = {
+        "accuracy": C.BinaryAccuracy, "f1": C.BinaryF1Score, "precision": C.BinaryPrecision,
+        "recall": C.BinaryRecall, "auroc": C.BinaryAUROC,
+    }
+    return kinds[key](**common), "binary"
+
+
+def _prepare(kind: str, name: str, preds: torch.Tensor, target: torch.Tensor):
+    """Shape and scale predictions so torchmetrics never has to inspect values (no host sync)."""
+    if kind == "regression":
+        if preds.dim() == target.dim() + 1 and preds.shape[-1] == 1:
+            preds = preds.squeeze(-1)
+        return preds.float(), target.float()
+    if kind in ("multiclass", "onehot"):
+        if kind == "onehot":
+            target = target.argmax(-1)
+        if name == "auroc":
+            preds = preds.float().softmax(-1)
+        return preds, target
+    if preds.dim() == target.dim() + 1 and preds.shape[-1] == 1:
+        preds = preds.squeeze(-1)
+    if name == "auroc":  # scores in [0, 1]; logits are assumed
+        return preds.float().sigmoid(), target.long()
+    return (preds > 0).long(), target.long()  # logits -> hard labels (binary and multilabel)
+
+
+class MetricSet:
+    """The metrics of one phase (train or validation). `prefix` is `""` or `"val_"`."""
+
+    def __init__(self, specs: list, prefix: str = ""):
+        self.specs = specs
+        self.prefix = prefix
+        self._items: list[tuple[str, Any, str, str]] | None = None  # (log name, metric, kind, key)
+
+    def __bool__(self) -> bool:
+        return bool(self.specs)
+
+    @property
+    def names(self) -> list[str]:
+        return [self.prefix + n for n in self._base_names()]
+
+    def _base_names(self) -> list[str]:
+        names = []
+        for spec in self.specs:
+            if isinstance(spec, str):
+                names.append(spec)
+            elif _is_metric(spec):
+                names.append(_snake(type(spec).__name__))
+            else:
+                names.append(getattr(spec, "__name__", type(spec).__name__))
+        return names
+
+    def _build(self, preds: torch.Tensor, target: torch.Tensor) -> None:
+        items = []
+        for name, spec in zip(self._base_names(), self.specs):
+            if isinstance(spec, str):
+                metric, kind = _build_named(spec, preds, target)
+                key = _ALIASES.get(spec.lower(), spec.lower())
+            elif _is_metric(spec):
+                metric = spec.clone() if hasattr(spec, "clone") else spec
+                kind, key = "custom", name
+            else:
+                metric, kind, key = _Mean(spec), "custom", name
+            if hasattr(metric, "to"):
+                metric = metric.to(preds.device)
+            items.append((self.prefix + name, metric, kind, key))
+        self._items = items
+
+    def higher_is_better(self) -> dict[str, bool | None]:
+        if self._items is None:
+            return {}
+        return {name: getattr(metric, "higher_is_better", None) for name, metric, _, _ in self._items}
+
+    def update(self, outputs: Any, target: Any) -> None:
+        preds = primary_output(outputs).detach()
+        if self._items is None:
+            self._build(preds, target)
+        for _, metric, kind, key in self._items:
+            if kind == "custom":
+                metric.update(preds, target)
+            else:
+                metric.update(*_prepare(kind, key, preds, target))
+
+    def compute(self) -> dict[str, float]:
+        if not self._items:
+            return {}
+        return {name: float(metric.compute()) for name, metric, _, _ in self._items}
+
+    def reset(self) -> None:
+        for _, metric, _, _ in self._items or ():
+            metric.reset()

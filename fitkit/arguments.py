@@ -1,0 +1,210 @@
+"""`TrainingArguments`: every knob of a run, validated once, frozen, JSON-serialisable.
+
+Names follow Hugging Face's `TrainingArguments` so callbacks written for the HF Trainer read
+the same attributes (`args.output_dir`, `args.logging_steps`, `args.eval_strategy`, ...).
+`Model.compile` and `Model.fit` build one from their keyword options; pass a ready one with
+`fit(..., args=TrainingArguments(...))`::
+
+    args = TrainingArguments(num_train_epochs=3, per_device_train_batch_size=64,
+                             learning_rate=3e-4, eval_strategy="epoch")
+    args.to_json_string()
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+STRATEGIES = ("no", "steps", "epoch")
+SAVE_STRATEGIES = ("no", "steps", "epoch", "best")
+SCHEDULERS = ("constant", "linear", "cosine")
+PRECISIONS = (
+    "32-true", "32", "bf16-mixed", "bf16-true", "bf16", "16-mixed", "16-true", "16",
+    "64-true", "64", "transformer-engine",
+)
+VERBOSITY = (0, 1, 2, "auto")
+
+#: Aliases a Keras or HF user may reach for, mapped to the argument name used here.
+ALIASES = {
+    "epochs": "num_train_epochs",
+    "batch_size": "per_device_train_batch_size",
+    "eval_batch_size": "per_device_eval_batch_size",
+    "evaluation_strategy": "eval_strategy",
+    "lr": "learning_rate",
+    "lr_scheduler_type": "lr_scheduler",
+}
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if callable(value):
+        return getattr(value, "__qualname__", None) or type(value).__name__
+    return repr(value)
+
+
+@dataclass(frozen=True)
+class TrainingArguments:
+    """The frozen configuration of one run. See the field list for defaults."""
+
+    output_dir: str = "fitkit_output"
+    # -- schedule of the run
+    num_train_epochs: int = 1
+    max_steps: int = -1
+    per_device_train_batch_size: int = 32
+    per_device_eval_batch_size: int | None = None
+    shuffle: bool = True
+    gradient_accumulation_steps: int = 1
+    # -- optimisation
+    learning_rate: float | None = None
+    weight_decay: float | None = None
+    lr_scheduler: str | Callable = "constant"
+    warmup_steps: int = 0
+    warmup_ratio: float = 0.0
+    max_grad_norm: float | None = None
+    # -- logging, evaluation, saving
+    eval_strategy: str | None = None  # None: "epoch" when there is validation data, else "no"
+    eval_steps: int | None = None
+    logging_strategy: str = "epoch"
+    logging_steps: int = 500
+    logging_first_step: bool = False
+    save_strategy: str = "no"
+    save_steps: int = 500
+    save_total_limit: int | None = None
+    load_best_model_at_end: bool = False
+    metric_for_best_model: str = "val_loss"
+    greater_is_better: bool | None = None
+    resume_from_checkpoint: bool | str | None = None
+    report_to: str | list[str] = "none"
+    verbose: int | str = "auto"
+    seed: int | None = 42
+    # -- devices (Lightning Fabric)
+    accelerator: str = "auto"
+    devices: int | str | list[int] = "auto"
+    strategy: Any = "auto"
+    precision: str | int | None = None
+    num_nodes: int = 1
+    # -- search
+    hp_name: Callable | None = None
+
+    def __post_init__(self) -> None:
+        def need(cond: bool, name: str, fix: str) -> None:
+            if not cond:
+                raise ValueError(f"`{name}`={getattr(self, name)!r} is invalid: {fix}")
+
+        def positive_int(name: str) -> None:
+            v = getattr(self, name)
+            need(isinstance(v, int) and not isinstance(v, bool) and v > 0, name, "pass an integer > 0")
+
+        positive_int("num_train_epochs")
+        positive_int("per_device_train_batch_size")
+        if self.per_device_eval_batch_size is not None:
+            positive_int("per_device_eval_batch_size")
+        positive_int("gradient_accumulation_steps")
+        positive_int("logging_steps")
+        positive_int("save_steps")
+        positive_int("num_nodes")
+        need(isinstance(self.max_steps, int) and self.max_steps != 0, "max_steps",
+             "pass a positive number of optimizer steps, or -1 to train by epochs")
+        if self.eval_steps is not None:
+            positive_int("eval_steps")
+        if self.learning_rate is not None:
+            need(isinstance(self.learning_rate, (int, float)) and self.learning_rate >= 0
+                 and math.isfinite(self.learning_rate), "learning_rate", "pass a finite number >= 0")
+        if self.weight_decay is not None:
+            need(self.weight_decay >= 0, "weight_decay", "pass a number >= 0")
+        if self.max_grad_norm is not None:
+            need(self.max_grad_norm > 0, "max_grad_norm", "pass a number > 0, or None to skip clipping")
+        need(isinstance(self.warmup_steps, int) and self.warmup_steps >= 0, "warmup_steps",
+             "pass an integer >= 0")
+        need(0.0 <= self.warmup_ratio < 1.0, "warmup_ratio", "pass a fraction in [0, 1)")
+        need(callable(self.lr_scheduler) or self.lr_scheduler in SCHEDULERS, "lr_scheduler",
+             f"use one of {list(SCHEDULERS)} or a callable (optimizer, num_training_steps) -> scheduler")
+        need(self.eval_strategy is None or self.eval_strategy in STRATEGIES, "eval_strategy",
+             f"use one of {list(STRATEGIES)}")
+        need(self.logging_strategy in STRATEGIES, "logging_strategy", f"use one of {list(STRATEGIES)}")
+        need(self.save_strategy in SAVE_STRATEGIES, "save_strategy", f"use one of {list(SAVE_STRATEGIES)}")
+        if self.save_total_limit is not None:
+            positive_int("save_total_limit")
+        need(self.verbose in VERBOSITY, "verbose", "use 0 (silent), 1 (progress bar), 2 (a line per epoch) or 'auto'")
+        need(self.precision is None or str(self.precision) in PRECISIONS, "precision",
+             f"use one of {list(PRECISIONS)}")
+        need(self.seed is None or isinstance(self.seed, int), "seed", "pass an integer or None")
+
+    # -- derived values -----------------------------------------------------------------
+    @property
+    def epochs(self) -> int:
+        return self.num_train_epochs
+
+    @property
+    def batch_size(self) -> int:
+        return self.per_device_train_batch_size
+
+    @property
+    def eval_batch_size(self) -> int:
+        return self.per_device_eval_batch_size or self.per_device_train_batch_size
+
+    @property
+    def train_batch_size(self) -> int:
+        return self.per_device_train_batch_size
+
+    @property
+    def lr_scheduler_type(self) -> str:
+        return self.lr_scheduler if isinstance(self.lr_scheduler, str) else "callable"
+
+    @property
+    def evaluation_strategy(self) -> str | None:
+        return self.eval_strategy
+
+    @property
+    def disable_tqdm(self) -> bool:
+        return self.verbose != 1
+
+    @property
+    def process_index(self) -> int:
+        return 0
+
+    # -- construction and serialisation ----------------------------------------------------
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def from_options(cls, **options: Any) -> "TrainingArguments":
+        """Build from keyword options, accepting the Keras/HF aliases (`epochs`, `batch_size`, ...).
+
+        An unknown option raises `TypeError` naming it and listing the valid ones.
+        """
+        known = set(cls.names())
+        values: dict[str, Any] = {}
+        for key, value in options.items():
+            name = ALIASES.get(key, key)
+            if name not in known:
+                valid = sorted(known | set(ALIASES))
+                raise TypeError(f"unknown option {key!r}; valid options are: {', '.join(valid)}")
+            values[name] = value
+        return cls(**values)
+
+    def replace(self, **options: Any) -> "TrainingArguments":
+        """A copy with some options changed (aliases accepted)."""
+        merged = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        merged.update({ALIASES.get(k, k): v for k, v in options.items()})
+        return type(self).from_options(**merged)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict (callables and objects by name)."""
+        return {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    def to_json_string(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    def to_sanitized_dict(self) -> dict[str, Any]:
+        """Values a tracker accepts as hyperparameters (bool, int, float, str)."""
+        return {k: (v if isinstance(v, (bool, int, float, str)) else str(v)) for k, v in self.to_dict().items()}

@@ -1,0 +1,354 @@
+"""The callback system: `TrainerCallback`, `TrainerState`, `TrainerControl`, `CallbackHandler`.
+
+These follow the documented Hugging Face `TrainerCallback` event set, so a callback written
+for `transformers.Trainer` that only touches `args`, `state`, `control` and the documented
+keyword arguments runs unchanged::
+
+    from fitkit import TrainerCallback
+
+    class PrintLoss(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if state.is_world_process_zero:
+                print(state.global_step, logs)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+logger = logging.getLogger("fitkit")
+
+#: The documented events, in the order a run first meets them.
+EVENTS: tuple[str, ...] = (
+    "on_init_end",
+    "on_train_begin",
+    "on_epoch_begin",
+    "on_step_begin",
+    "on_substep_end",
+    "on_pre_optimizer_step",
+    "on_optimizer_step",
+    "on_step_end",
+    "on_log",
+    "on_evaluate",
+    "on_save",
+    "on_epoch_end",
+    "on_train_end",
+    "on_prediction_step",
+    "on_predict",
+)
+
+
+class StopTraining(Exception):
+    """Raise from any callback (or an overridden step) to stop training gracefully.
+
+    The current step completes, `on_train_end` still fires and the reason is logged::
+
+        class StopAt(TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                if state.global_step == 10:
+                    raise fitkit.StopTraining("enough for today")
+    """
+
+
+@dataclass
+class TrainerState:
+    """Where the run is; saved with every checkpoint as `trainer_state.json`.
+
+    One *step* is one optimizer update: with `gradient_accumulation_steps=n` it spans `n`
+    micro-batches. `epoch` is a float whose fraction is the part of the epoch done.
+    """
+
+    epoch: float | None = None
+    global_step: int = 0
+    max_steps: int = 0
+    logging_steps: int = 500
+    eval_steps: int = 500
+    save_steps: int = 500
+    train_batch_size: int | None = None
+    num_train_epochs: int = 0
+    num_input_tokens_seen: int = 0
+    total_flos: float = 0.0
+    log_history: list[dict[str, float]] = field(default_factory=list)
+    best_metric: float | None = None
+    best_global_step: int | None = None
+    best_model_checkpoint: str | None = None
+    is_local_process_zero: bool = True
+    is_world_process_zero: bool = True
+    is_hyper_param_search: bool = False
+    trial_name: str | None = None
+    trial_params: dict[str, Any] | None = None
+    stateful_callbacks: dict[str, Any] = field(default_factory=dict)
+
+    def save_to_json(self, json_path: str) -> None:
+        """Write this state as JSON to `json_path`."""
+        text = json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"
+        with open(json_path, "w", encoding="utf-8") as f:
+            f.write(text)
+
+    @classmethod
+    def load_from_json(cls, json_path: str) -> "TrainerState":
+        """Create a state from the JSON written by `save_to_json`."""
+        with open(json_path, encoding="utf-8") as f:
+            data = json.load(f)
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass
+class TrainerControl:
+    """Switches callbacks flip to steer the loop (HF semantics).
+
+    `should_training_stop` is never reset; `should_epoch_stop` is reset at each epoch begin;
+    `should_save`, `should_evaluate` and `should_log` are reset at each step begin.
+    """
+
+    should_training_stop: bool = False
+    should_epoch_stop: bool = False
+    should_save: bool = False
+    should_evaluate: bool = False
+    should_log: bool = False
+
+    def _new_training(self) -> None:
+        self.should_training_stop = False
+
+    def _new_epoch(self) -> None:
+        self.should_epoch_stop = False
+
+    def _new_step(self) -> None:
+        self.should_save = False
+        self.should_evaluate = False
+        self.should_log = False
+
+    def state(self) -> dict:
+        """The flags as a JSON-able dict (stored in checkpoints)."""
+        return {"args": dataclasses.asdict(self), "attributes": {}}
+
+
+class TrainerCallback:
+    """Base class: override any of the events; each is called as
+    `event(args, state, control, **kwargs)` and may return a `TrainerControl`.
+
+    `order` (default 0) lets a callback ask to run later than others; equal orders keep
+    list order. `DefaultFlowCallback` always runs first.
+
+    Example::
+
+        class MyCallback(TrainerCallback):
+            def on_train_begin(self, args, state, control, **kwargs):
+                print("Starting training")
+
+        Model(net).compile("adam", "mse").fit(x, y, callbacks=[MyCallback()])
+    """
+
+    order: int = 0
+
+    def on_init_end(self, args, state, control, **kwargs):
+        """Called once when the model is compiled."""
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        """Called at the beginning of training."""
+
+    def on_train_end(self, args, state, control, **kwargs):
+        """Called at the end of training (also when training was stopped early)."""
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        """Called at the beginning of an epoch."""
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        """Called at the end of an epoch."""
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        """Called at the first micro-batch of each optimizer step."""
+
+    def on_substep_end(self, args, state, control, **kwargs):
+        """Called after each micro-batch but the last of a gradient-accumulation cycle."""
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        """Called after gradient clipping, before `optimizer.step()`."""
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        """Called after `optimizer.step()`, before the scheduler steps and gradients are zeroed."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        """Called at the end of each optimizer step."""
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        """Called after an evaluation; `metrics` holds its values."""
+
+    def on_predict(self, args, state, control, metrics=None, **kwargs):
+        """Called after `predict`."""
+
+    def on_save(self, args, state, control, **kwargs):
+        """Called after a checkpoint is saved."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        """Called after logging; `logs` holds the values logged."""
+
+    def on_prediction_step(self, args, state, control, **kwargs):
+        """Called after each evaluation or prediction batch."""
+
+
+def _is_noop(cls: type, name: str) -> bool:
+    """True when `cls.name` is only a base class's empty hook (ours or transformers')."""
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return klass is TrainerCallback or (
+                klass.__name__ == "TrainerCallback" and klass.__module__.startswith("transformers.")
+            )
+    return True  # nothing defines it
+
+
+class CallbackHandler(TrainerCallback):
+    """Holds the callbacks of a run and fires events on them, in order.
+
+    For each event it keeps the list of callbacks that really override it, so an event no
+    callback listens to costs one dictionary look-up. `call_event` also fires custom events:
+    every callback with a method of that name receives it.
+    """
+
+    def __init__(
+        self,
+        callbacks: Iterable[TrainerCallback | type] = (),
+        model=None,
+        optimizer=None,
+        lr_scheduler=None,
+    ):
+        self.callbacks: list[TrainerCallback] = []
+        for cb in callbacks:
+            self.add_callback(cb)
+        self.model = model
+        self.optimizer = optimizer
+        self.lr_scheduler = lr_scheduler
+        self.train_dataloader = None
+        self.eval_dataloader = None
+
+    # -- the list ---------------------------------------------------------------------
+    def add_callback(self, callback: TrainerCallback | type) -> None:
+        cb = callback() if isinstance(callback, type) else callback
+        cb_class = type(cb)
+        if any(type(c) is cb_class for c in self.callbacks):
+            warnings.warn(
+                f"You are adding a {cb_class.__name__} to the callbacks but there is already one. "
+                f"The current list of callbacks is: {self.callback_list}",
+                stacklevel=3,
+            )
+        self.callbacks.append(cb)
+        self._sort()
+
+    def pop_callback(self, callback: TrainerCallback | type) -> TrainerCallback | None:
+        for i, cb in enumerate(self.callbacks):
+            if (isinstance(callback, type) and type(cb) is callback) or cb is callback:
+                self._listeners.clear()
+                return self.callbacks.pop(i)
+        return None
+
+    def remove_callback(self, callback: TrainerCallback | type) -> None:
+        self.pop_callback(callback)
+
+    @property
+    def callback_list(self) -> str:
+        return "\n".join(type(cb).__name__ for cb in self.callbacks)
+
+    def _sort(self) -> None:
+        # Stable: equal `order` keeps insertion order.
+        self.callbacks.sort(key=lambda cb: getattr(cb, "order", 0))
+        self._listeners: dict[str, list] = {}
+
+    def listeners(self, event: str) -> list:
+        """The bound methods that handle `event`, cached."""
+        found = self._listeners.get(event)
+        if found is None:
+            found = [
+                getattr(cb, event)
+                for cb in self.callbacks
+                if callable(getattr(cb, event, None)) and not _is_noop(type(cb), event)
+            ]
+            self._listeners[event] = found
+        return found
+
+    def invalidate(self) -> None:
+        """Forget cached listeners (call after changing a callback's methods at run time)."""
+        self._listeners = {}
+
+    # -- firing -----------------------------------------------------------------------
+    def call_event(self, event: str, args, state, control, **kwargs):
+        handlers = self._listeners.get(event)
+        if handlers is None:
+            handlers = self.listeners(event)
+        if not handlers:
+            return control
+        for handler in handlers:
+            result = handler(
+                args,
+                state,
+                control,
+                model=self.model,
+                optimizer=self.optimizer,
+                lr_scheduler=self.lr_scheduler,
+                train_dataloader=self.train_dataloader,
+                eval_dataloader=self.eval_dataloader,
+                **kwargs,
+            )
+            if result is not None:
+                control = result
+        return control
+
+    def has_listeners(self, event: str) -> bool:
+        return bool(self.listeners(event))
+
+    # The documented events, so the handler can stand where a callback is expected.
+    def on_init_end(self, args, state, control):
+        return self.call_event("on_init_end", args, state, control)
+
+    def on_train_begin(self, args, state, control):
+        control._new_training()
+        return self.call_event("on_train_begin", args, state, control)
+
+    def on_train_end(self, args, state, control):
+        return self.call_event("on_train_end", args, state, control)
+
+    def on_epoch_begin(self, args, state, control):
+        control._new_epoch()
+        return self.call_event("on_epoch_begin", args, state, control)
+
+    def on_epoch_end(self, args, state, control):
+        return self.call_event("on_epoch_end", args, state, control)
+
+    def on_step_begin(self, args, state, control):
+        control._new_step()
+        return self.call_event("on_step_begin", args, state, control)
+
+    def on_substep_end(self, args, state, control):
+        return self.call_event("on_substep_end", args, state, control)
+
+    def on_pre_optimizer_step(self, args, state, control):
+        return self.call_event("on_pre_optimizer_step", args, state, control)
+
+    def on_optimizer_step(self, args, state, control):
+        return self.call_event("on_optimizer_step", args, state, control)
+
+    def on_step_end(self, args, state, control):
+        return self.call_event("on_step_end", args, state, control)
+
+    def on_evaluate(self, args, state, control, metrics):
+        control.should_evaluate = False
+        return self.call_event("on_evaluate", args, state, control, metrics=metrics)
+
+    def on_predict(self, args, state, control, metrics):
+        return self.call_event("on_predict", args, state, control, metrics=metrics)
+
+    def on_save(self, args, state, control):
+        control.should_save = False
+        return self.call_event("on_save", args, state, control)
+
+    def on_log(self, args, state, control, logs):
+        control.should_log = False
+        return self.call_event("on_log", args, state, control, logs=logs)
+
+    def on_prediction_step(self, args, state, control):
+        return self.call_event("on_prediction_step", args, state, control)

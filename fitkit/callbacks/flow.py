@@ -1,0 +1,45 @@
+"""`DefaultFlowCallback`: turns the logging / evaluation / save strategies into `control` switches."""
+
+from __future__ import annotations
+
+from fitkit.callbacks.base import TrainerCallback
+
+
+class DefaultFlowCallback(TrainerCallback):
+    """Always first in a run's callbacks. Sets `control.should_log`, `should_evaluate` and
+    `should_save` by steps or at epoch end as the arguments ask, honours
+    `logging_first_step`, and stops training at `max_steps`.
+
+    Example (it is added for you; this shows what it reads)::
+
+        model.fit(x, y, logging_strategy="steps", logging_steps=50,
+                  eval_strategy="steps", eval_steps=200, validation_split=0.1)
+    """
+
+    order = -(10**9)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        step = state.global_step
+        if step == 1 and args.logging_first_step:
+            control.should_log = True
+        if args.logging_strategy == "steps" and state.logging_steps > 0 and step % state.logging_steps == 0:
+            control.should_log = True
+        if args.eval_strategy == "steps" and state.eval_steps > 0 and step % state.eval_steps == 0:
+            control.should_evaluate = True
+        if args.save_strategy == "steps" and state.save_steps > 0 and step % state.save_steps == 0:
+            control.should_save = True
+        if state.max_steps > 0 and step >= state.max_steps:
+            control.should_training_stop = True
+            if args.save_strategy not in ("no", "best"):
+                control.should_save = True
+        return control
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        # Keras keeps one record per epoch: with step logging the epoch's exact averages are logged too.
+        if args.logging_strategy in ("epoch", "steps"):
+            control.should_log = True
+        if args.eval_strategy == "epoch":
+            control.should_evaluate = True
+        if args.save_strategy == "epoch":
+            control.should_save = True
+        return control

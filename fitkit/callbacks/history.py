@@ -1,0 +1,52 @@
+"""`History`: the per-epoch record `fit` returns (Keras)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from fitkit.callbacks.base import TrainerCallback
+
+
+class History(TrainerCallback):
+    """Collects one value per epoch for every logged loss and metric.
+
+    `history` maps each name (`loss`, `accuracy`, `val_loss`, ...) to a list with one value
+    per epoch; `epoch` lists the epochs (0-based, Keras). Within an epoch the latest logged
+    value wins, so the epoch-end record (exact epoch averages) is what is kept::
+
+        hist = Model(net).compile("adam", "cross_entropy", ["accuracy"]).fit(x, y, epochs=3)
+        hist.history["loss"]      # [1.9, 1.1, 0.7]
+        hist.epoch                # [0, 1, 2]
+    """
+
+    _SKIP = frozenset({"epoch", "step", "learning_rate", "total_flos"})
+
+    def __init__(self) -> None:
+        self.history: dict[str, list[float]] = {}
+        self.epoch: list[int] = []
+        self.params: dict[str, Any] = {}
+        self._rows: dict[int, dict[str, float]] = {}
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.params = {"epochs": state.num_train_epochs, "steps": state.max_steps, "verbose": args.verbose}
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs:
+            return
+        index = max(math.ceil(state.epoch or 0.0) - 1, 0)
+        row = self._rows.setdefault(index, {})
+        for key, value in logs.items():
+            if key not in self._SKIP and isinstance(value, (int, float)):
+                row[key] = float(value)
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        self.epoch = sorted(self._rows)
+        names: list[str] = []
+        for i in self.epoch:
+            names.extend(k for k in self._rows[i] if k not in names)
+        self.history = {k: [self._rows[i].get(k, math.nan) for i in self.epoch] for k in names}
+
+    def __repr__(self) -> str:
+        return f"History(epochs={len(self.epoch)}, keys={list(self.history)})"

@@ -1,0 +1,19 @@
+"""`PrinterCallback`: prints every log record (HF's bare printer)."""
+
+from __future__ import annotations
+
+from fitkit.callbacks.base import TrainerCallback
+
+
+class PrinterCallback(TrainerCallback):
+    """Print each `on_log` record on the world-zero process.
+
+    Example::
+
+        model.fit(x, y, verbose=0, callbacks=[PrinterCallback()])
+        # {'loss': 0.6931, 'learning_rate': 0.001, 'epoch': 1.0}
+    """
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and logs:
+            print({k: v for k, v in logs.items() if k != "total_flos"}, flush=True)

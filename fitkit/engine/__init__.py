@@ -1,0 +1,1 @@
+"""The engine: data adapting, the Fabric, the loop, checkpoint I/O."""

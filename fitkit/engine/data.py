@@ -1,0 +1,343 @@
+"""Inputs -> batches.
+
+Every accepted input becomes a `DataSource` whose `batches(epoch)` yields `Batch`es:
+`(inputs, target, sample_weight)` where `inputs` is a tuple of positional arguments or a dict
+of keyword arguments for the module.
+
+In-memory data (tensors, NumPy arrays, `(x, y[, sample_weight])` tuples) is batched by
+slicing: one `index_select` per tensor per batch when shuffling, a view when not. That skips
+the per-sample `__getitem__` and collation a `DataLoader` over a `TensorDataset` pays.
+Datasets and DataLoaders go through a `DataLoader` (Fabric adds the distributed sampler).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Iterator, NamedTuple
+
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
+
+LABEL_KEYS = ("labels", "label", "y", "targets", "target")
+
+
+class Batch(NamedTuple):
+    inputs: tuple | dict
+    target: Any
+    sample_weight: torch.Tensor | None
+    size: int
+
+
+def _to_tensor(value: Any, name: str) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover - numpy ships with torch installs
+        np = None
+    if np is not None and isinstance(value, np.ndarray):
+        t = torch.from_numpy(value)
+        # Keras casts float64 features to float32; labels keep their integer type.
+        return t.float() if t.dtype == torch.float64 else t
+    raise TypeError(f"`{name}` must be a tensor or NumPy array here; got {type(value).__name__}")
+
+
+def _is_array(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) or type(value).__module__ == "numpy" and hasattr(value, "shape")
+
+
+def _map(fn, tree):
+    if isinstance(tree, dict):
+        return {k: fn(v) for k, v in tree.items()}
+    if isinstance(tree, (tuple, list)):
+        return tuple(fn(v) for v in tree)
+    return fn(tree)
+
+
+def _first(tree) -> torch.Tensor:
+    if isinstance(tree, dict):
+        return next(iter(tree.values()))
+    if isinstance(tree, (tuple, list)):
+        return tree[0]
+    return tree
+
+
+def batch_size_of(tree) -> int:
+    t = _first(tree)
+    return int(t.shape[0]) if isinstance(t, torch.Tensor) and t.dim() else 1
+
+
+def split_batch(batch: Any) -> Batch:
+    """Normalise one batch from a loader or iterable into `Batch`."""
+    if isinstance(batch, dict):
+        inputs = dict(batch)
+        sw = inputs.pop("sample_weight", None)
+        target = None
+        for key in LABEL_KEYS:
+            if key in inputs:
+                target = inputs.pop(key)
+                break
+        return Batch(inputs, target, sw, batch_size_of(inputs))
+    if isinstance(batch, (tuple, list)):
+        if len(batch) == 1:
+            return Batch((batch[0],), None, None, batch_size_of(batch[0]))
+        if len(batch) in (2, 3):
+            x = batch[0]
+            inputs = x if isinstance(x, dict) else (tuple(x) if isinstance(x, (tuple, list)) else (x,))
+            return Batch(inputs, batch[1], batch[2] if len(batch) == 3 else None, batch_size_of(x))
+        raise ValueError(
+            f"a batch must be x, (x,), (x, y), (x, y, sample_weight) or a dict; got a sequence of {len(batch)} items"
+        )
+    return Batch((batch,), None, None, batch_size_of(batch))
+
+
+class DataSource:
+    """Something that yields batches each epoch."""
+
+    num_samples: int | None = None
+
+    def __len__(self) -> int:  # number of batches per epoch (per process)
+        raise TypeError("unknown length")
+
+    def has_len(self) -> bool:
+        try:
+            len(self)
+            return True
+        except TypeError:
+            return False
+
+    def batches(self, epoch: int) -> Iterator[Batch]:
+        raise NotImplementedError
+
+
+class TensorSource(DataSource):
+    """In-memory tensors, batched by slicing (`index_select` when shuffled)."""
+
+    def __init__(self, x, y=None, sample_weight=None, *, batch_size: int, shuffle: bool, seed: int | None,
+                 drop_last: bool = False, rank: int = 0, world_size: int = 1, pad: bool = True):
+        self.x, self.y, self.sample_weight = x, y, sample_weight
+        self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
+        self.drop_last = drop_last
+        self.total = batch_size_of(x)
+        self.shard(rank, world_size, pad)
+        self.class_weight: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        n = self.num_samples
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def shard(self, rank: int, world_size: int, pad: bool) -> None:
+        """Take this process's share. `pad` (training) repeats samples so all ranks step alike;
+        evaluation does not pad, so no sample counts twice."""
+        self.rank, self.world_size, self.pad = rank, world_size, pad
+        if world_size == 1:
+            self.num_samples = self.total
+        elif pad:
+            self.num_samples = math.ceil(self.total / world_size)
+        else:
+            self.num_samples = len(range(rank, self.total, world_size))
+
+    def to(self, device: torch.device) -> "TensorSource":
+        move = lambda t: t.to(device, non_blocking=True) if isinstance(t, torch.Tensor) else t  # noqa: E731
+        self.x = _map(move, self.x)
+        self.y = _map(move, self.y) if self.y is not None else None
+        self.sample_weight = move(self.sample_weight) if self.sample_weight is not None else None
+        if self.class_weight is not None:
+            self.class_weight = move(self.class_weight)
+        return self
+
+    def order(self, epoch: int) -> torch.Tensor | None:
+        """The sample indices of this process for `epoch`, or None for the natural order."""
+        if not self.shuffle and self.world_size == 1:
+            return None
+        if self.shuffle:
+            g = torch.Generator()
+            g.manual_seed((self.seed or 0) + epoch)
+            perm = torch.randperm(self.total, generator=g)
+        else:
+            perm = torch.arange(self.total)
+        if self.world_size > 1:
+            if self.pad:  # as DistributedSampler: repeat from the start so every rank has as many
+                extra = self.num_samples * self.world_size - self.total
+                if extra:
+                    perm = torch.cat([perm, perm[:extra]])
+            perm = perm[self.rank :: self.world_size]
+        return perm
+
+    def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
+        order = self.order(epoch)
+        device = _first(self.x).device
+        if order is not None:
+            order = order.to(device)
+        bs, n = self.batch_size, self.num_samples
+        x, y, sw, cw = self.x, self.y, self.sample_weight, self.class_weight
+        positional = not isinstance(x, dict)
+        for b in range(start, len(self)):
+            lo, hi = b * bs, min((b + 1) * bs, n)
+            if order is None:
+                take = lambda t: t[lo:hi]  # noqa: E731 - a view, no copy
+            else:
+                idx = order[lo:hi]
+                take = lambda t: t.index_select(0, idx)  # noqa: E731
+            xb = _map(take, x)
+            yb = take(y) if y is not None else None
+            swb = take(sw) if sw is not None else None
+            if cw is not None and yb is not None:
+                cwb = cw[yb]
+                swb = cwb if swb is None else swb * cwb
+            inputs = (xb if isinstance(xb, tuple) else (xb,)) if positional else xb
+            yield Batch(inputs, yb, swb, hi - lo)
+
+
+class LoaderSource(DataSource):
+    """A DataLoader (given, or built over a Dataset) or any re-iterable of batches."""
+
+    def __init__(self, loader: Iterable, *, num_samples: int | None = None):
+        self.loader = loader
+        self.num_samples = num_samples
+        self.class_weight: torch.Tensor | None = None
+        self.generator: torch.Generator | None = None
+        self.seed: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+    def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
+        if self.generator is not None:
+            self.generator.manual_seed((self.seed or 0) + epoch)
+        sampler = getattr(self.loader, "sampler", None)
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(epoch)
+        cw = self.class_weight
+        for i, raw in enumerate(self.loader):
+            if i < start:
+                continue
+            batch = split_batch(raw)
+            if cw is not None and batch.target is not None:
+                w = cw.to(batch.target.device)[batch.target]
+                batch = batch._replace(sample_weight=w if batch.sample_weight is None else batch.sample_weight * w)
+            yield batch
+
+
+def _check_len(x, y, sample_weight) -> None:
+    n = batch_size_of(x)
+    if n == 0:
+        raise ValueError("`x` is empty: pass at least one sample")
+    for leaf in (x.values() if isinstance(x, dict) else (x if isinstance(x, tuple) else (x,))):
+        if batch_size_of(leaf) != n:
+            raise ValueError(f"all inputs in `x` must have the same number of samples; got {n} and {batch_size_of(leaf)}")
+    if y is not None and batch_size_of(y) != n:
+        raise ValueError(
+            f"`x` has {n} samples but `y` has {batch_size_of(y)}: pass `x` and `y` with the same first dimension"
+        )
+    if sample_weight is not None and batch_size_of(sample_weight) != n:
+        raise ValueError(f"`sample_weight` has {batch_size_of(sample_weight)} entries for {n} samples: pass one per sample")
+
+
+def _arrays(value, name: str):
+    if isinstance(value, dict):
+        return {k: _to_tensor(v, f"{name}[{k!r}]") for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return tuple(_to_tensor(v, name) for v in value)
+    return _to_tensor(value, name)
+
+
+def _in_memory(x) -> bool:
+    if _is_array(x):
+        return True
+    if isinstance(x, dict) and x:
+        return all(_is_array(v) for v in x.values())
+    if isinstance(x, (tuple, list)) and x:
+        return all(_is_array(v) for v in x)
+    return False
+
+
+def adapt(
+    x: Any,
+    y: Any = None,
+    sample_weight: Any = None,
+    *,
+    batch_size: int,
+    shuffle: bool,
+    seed: int | None = None,
+    name: str = "x",
+) -> tuple[DataSource | None, tuple | None]:
+    """Turn user input into a `DataSource`.
+
+    Returns the source and, for in-memory data, the `(x, y, sample_weight)` tensors (so a
+    validation split can be taken). `x` may be an `(x, y[, sample_weight])` tuple itself.
+    """
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
+        raise ValueError(f"`batch_size`={batch_size!r} is invalid: pass an integer > 0")
+    if x is None:
+        raise ValueError(f"`{name}` is required: pass tensors, arrays, a Dataset or a DataLoader")
+    if y is None and isinstance(x, tuple) and len(x) in (2, 3) and _is_array(x[0]) and all(
+        v is None or _is_array(v) for v in x[1:]
+    ):
+        x, y, sample_weight = (*x, None)[:3] if len(x) == 2 else x
+    if _in_memory(x):
+        x = _arrays(x, name)
+        y = _arrays(y, "y") if y is not None else None
+        sample_weight = _to_tensor(sample_weight, "sample_weight") if sample_weight is not None else None
+        _check_len(x, y, sample_weight)
+        source = TensorSource(x, y, sample_weight, batch_size=batch_size, shuffle=shuffle, seed=seed)
+        return source, (x, y, sample_weight)
+    if y is not None:
+        raise ValueError(
+            f"`y` can only be given with tensors or arrays as `{name}`; a {type(x).__name__} must yield (x, y) itself"
+        )
+    if sample_weight is not None:
+        raise ValueError("`sample_weight` can only be given with in-memory `x`; yield (x, y, sample_weight) batches instead")
+    if isinstance(x, DataLoader):
+        if len(x.dataset) == 0 if hasattr(x.dataset, "__len__") else False:
+            raise ValueError(f"`{name}` is an empty DataLoader: it yields no batch")
+        n = len(x.dataset) if hasattr(x.dataset, "__len__") else None
+        return LoaderSource(x, num_samples=n), None
+    if isinstance(x, Dataset):
+        iterable = isinstance(x, IterableDataset)
+        if not iterable and len(x) == 0:  # type: ignore[arg-type]
+            raise ValueError(f"`{name}` is an empty Dataset: pass at least one sample")
+        g = None
+        if shuffle and not iterable:
+            g = torch.Generator()
+        loader = DataLoader(x, batch_size=batch_size, shuffle=shuffle and not iterable, generator=g)
+        source = LoaderSource(loader, num_samples=None if iterable else len(x))  # type: ignore[arg-type]
+        source.generator, source.seed = g, seed
+        return source, None
+    if isinstance(x, Iterable) and not isinstance(x, (str, bytes)):
+        if iter(x) is x:
+            raise TypeError(
+                f"`{name}` is a one-shot iterator; pass a re-iterable (a list of batches, a Dataset or a DataLoader)"
+            )
+        return LoaderSource(x), None
+    raise TypeError(
+        f"`{name}` must be a tensor, NumPy array, (x, y) tuple, Dataset, DataLoader or re-iterable of batches; "
+        f"got {type(x).__name__}"
+    )
+
+
+def split_validation(tensors: tuple | None, x: Any, fraction: float):
+    """Keras' `validation_split`: the last `fraction` of the samples, taken before shuffling.
+
+    Returns `(train_x, train_y, train_sw), (val_x, val_y, val_sw)` or Datasets for map-style input.
+    """
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"`validation_split`={fraction!r} is invalid: pass a fraction in (0, 1)")
+    if tensors is not None:
+        xt, yt, swt = tensors
+        n = batch_size_of(xt)
+        cut = int(n * (1.0 - fraction))
+        if cut <= 0 or cut >= n:
+            raise ValueError(f"`validation_split`={fraction} leaves an empty split of {n} samples; pick another fraction")
+        head = lambda t: t[:cut]  # noqa: E731
+        tail = lambda t: t[cut:]  # noqa: E731
+        opt = lambda f, t: f(t) if t is not None else None  # noqa: E731
+        return (_map(head, xt), opt(head, yt), opt(head, swt)), (_map(tail, xt), opt(tail, yt), opt(tail, swt))
+    if isinstance(x, Dataset) and not isinstance(x, IterableDataset):
+        n = len(x)  # type: ignore[arg-type]
+        cut = int(n * (1.0 - fraction))
+        return Subset(x, range(cut)), Subset(x, range(cut, n))
+    raise ValueError(
+        "`validation_split` needs tensors, arrays or a map-style Dataset; pass `validation_data` for "
+        f"a {type(x).__name__}"
+    )

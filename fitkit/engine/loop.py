@@ -1,0 +1,294 @@
+"""The loop: train, evaluate and predict over a Fabric, firing the callback events.
+
+The order of events per optimizer step is Hugging Face's (DESIGN.md section 3). Losses are
+accumulated on the device and read back only when logged: the loop itself never calls
+`.item()` per step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from fitkit.adapters.losses import Loss
+from fitkit.adapters.metrics import MetricSet, primary_output
+from fitkit.arguments import TrainingArguments
+from fitkit.callbacks.base import CallbackHandler, StopTraining, TrainerControl, TrainerState
+from fitkit.engine.data import Batch, DataSource
+
+logger = logging.getLogger("fitkit")
+
+
+def _model_loss(out: Any) -> torch.Tensor:
+    """The loss a module returned itself: a tensor, `out["loss"]`, `out.loss` or `out[0]`."""
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, dict) and "loss" in out:
+        return out["loss"]
+    if getattr(out, "loss", None) is not None:
+        return out.loss
+    if isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor):
+        return out[0]
+    raise ValueError(
+        "`loss=None` means the module returns its loss (a tensor, a dict with 'loss', or a tuple whose first "
+        f"item is the loss), but it returned {type(out).__name__}; pass `loss=` to compile"
+    )
+
+
+def _metric_outputs(out: Any) -> Any:
+    """What metrics see when the module returned its own loss: logits, not the loss."""
+    if isinstance(out, (tuple, list)) and len(out) > 1:
+        return out[1]
+    return out
+
+
+@dataclass
+class Parts:
+    """What the loop runs on; built by the `Model` facade."""
+
+    fabric: Any
+    module: torch.nn.Module  # as set up by Fabric
+    optimizer: torch.optim.Optimizer | None
+    loss: Loss | None
+    metrics: list
+    handler: CallbackHandler
+    args: TrainingArguments
+    state: TrainerState
+    control: TrainerControl
+    lr_scheduler: Any = None
+
+
+class Loop:
+    """One run's train / evaluate / predict over `Parts`."""
+
+    def __init__(self, parts: Parts):
+        self.p = parts
+        self.train_metrics = MetricSet(parts.metrics)
+        self.val_metrics = MetricSet(parts.metrics, prefix="val_")
+        self.val: DataSource | None = None
+        #: Writes a checkpoint when `control.should_save` (set by the facade).
+        self.save_fn: Callable[[], None] | None = None
+
+    # -- one forward ------------------------------------------------------------------
+    def forward(self, batch: Batch, with_loss: bool = True) -> tuple[torch.Tensor | None, Any]:
+        module, loss_fn = self.p.module, self.p.loss
+        inputs, target = batch.inputs, batch.target
+        if loss_fn is None and with_loss and target is not None:
+            out = module(**inputs, labels=target) if isinstance(inputs, dict) else module(*inputs, target)
+            return self._check(_model_loss(out)), _metric_outputs(out)
+        out = module(**inputs) if isinstance(inputs, dict) else module(*inputs)
+        if not with_loss:
+            return None, out
+        if loss_fn is None:  # a module that computes its loss from the inputs alone
+            return self._check(_model_loss(out)), _metric_outputs(out)
+        if target is None:
+            return None, out
+        return self._check(loss_fn(primary_output(out), target, batch.sample_weight)), out
+
+    def _check(self, loss: torch.Tensor) -> torch.Tensor:
+        if loss.dim() != 0:
+            raise ValueError(
+                f"the loss must be a scalar tensor but has shape {tuple(loss.shape)}: reduce it "
+                "(for example `.mean()`), or use `reduction='mean'` in the loss module"
+            )
+        return loss
+
+    # -- training -----------------------------------------------------------------------
+    def train(self, train: DataSource, val: DataSource | None, start_epoch: int = 0) -> None:
+        p = self.p
+        args, state, fabric, cb = p.args, p.state, p.fabric, p.handler
+        module, optimizer = p.module, p.optimizer
+        accum = args.gradient_accumulation_steps
+        n_batches = len(train) if train.has_len() else None
+        self.val = val
+        p.module.train()
+        p.control = cb.on_train_begin(args, state, p.control)
+        try:
+            for epoch in range(start_epoch, state.num_train_epochs):
+                self._run_epoch(epoch, train, n_batches, accum, module, optimizer)
+                if p.control.should_training_stop:
+                    break
+        except StopTraining as stop:
+            reason = str(stop) or type(stop).__name__
+            logger.warning("training stopped: %s", reason)
+            p.control.should_training_stop = True
+            state.log_history.append({"stopped": reason, "epoch": state.epoch, "step": state.global_step})
+        p.control = cb.on_train_end(args, state, p.control)
+
+    def _run_epoch(self, epoch, train, n_batches, accum, module, optimizer) -> None:
+        p = self.p
+        args, state, fabric, cb = p.args, p.state, p.fabric, p.handler
+        p.control = cb.on_epoch_begin(args, state, p.control)
+        self.train_metrics.reset()
+        device = fabric.device
+        self.epoch_loss = torch.zeros((), device=device, dtype=torch.float32)
+        self.epoch_count = 0
+        self._logged_loss, self._logged_count = 0.0, 0
+        metrics = self.train_metrics if self.train_metrics else None
+        clip = args.max_grad_norm
+        scheduler = p.lr_scheduler
+        micro, cycle = 0, 1
+        for i, batch in enumerate(train.batches(epoch)):
+            if micro == 0:
+                cycle = accum if n_batches is None else min(accum, n_batches - i)
+                p.control = cb.on_step_begin(args, state, p.control)
+            micro += 1
+            last = micro == cycle
+            sync = fabric.no_backward_sync(module, enabled=not last) if cycle > 1 else contextlib.nullcontext()
+            with sync:
+                loss, out = self.forward(batch)
+                if loss is None:
+                    raise ValueError("training needs targets: pass `y`, or batches of (x, y), or a module that returns its loss")
+                fabric.backward(loss / cycle if cycle > 1 else loss)
+            self.epoch_loss.add_(loss.detach(), alpha=batch.size)
+            self.epoch_count += batch.size
+            if metrics is not None and batch.target is not None:
+                metrics.update(out, batch.target)
+            if not last:
+                p.control = cb.on_substep_end(args, state, p.control)
+                continue
+            micro = 0
+            if clip is not None:
+                fabric.clip_gradients(module, optimizer, max_norm=clip)
+            p.control = cb.on_pre_optimizer_step(args, state, p.control)
+            optimizer.step()
+            p.control = cb.on_optimizer_step(args, state, p.control)
+            if scheduler is not None:
+                scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            state.global_step += 1
+            state.epoch = epoch + (i + 1) / n_batches if n_batches else float(epoch)
+            p.control = cb.on_step_end(args, state, p.control)
+            c = p.control
+            if c.should_log or c.should_evaluate or c.should_save:
+                self._log_evaluate_save(epoch_end=False)
+            if c.should_epoch_stop or c.should_training_stop:
+                break
+        stopped = p.control.should_epoch_stop or p.control.should_training_stop
+        if n_batches is None or not stopped or state.epoch is None:
+            state.epoch = float(epoch + 1)
+        p.control = cb.on_epoch_end(args, state, p.control)
+        self._log_evaluate_save(epoch_end=True)
+
+    def _log_evaluate_save(self, epoch_end: bool) -> None:
+        p = self.p
+        args, state, cb = p.args, p.state, p.handler
+        if p.control.should_log:
+            logs: dict[str, float] = {}
+            if self.epoch_count > self._logged_count:
+                total = float(self.epoch_loss)  # the one host read per logging step
+                if epoch_end:
+                    logs["loss"] = total / self.epoch_count
+                    logs.update(self.train_metrics.compute())
+                else:
+                    logs["loss"] = (total - self._logged_loss) / (self.epoch_count - self._logged_count)
+                    self._logged_loss, self._logged_count = total, self.epoch_count
+            logs["learning_rate"] = float(p.optimizer.param_groups[0]["lr"])
+            self.log(logs)
+        if p.control.should_evaluate and self.val is not None:
+            metrics = self.evaluate(self.val, prefix="val_")
+            self.log(dict(metrics))
+            p.control = cb.on_evaluate(args, state, p.control, metrics)
+        p.control.should_evaluate = False
+        if p.control.should_save and self.save_fn is not None:
+            self.save_fn()
+            p.control = cb.on_save(args, state, p.control)
+        p.control.should_save = False
+
+    def log(self, logs: dict[str, float]) -> None:
+        p = self.p
+        state = p.state
+        if state.epoch is not None:
+            logs["epoch"] = round(state.epoch, 4)
+        record = {**logs, "step": state.global_step}
+        state.log_history.append(record)
+        p.control = p.handler.on_log(p.args, state, p.control, logs)
+
+    # -- evaluation and prediction ------------------------------------------------------------
+    def evaluate(self, source: DataSource, prefix: str = "") -> dict[str, float]:
+        """Exact averages over `source`: loss weighted by samples, metrics over all of them."""
+        p = self.p
+        fabric, module, cb = p.fabric, p.module, p.handler
+        metrics = self.val_metrics if prefix else MetricSet(p.metrics)
+        metrics.reset()
+        was_training = module.training
+        module.eval()
+        total = torch.zeros((), device=fabric.device, dtype=torch.float64)
+        count, with_loss = 0, False
+        try:
+            with torch.no_grad():
+                for batch in source.batches(0):
+                    loss, out = self.forward(batch)
+                    if loss is not None:
+                        total += loss.detach().double() * batch.size
+                        with_loss = True
+                    count += batch.size
+                    if metrics and batch.target is not None:
+                        metrics.update(out, batch.target)
+                    p.control = cb.on_prediction_step(p.args, p.state, p.control)
+        finally:
+            module.train(was_training)
+        if fabric.world_size > 1:
+            total = fabric.all_reduce(total, reduce_op="sum")
+            count = int(fabric.all_reduce(torch.tensor(count, device=fabric.device), reduce_op="sum"))
+        if count == 0:
+            raise ValueError("the evaluation data is empty: pass at least one sample")
+        results: dict[str, float] = {}
+        if with_loss:
+            results[prefix + "loss"] = float(total) / count
+        results.update(metrics.compute())
+        return results
+
+    def predict(self, source: DataSource) -> Any:
+        p = self.p
+        module, cb = p.module, p.handler
+        was_training = module.training
+        module.eval()
+        outputs: list = []
+        try:
+            with torch.no_grad():
+                for batch in source.batches(0):
+                    _, out = self.forward(batch, with_loss=False)
+                    outputs.append(_detach(out))
+                    p.control = cb.on_prediction_step(p.args, p.state, p.control)
+        finally:
+            module.train(was_training)
+        if not outputs:
+            raise ValueError("`x` is empty: pass at least one sample to predict")
+        return _to_cpu(_concat(outputs))
+
+
+def _detach(out: Any) -> Any:
+    if isinstance(out, torch.Tensor):
+        return out.detach()
+    if isinstance(out, dict):
+        return {k: _detach(v) for k, v in out.items()}
+    if isinstance(out, (tuple, list)):
+        return type(out)(_detach(v) for v in out)
+    return out
+
+
+def _concat(outs: list) -> Any:
+    first = outs[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat([o if o.dim() else o.reshape(1) for o in outs]) if len(outs) > 1 else first
+    if isinstance(first, dict):
+        return {k: _concat([o[k] for o in outs]) for k in first}
+    if isinstance(first, (tuple, list)):
+        return type(first)(_concat([o[i] for o in outs]) for i in range(len(first)))
+    return outs
+
+
+def _to_cpu(out: Any) -> Any:
+    if isinstance(out, torch.Tensor):
+        return out.cpu()
+    if isinstance(out, dict):
+        return {k: _to_cpu(v) for k, v in out.items()}
+    if isinstance(out, (tuple, list)):
+        return type(out)(_to_cpu(v) for v in out)
+    return out

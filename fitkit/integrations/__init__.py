@@ -1,0 +1,1 @@
+"""Optional integrations (loggers, search); each imported only when used."""
