@@ -16,7 +16,7 @@ class Summary(str):
 
 def _shape(out: Any) -> str:
     if isinstance(out, torch.Tensor):
-        return str(tuple(out.shape))
+        return str((None, *out.shape[1:])) if out.dim() else "()"
     if isinstance(out, (tuple, list)):
         return ", ".join(_shape(o) for o in out if isinstance(o, torch.Tensor)) or "-"
     if isinstance(out, dict):

@@ -219,6 +219,7 @@ class CallbackHandler(TrainerCallback):
         lr_scheduler=None,
     ):
         self.callbacks: list[TrainerCallback] = []
+        self._listeners: dict[str, list] = {}
         for cb in callbacks:
             self.add_callback(cb)
         self.model = model

@@ -40,6 +40,7 @@ class ProgressBar(TrainerCallback):
         self._task = None
         self._epoch_logs: dict = {}
         self._epoch_index = 0
+        self._steps = 0
         self._active = False
 
     # -- helpers ---------------------------------------------------------------------------
@@ -57,7 +58,9 @@ class ProgressBar(TrainerCallback):
         if self.bar and self._progress is not None:
             self._progress.update(self._task, completed=self._steps, description=head, metrics=text)
         else:
-            line = f"{head} - {elapsed:.1f}s"
+            took = f"{elapsed:.1f}s" if elapsed >= 1 else f"{elapsed * 1000:.0f}ms"
+            per_step = f"{elapsed * 1000 / self._steps:.1f}ms/step" if self._steps else ""
+            line = " - ".join(p for p in (head, took, per_step) if p)
             print(f"{line} - {text}" if text else line, flush=True)
         self._epoch_index = 0
 
@@ -92,9 +95,9 @@ class ProgressBar(TrainerCallback):
             )
 
     def on_step_end(self, args, state, control, **kwargs):
+        self._steps += 1
         if self._progress is None:
             return
-        self._steps += 1
         now = time.monotonic()
         if now - self._last >= self.refresh_seconds:
             self._last = now

@@ -1,0 +1,31 @@
+"""Small shared pieces for the tests."""
+
+import torch
+
+from fitkit import TrainerCallback
+from fitkit.callbacks.base import EVENTS
+
+
+def mlp(d_in=8, d_out=3, hidden=16, seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(d_in, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, d_out))
+
+
+class Recorder(TrainerCallback):
+    """Records every documented event it receives, with the global step."""
+
+    def __init__(self):
+        self.events = []
+        self.kwargs = {}
+
+    def _make(name):
+        def handler(self, args, state, control, **kwargs):
+            self.events.append(name)
+            self.kwargs.setdefault(name, sorted(kwargs))
+
+        handler.__name__ = name
+        return handler
+
+    for _name in EVENTS:
+        locals()[_name] = _make(_name)
+    del _name, _make
