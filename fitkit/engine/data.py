@@ -183,7 +183,7 @@ class TensorSource(DataSource):
             yb = take(y) if y is not None else None
             swb = take(sw) if sw is not None else None
             if cw is not None and yb is not None:
-                cwb = cw[yb]
+                cwb = class_weights_for(cw, yb)
                 swb = cwb if swb is None else swb * cwb
             inputs = (xb if isinstance(xb, tuple) else (xb,)) if positional else xb
             yield Batch(inputs, yb, swb, hi - lo)
@@ -214,9 +214,18 @@ class LoaderSource(DataSource):
                 continue
             batch = split_batch(raw)
             if cw is not None and batch.target is not None:
-                w = cw.to(batch.target.device)[batch.target]
+                w = class_weights_for(cw.to(batch.target.device), batch.target)
                 batch = batch._replace(sample_weight=w if batch.sample_weight is None else batch.sample_weight * w)
             yield batch
+
+
+def class_weights_for(table: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Per-sample weights from a class-weight table; classes missing from the table weigh 1 (Keras)."""
+    target = target.long()
+    if target.dim() > 1:  # one-hot targets
+        target = target.argmax(-1)
+    inside = target < table.shape[0]
+    return torch.where(inside, table[target.clamp(max=table.shape[0] - 1)], torch.ones((), device=table.device))
 
 
 def _check_len(x, y, sample_weight) -> None:
