@@ -352,7 +352,7 @@ class Model:
                    "config": config}
         directory = os.path.dirname(os.path.abspath(path))
         os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+        fd, tmp = tempfile.mkstemp(prefix="tmp-", suffix=".fitkit-partial", dir=directory)
         os.close(fd)
         try:
             torch.save(payload, tmp)
