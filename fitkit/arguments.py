@@ -82,6 +82,7 @@ class TrainingArguments:
     metric_for_best_model: str = "val_loss"
     greater_is_better: bool | None = None
     resume_from_checkpoint: bool | str | None = None
+    save_on_sigterm: bool | None = None  # None: on when a save_strategy is set
     report_to: str | list[str] = "none"
     verbose: int | str = "auto"
     seed: int | None = 42

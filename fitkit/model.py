@@ -18,6 +18,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import logging
 import sys
 import tempfile
 from typing import Any, Callable, Sequence
@@ -35,6 +36,8 @@ from fitkit.engine import checkpoint as ckpt
 from fitkit.engine.data import DataSource, TensorSource, adapt, split_validation
 from fitkit.engine.loop import Loop, Parts
 from fitkit.summary import summarize
+
+logger = logging.getLogger("fitkit")
 
 #: Options of `fit` that are not `TrainingArguments` fields.
 _FIT_ONLY = {"validation_data", "validation_split", "callbacks", "class_weight", "sample_weight", "args"}
@@ -180,6 +183,7 @@ class Model:
                 self._example = source.x
         elif isinstance(getattr(source, "loader", None), torch.utils.data.DataLoader):
             source.loader = fabric.setup_dataloaders(source.loader, use_distributed_sampler=True)
+            source.distributed = fabric.world_size > 1
         return source
 
     def _handler(self, extra: Sequence | None, *more: TrainerCallback) -> CallbackHandler:
@@ -244,10 +248,33 @@ class Model:
                       lr_scheduler=scheduler)
         loop = Loop(parts)
         loop.save_fn = lambda: self._save_checkpoint(loop)
+        resume = self._resume(parts, args) if args.resume_from_checkpoint else None
         self.state, self.history = state, history
-        loop.train(train, val)
+        loop.train(train, val, resume)
         self.control = parts.control
+        if loop.preempted:
+            # A scheduler sent SIGTERM: the checkpoint is written and on_train_end has fired.
+            logger.warning("preempted: checkpoint written to %s; rerun with resume_from_checkpoint=True",
+                           self.last_checkpoint)
+            raise SystemExit(0)
         return history
+
+    def _resume(self, parts: Parts, args: TrainingArguments) -> dict | None:
+        """Load the checkpoint to resume from into `parts`; return what the loop restores itself
+        (data position, running sums, RNG and callback states)."""
+        path = ckpt.resolve(args.resume_from_checkpoint, args.output_dir)
+        if path is None:
+            return None
+        payload = ckpt.load_checkpoint(parts.fabric, path, module=parts.module, optimizer=parts.optimizer)
+        if parts.lr_scheduler is not None and "scheduler" in payload:
+            parts.lr_scheduler.load_state_dict(payload["scheduler"])
+        saved = TrainerState.load_from_json(os.path.join(path, ckpt.STATE_FILE))
+        state = parts.state
+        for name in ("epoch", "global_step", "log_history", "best_metric", "best_global_step",
+                     "best_model_checkpoint", "total_flos", "num_input_tokens_seen", "stateful_callbacks"):
+            setattr(state, name, getattr(saved, name))
+        logger.info("resuming from %s at step %d", path, state.global_step)
+        return {**payload["loop"], "rng": payload["rng"], "callbacks": state.stateful_callbacks}
 
     def _fit_args(self, args: TrainingArguments | None, **options: Any) -> TrainingArguments:
         if args is not None:
@@ -289,8 +316,10 @@ class Model:
 
     def _save_checkpoint(self, loop: Loop) -> None:
         p = loop.p
+        p.state.stateful_callbacks = p.handler.export_states(p.control)
+        extra = {"rng": ckpt.rng_state(), "loop": loop.snapshot()}
         path = ckpt.save_checkpoint(p.fabric, p.args.output_dir, state=p.state, args=p.args, module=p.module,
-                                    optimizer=p.optimizer, scheduler=p.lr_scheduler)
+                                    optimizer=p.optimizer, scheduler=p.lr_scheduler, extra=extra)
         if p.fabric.is_global_zero:
             ckpt.rotate(p.args.output_dir, p.args.save_total_limit, keep=p.state.best_model_checkpoint)
         self.last_checkpoint = path

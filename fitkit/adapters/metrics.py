@@ -150,6 +150,7 @@ class MetricSet:
         self.specs = specs
         self.prefix = prefix
         self._items: list[tuple[str, Any, str, str]] | None = None  # (log name, metric, kind, key)
+        self._pending: dict | None = None  # states to apply once the metrics are built
 
     def __bool__(self) -> bool:
         return bool(self.specs)
@@ -184,6 +185,44 @@ class MetricSet:
                 metric = metric.to(preds.device)
             items.append((self.prefix + name, metric, kind, key))
         self._items = items
+        if self._pending:
+            self._apply(self._pending)
+            self._pending = None
+
+    def export_state(self) -> dict | None:
+        """The accumulated values (tensors and numbers), to resume an epoch exactly."""
+        if not self._items:
+            return None
+        out = {}
+        for name, metric, _, _ in self._items:
+            if isinstance(metric, _Mean):
+                out[name] = {"total": torch.as_tensor(metric.total).cpu(), "count": metric.count}
+            else:
+                out[name] = {k: (v.cpu() if isinstance(v, torch.Tensor) else [t.cpu() for t in v])
+                             for k, v in metric.metric_state.items()}
+        return out
+
+    def load_state(self, states: dict | None) -> None:
+        if not states:
+            return
+        if self._items is None:
+            self._pending = states
+        else:
+            self._apply(states)
+
+    def _apply(self, states: dict) -> None:
+        for name, metric, _, _ in self._items:
+            saved = states.get(name)
+            if saved is None:
+                continue
+            if isinstance(metric, _Mean):
+                metric.total, metric.count = saved["total"], saved["count"]
+                continue
+            device = metric.device
+            for key, value in saved.items():
+                setattr(metric, key, value.to(device) if isinstance(value, torch.Tensor) else [t.to(device) for t in value])
+            metric._update_count = max(metric._update_count, 1)
+            metric._computed = None
 
     def higher_is_better(self) -> dict[str, bool | None]:
         if self._items is None:
@@ -206,5 +245,6 @@ class MetricSet:
         return {name: float(metric.compute()) for name, metric, _, _ in self._items}
 
     def reset(self) -> None:
+        self._pending = None
         for _, metric, _, _ in self._items or ():
             metric.reset()

@@ -299,6 +299,46 @@ class CallbackHandler(TrainerCallback):
                 control = result
         return control
 
+    # -- state kept in checkpoints ------------------------------------------------------------
+    def export_states(self, control: TrainerControl) -> dict[str, Any]:
+        """`state()` of every stateful callback (JSON) by class name (a list when a class repeats),
+        plus the control flags under "TrainerControl"."""
+        states: dict[str, Any] = {"TrainerControl": control.state()}
+        for cb in self.callbacks:
+            export = getattr(cb, "state", None)
+            if not callable(export):
+                continue
+            name, value = type(cb).__name__, export()
+            if name in states:
+                states[name] = (states[name] if isinstance(states[name], list) else [states[name]]) + [value]
+            else:
+                states[name] = value
+        return states
+
+    def load_states(self, states: dict[str, Any], control: TrainerControl) -> None:
+        """Give each stateful callback its saved state back: `load_state(dict)` when it has one,
+        else HF's `{"args": ..., "attributes": ...}` set as attributes. Control flags come back
+        too, except `should_training_stop`: a resumed run decides that anew."""
+        for key, value in states.get("TrainerControl", {}).get("args", {}).items():
+            if key != "should_training_stop":
+                setattr(control, key, value)
+        seen: dict[str, int] = {}
+        for cb in self.callbacks:
+            name = type(cb).__name__
+            if name == "TrainerControl" or name not in states:
+                continue
+            saved = states[name]
+            if isinstance(saved, list):
+                index = seen[name] = seen.get(name, -1) + 1
+                if index >= len(saved):
+                    continue
+                saved = saved[index]
+            if callable(getattr(cb, "load_state", None)):
+                cb.load_state(saved)
+            elif isinstance(saved, dict):
+                for key, value in saved.get("attributes", {}).items():
+                    setattr(cb, key, value)
+
     def has_listeners(self, event: str) -> bool:
         return bool(self.listeners(event))
 

@@ -30,16 +30,21 @@ class History(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.params = {"epochs": state.num_train_epochs, "steps": state.max_steps, "verbose": args.verbose}
+        self._rows = {}
+        for record in state.log_history:  # a resumed run: the epochs before the checkpoint
+            self._add(record.get("epoch"), record)
+        self._rebuild()
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not logs:
-            return
-        index = max(math.ceil(state.epoch or 0.0) - 1, 0)
-        row = self._rows.setdefault(index, {})
+        if logs:
+            self._add(state.epoch, logs)
+            self._rebuild()
+
+    def _add(self, epoch: float | None, logs: dict) -> None:
+        row = self._rows.setdefault(max(math.ceil(epoch or 0.0) - 1, 0), {})
         for key, value in logs.items():
-            if key not in self._SKIP and isinstance(value, (int, float)):
+            if key not in self._SKIP and isinstance(value, (int, float)) and not isinstance(value, bool):
                 row[key] = float(value)
-        self._rebuild()
 
     def _rebuild(self) -> None:
         self.epoch = sorted(self._rows)

@@ -7,6 +7,7 @@ written last; a directory without a valid manifest is never treated as a checkpo
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -18,6 +19,7 @@ STATE_FILE = "trainer_state.json"
 ARGS_FILE = "training_args.json"
 WEIGHTS = "state.pt"
 _NAME = re.compile(r"^checkpoint-(\d+)$")
+logger = logging.getLogger("fitkit")
 
 
 def _files(path: str) -> dict[str, int]:
@@ -99,3 +101,96 @@ def rotate(output_dir: str, limit: int | None, keep: str | None = None) -> list[
     for path in removed:
         shutil.rmtree(path, ignore_errors=True)
     return removed
+
+
+# -- reading ---------------------------------------------------------------------------------
+class CheckpointError(ValueError):
+    """A checkpoint path that does not exist, is incomplete, or is not a fitkit checkpoint."""
+
+
+def resolve(resume: bool | str | None, output_dir: str) -> str | None:
+    """The checkpoint to resume from: the newest complete one for `True`, else the path given.
+
+    Incomplete or corrupted checkpoint directories are skipped with a warning, never picked.
+    """
+    if not resume:
+        return None
+    if resume is True:
+        if os.path.isdir(output_dir):
+            for name in sorted(os.listdir(output_dir)):
+                full = os.path.join(output_dir, name)
+                if (_NAME.match(name) and not is_complete(full)) or name.startswith(".tmp-checkpoint-"):
+                    logger.warning("ignoring incomplete checkpoint %s (no valid manifest)", full)
+        found = list_checkpoints(output_dir)
+        if not found:
+            logger.warning("resume_from_checkpoint=True but %r holds no complete checkpoint; starting fresh",
+                           output_dir)
+            return None
+        return found[-1]
+    path = os.fspath(resume)
+    if not os.path.exists(path):
+        raise CheckpointError(
+            f"`resume_from_checkpoint`={path!r} does not exist: pass a checkpoint directory "
+            "(output_dir/checkpoint-N) or True for the newest one in `output_dir`"
+        )
+    if not is_complete(path):
+        raise CheckpointError(
+            f"`resume_from_checkpoint`={path!r} is not a complete fitkit checkpoint: expected a directory "
+            f"holding {MANIFEST} with the files it lists ({WEIGHTS}, {STATE_FILE})"
+        )
+    return path
+
+
+def load_checkpoint(fabric, path: str, *, module, optimizer) -> dict[str, Any]:
+    """Restore module and optimizer in place; return the rest of the payload.
+
+    Loading is weights-only: a file carrying pickled code is refused before anything runs.
+    """
+    weights = os.path.join(path, WEIGHTS)
+    try:
+        remainder = fabric.load(weights, {"model": module, "optimizer": optimizer}, weights_only=True)
+    except Exception as err:  # noqa: BLE001 - every failure here means "refuse this file"
+        if "weights_only" in str(err) or "Unsupported global" in str(err) or "pickle" in str(err).lower():
+            raise CheckpointError(
+                f"refusing to load {weights!r}: it holds pickled objects that are not plain tensors or "
+                f"primitive values (weights-only loading). Details: {str(err).splitlines()[0]}"
+            ) from None
+        raise
+    return remainder
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, NumPy, torch (and CUDA) generator states in weights-only-loadable form."""
+    import random
+
+    import torch
+
+    version, internal, gauss = random.getstate()
+    state: dict[str, Any] = {"python": [version, list(internal), gauss], "torch": torch.get_rng_state()}
+    try:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        state["numpy"] = [kind, torch.from_numpy(keys.astype("int64")), pos, has_gauss, cached]
+    except ImportError:  # pragma: no cover
+        pass
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    import random
+
+    import torch
+
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    torch.set_rng_state(state["torch"])
+    if "numpy" in state:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -12,12 +12,15 @@ Datasets and DataLoaders go through a `DataLoader` (Fabric adds the distributed 
 
 from __future__ import annotations
 
+import itertools
+import logging
 import math
 from typing import Any, Iterable, Iterator, NamedTuple
 
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 
+logger = logging.getLogger("fitkit")
 LABEL_KEYS = ("labels", "label", "y", "targets", "target")
 
 
@@ -95,6 +98,7 @@ class DataSource:
     """Something that yields batches each epoch."""
 
     num_samples: int | None = None
+    replays_rng = False
 
     def __len__(self) -> int:  # number of batches per epoch (per process)
         raise TypeError("unknown length")
@@ -106,7 +110,8 @@ class DataSource:
         except TypeError:
             return False
 
-    def batches(self, epoch: int) -> Iterator[Batch]:
+    def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
+        """The batches of `epoch` from batch number `start` on."""
         raise NotImplementedError
 
 
@@ -189,6 +194,35 @@ class TensorSource(DataSource):
             yield Batch(inputs, yb, swb, hi - lo)
 
 
+_END = object()
+
+
+class EpochSampler(torch.utils.data.Sampler):
+    """The sampler fitkit builds for a map-style Dataset: a permutation seeded by `seed + epoch`,
+    so any epoch's order can be rebuilt, and `skip` drops the first indices (a resume mid-epoch
+    starts at the right sample without loading the ones before it)."""
+
+    def __init__(self, size: int, shuffle: bool, seed: int | None):
+        self.size, self.shuffle, self.seed = size, shuffle, seed
+        self.epoch = 0
+        self.skip = 0
+
+    def use_epoch(self, epoch: int, skip: int = 0) -> None:
+        self.epoch, self.skip = epoch, skip
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __iter__(self) -> Iterator[int]:
+        if self.shuffle:
+            g = torch.Generator()
+            g.manual_seed((self.seed or 0) + self.epoch)
+            order = torch.randperm(self.size, generator=g)[self.skip :]
+        else:
+            order = torch.arange(self.skip, self.size)
+        return iter(order.tolist())
+
+
 class LoaderSource(DataSource):
     """A DataLoader (given, or built over a Dataset) or any re-iterable of batches."""
 
@@ -196,27 +230,50 @@ class LoaderSource(DataSource):
         self.loader = loader
         self.num_samples = num_samples
         self.class_weight: torch.Tensor | None = None
-        self.generator: torch.Generator | None = None
-        self.seed: int | None = None
+        self.sampler: EpochSampler | None = None  # set when fitkit built the loader
+        self.distributed = False
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
 
+    @property
+    def replays_rng(self) -> bool:
+        """A loader fitkit did not build may draw its order from the global RNG when an epoch's
+        iterator is created; an exact mid-epoch resume replays that RNG state."""
+        return self.sampler is None
+
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
-        if self.generator is not None:
-            self.generator.manual_seed((self.seed or 0) + epoch)
-        sampler = getattr(self.loader, "sampler", None)
-        if hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(epoch)
+        loader = self.loader
+        skip_in_sampler = self.sampler is not None and not self.distributed
+        if self.sampler is not None:
+            self.sampler.use_epoch(epoch, start * self.loader.batch_size if skip_in_sampler else 0)
+        if hasattr(loader, "_num_iter_calls"):
+            loader._num_iter_calls = epoch  # Fabric sets the sampler's epoch from this count
+        elif hasattr(getattr(loader, "sampler", None), "set_epoch"):
+            loader.sampler.set_epoch(epoch)
+        # Create the iterator and fetch the first batch now, not lazily: samplers draw their order
+        # from the RNG at the first fetch, and a resuming caller restores the RNG right after this.
+        iterator = iter(loader)
+        first = next(iterator, _END)
+        iterator = iter(()) if first is _END else itertools.chain((first,), iterator)
+        if start and not skip_in_sampler:
+            if not self._warned_skip:
+                logger.warning("resuming mid-epoch re-reads %d batches of this DataLoader to skip them; "
+                               "pass a map-style Dataset for an index-level skip", start)
+                self._warned_skip = True
+            iterator = itertools.islice(iterator, start, None)
+        return self._split(iterator)
+
+    def _split(self, iterator: Iterator) -> Iterator[Batch]:
         cw = self.class_weight
-        for i, raw in enumerate(self.loader):
-            if i < start:
-                continue
+        for raw in iterator:
             batch = split_batch(raw)
             if cw is not None and batch.target is not None:
                 w = class_weights_for(cw.to(batch.target.device), batch.target)
                 batch = batch._replace(sample_weight=w if batch.sample_weight is None else batch.sample_weight * w)
             yield batch
+
+    _warned_skip = False
 
 
 def class_weights_for(table: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -306,12 +363,15 @@ def adapt(
         iterable = isinstance(x, IterableDataset)
         if not iterable and len(x) == 0:  # type: ignore[arg-type]
             raise ValueError(f"`{name}` is an empty Dataset: pass at least one sample")
-        g = None
-        if shuffle and not iterable:
-            g = torch.Generator()
-        loader = DataLoader(x, batch_size=batch_size, shuffle=shuffle and not iterable, generator=g)
-        source = LoaderSource(loader, num_samples=None if iterable else len(x))  # type: ignore[arg-type]
-        source.generator, source.seed = g, seed
+        # The loader's own generator: creating an iterator never draws from the global RNG.
+        g = torch.Generator()
+        g.manual_seed(seed or 0)
+        if iterable:
+            return LoaderSource(DataLoader(x, batch_size=batch_size, generator=g)), None
+        sampler = EpochSampler(len(x), shuffle, seed)  # type: ignore[arg-type]
+        loader = DataLoader(x, batch_size=batch_size, sampler=sampler, generator=g)
+        source = LoaderSource(loader, num_samples=len(x))  # type: ignore[arg-type]
+        source.sampler = sampler
         return source, None
     if isinstance(x, Iterable) and not isinstance(x, (str, bytes)):
         if iter(x) is x:

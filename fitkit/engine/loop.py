@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
+import signal
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -19,6 +20,7 @@ from fitkit.adapters.losses import Loss
 from fitkit.adapters.metrics import MetricSet, primary_output
 from fitkit.arguments import TrainingArguments
 from fitkit.callbacks.base import CallbackHandler, StopTraining, TrainerControl, TrainerState
+from fitkit.engine.checkpoint import rng_state, set_rng_state
 from fitkit.engine.data import Batch, DataSource
 
 logger = logging.getLogger("fitkit")
@@ -71,6 +73,9 @@ class Loop:
         self.train_metrics = MetricSet(parts.metrics)
         self.val_metrics = MetricSet(parts.metrics, prefix="val_")
         self.val: DataSource | None = None
+        self.position: tuple[int, int] = (0, 0)  # (epoch, micro-batches consumed in it)
+        self._epoch_rng: dict | None = None  # RNG at epoch start, for loaders that draw from it
+        self.preempted = False
         #: Writes a checkpoint when `control.should_save` (set by the facade).
         self.save_fn: Callable[[], None] | None = None
 
@@ -99,20 +104,27 @@ class Loop:
         return loss
 
     # -- training -----------------------------------------------------------------------
-    def train(self, train: DataSource, val: DataSource | None, start_epoch: int = 0) -> None:
+    def train(self, train: DataSource, val: DataSource | None, resume: dict | None = None) -> None:
+        """Run the epochs; `resume` is a `snapshot()` taken when a checkpoint was written."""
         p = self.p
-        args, state, fabric, cb = p.args, p.state, p.fabric, p.handler
+        args, state, cb = p.args, p.state, p.handler
         module, optimizer = p.module, p.optimizer
         accum = args.gradient_accumulation_steps
         n_batches = len(train) if train.has_len() else None
         self.val = val
+        start_epoch = resume["epoch"] if resume else 0
         p.module.train()
         p.control = cb.on_train_begin(args, state, p.control)
+        if resume:  # after on_train_begin, which resets Keras-style callbacks
+            cb.load_states(resume["callbacks"], p.control)
+        sigterm = args.save_on_sigterm if args.save_on_sigterm is not None else args.save_strategy != "no"
         try:
-            for epoch in range(start_epoch, state.num_train_epochs):
-                self._run_epoch(epoch, train, n_batches, accum, module, optimizer)
-                if p.control.should_training_stop:
-                    break
+            with self._catch_sigterm(sigterm):
+                for epoch in range(start_epoch, state.num_train_epochs):
+                    self._run_epoch(epoch, train, n_batches, accum, module, optimizer,
+                                    resume if resume and epoch == start_epoch else None)
+                    if p.control.should_training_stop:
+                        break
         except StopTraining as stop:
             reason = str(stop) or type(stop).__name__
             logger.warning("training stopped: %s", reason)
@@ -120,20 +132,51 @@ class Loop:
             state.log_history.append({"stopped": reason, "epoch": state.epoch, "step": state.global_step})
         p.control = cb.on_train_end(args, state, p.control)
 
-    def _run_epoch(self, epoch, train, n_batches, accum, module, optimizer) -> None:
+    @contextlib.contextmanager
+    def _catch_sigterm(self, enabled: bool):
+        """While training, SIGTERM (SLURM, Kubernetes) asks for a checkpoint and a clean stop."""
+        if not enabled or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handler(signum, frame):
+            logger.warning("SIGTERM received: finishing this step, then checkpointing and stopping")
+            self.preempted = True
+
+        previous = signal.signal(signal.SIGTERM, handler)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def _run_epoch(self, epoch, train, n_batches, accum, module, optimizer, resume=None) -> None:
         p = self.p
         args, state, fabric, cb = p.args, p.state, p.fabric, p.handler
         p.control = cb.on_epoch_begin(args, state, p.control)
         self.train_metrics.reset()
-        device = fabric.device
-        self.epoch_loss = torch.zeros((), device=device, dtype=torch.float32)
+        self.epoch_loss = torch.zeros((), device=fabric.device, dtype=torch.float32)
         self.epoch_count = 0
         self._logged_loss, self._logged_count = 0.0, 0
+        start = 0
+        if resume and resume["batch"]:
+            start = resume["batch"]
+            self.epoch_loss.fill_(resume["epoch_loss"])
+            self.epoch_count, self._logged_count = resume["epoch_count"], resume["logged_count"]
+            self._logged_loss = resume["logged_loss"]
+            self.train_metrics.load_state(resume.get("metrics"))
+        replay = resume.get("epoch_rng") if resume else None
+        if resume:
+            set_rng_state(replay or resume["rng"])
+        if train.replays_rng:
+            self._epoch_rng = replay or rng_state()
+        batches = train.batches(epoch, start)
+        if replay:  # the epoch's order was drawn as in the first run; now continue its RNG
+            set_rng_state(resume["rng"])
         metrics = self.train_metrics if self.train_metrics else None
         clip = args.max_grad_norm
         scheduler = p.lr_scheduler
         micro, cycle = 0, 1
-        for i, batch in enumerate(train.batches(epoch)):
+        for i, batch in enumerate(batches, start):
             if micro == 0:
                 cycle = accum if n_batches is None else min(accum, n_batches - i)
                 p.control = cb.on_step_begin(args, state, p.control)
@@ -165,7 +208,10 @@ class Loop:
             state.epoch = epoch + (i + 1) / n_batches if n_batches else float(epoch)
             p.control = cb.on_step_end(args, state, p.control)
             c = p.control
+            if self.preempted:  # SIGTERM: finish this step, checkpoint, stop
+                c.should_save = c.should_training_stop = True
             if c.should_log or c.should_evaluate or c.should_save:
+                self.position = (epoch, i + 1)
                 self._log_evaluate_save(epoch_end=False)
             if c.should_epoch_stop or c.should_training_stop:
                 break
@@ -173,7 +219,19 @@ class Loop:
         if n_batches is None or not stopped or state.epoch is None:
             state.epoch = float(epoch + 1)
         p.control = cb.on_epoch_end(args, state, p.control)
+        self.position = (epoch + 1, 0)
         self._log_evaluate_save(epoch_end=True)
+
+    def snapshot(self) -> dict:
+        """Where the loop is, for a checkpoint: data position and the epoch's running sums."""
+        epoch, batch = self.position
+        snap = {"epoch": epoch, "batch": batch, "epoch_loss": 0.0, "epoch_count": 0,
+                "logged_loss": 0.0, "logged_count": 0, "metrics": None}
+        if batch:  # mid-epoch: the epoch-end averages must include what was seen before
+            snap.update(epoch_loss=float(self.epoch_loss), epoch_count=self.epoch_count,
+                        logged_loss=self._logged_loss, logged_count=self._logged_count,
+                        metrics=self.train_metrics.export_state(), epoch_rng=self._epoch_rng)
+        return snap
 
     def _log_evaluate_save(self, epoch_end: bool) -> None:
         p = self.p

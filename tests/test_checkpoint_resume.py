@@ -1,0 +1,163 @@
+"""Checkpoints: atomic, complete, and a resumed run continues exactly (also mid-epoch)."""
+
+import json
+import os
+
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+from fitkit import Model, TrainerCallback
+from fitkit.engine import checkpoint as ckpt
+
+
+class _Pairs(Dataset):
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+
+def _net(seed):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Dropout(0.3), torch.nn.Linear(32, 3))
+
+
+def _data():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(96, 8, generator=g)
+    y = torch.randint(0, 3, (96,), generator=g)
+    return x, y
+
+
+class _StopAt(TrainerCallback):
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            control.should_training_stop = True
+
+
+class _Crash(Exception):
+    pass
+
+
+class _CrashAt(_StopAt):
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            raise _Crash(f"simulated crash at step {self.step}")
+
+
+def _fit(out, form, seed=0, callbacks=(), **options):
+    x, y = _data()
+    model = Model(_net(seed)).compile("adam", "cross_entropy", ["accuracy"], learning_rate=1e-2,
+                                      gradient_accumulation_steps=2)
+    if form == "tensors":
+        data = dict(x=x, y=y)
+    elif form == "dataset":
+        data = dict(x=_Pairs(x, y))
+    else:  # a user's shuffling DataLoader: its order comes from the global RNG
+        data = dict(x=torch.utils.data.DataLoader(_Pairs(x, y), batch_size=8, shuffle=True))
+    model.fit(**data, batch_size=8, epochs=3, seed=7, verbose=0, output_dir=str(out), logging_strategy="steps",
+              logging_steps=1, validation_data=(x[:20], y[:20]), callbacks=list(callbacks), **options)
+    return model
+
+
+@pytest.mark.parametrize("form", ["tensors", "dataset", "dataloader"])
+@pytest.mark.parametrize("save", [{"save_strategy": "steps", "save_steps": 4},  # step 8: mid-epoch 2
+                                  {"save_strategy": "steps", "save_steps": 6},  # step 6: epoch boundary
+                                  {"save_strategy": "epoch"}])
+def test_resumed_run_equals_the_uninterrupted_one(tmp_path, form, save):
+    full = _fit(tmp_path / "full", form, **save)
+    with pytest.raises(_Crash):
+        _fit(tmp_path / "cut", form, callbacks=[_CrashAt(10)], **save)
+    newest = ckpt.list_checkpoints(str(tmp_path / "cut"))[-1]
+    resumed = _fit(tmp_path / "cut", form, seed=99, resume_from_checkpoint=True, **save)  # other init
+    assert int(newest.rsplit("-", 1)[1]) < 10
+    assert resumed.state.global_step == full.state.global_step == 18
+    assert resumed.state.log_history == full.state.log_history  # every loss, metric and value
+    assert resumed.history.history == full.history.history
+    for a, b in zip(full.module.parameters(), resumed.module.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_checkpoint_layout_and_manifest(tmp_path):
+    model = _fit(tmp_path, "tensors", save_strategy="epoch")
+    names = sorted(os.listdir(tmp_path))
+    assert names == ["checkpoint-12", "checkpoint-18", "checkpoint-6"]
+    path = tmp_path / "checkpoint-18"
+    manifest = json.loads((path / ckpt.MANIFEST).read_text())
+    assert manifest["format"] == "fitkit-checkpoint" and manifest["global_step"] == 18
+    assert set(manifest["files"]) == {"state.pt", "trainer_state.json", "training_args.json"}
+    state = json.loads((path / "trainer_state.json").read_text())
+    assert state["global_step"] == 18 and "TrainerControl" in state["stateful_callbacks"]
+    assert json.loads((path / "training_args.json").read_text())["save_strategy"] == "epoch"
+    payload = torch.load(path / "state.pt", weights_only=True)
+    assert {"model", "optimizer", "rng", "loop"} <= set(payload)
+    assert payload["loop"]["epoch"] == 3 and payload["loop"]["batch"] == 0
+    assert model.last_checkpoint == str(path)
+
+
+def test_resume_skips_incomplete_checkpoints(tmp_path, caplog):
+    _fit(tmp_path, "tensors", save_strategy="epoch", callbacks=[_StopAt(12)])
+    # a crash mid-save: a newer directory without manifest, and a leftover temporary one
+    broken = tmp_path / "checkpoint-15"
+    broken.mkdir()
+    (broken / "state.pt").write_bytes(b"half a file")
+    (tmp_path / ".tmp-checkpoint-16").mkdir()
+    # a truncated file in a checkpoint with a manifest is not complete either
+    truncated = tmp_path / "checkpoint-14"
+    import shutil
+
+    shutil.copytree(tmp_path / "checkpoint-12", truncated)
+    with open(truncated / "state.pt", "r+b") as f:
+        f.truncate(100)
+    with caplog.at_level("WARNING", logger="fitkit"):
+        path = ckpt.resolve(True, str(tmp_path))
+    assert path == str(tmp_path / "checkpoint-12")
+    assert "checkpoint-15" in caplog.text and "checkpoint-14" in caplog.text
+
+
+def test_bad_resume_paths_are_named(tmp_path):
+    with pytest.raises(ValueError, match=r"`resume_from_checkpoint`=.*nope.* does not exist"):
+        _fit(tmp_path, "tensors", resume_from_checkpoint=str(tmp_path / "nope"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"is not a complete fitkit checkpoint: expected a directory holding"):
+        _fit(tmp_path, "tensors", resume_from_checkpoint=str(tmp_path / "empty"))
+
+
+def test_resume_true_without_checkpoints_starts_fresh(tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="fitkit"):
+        model = _fit(tmp_path, "tensors", resume_from_checkpoint=True)
+    assert model.state.global_step == 18 and "starting fresh" in caplog.text
+
+
+def test_poisoned_checkpoint_is_refused_and_its_code_never_runs(tmp_path):
+    _fit(tmp_path, "tensors", save_strategy="epoch", callbacks=[_StopAt(6)])
+    path = tmp_path / "checkpoint-6"
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    good = torch.load(path / "state.pt", weights_only=True)
+    good["evil"] = Payload()
+    torch.save(good, path / "state.pt")
+    manifest = json.loads((path / ckpt.MANIFEST).read_text())
+    manifest["files"]["state.pt"] = os.path.getsize(path / "state.pt")
+    (path / ckpt.MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="refusing to load .*state.pt.*weights-only"):
+        _fit(tmp_path, "tensors", resume_from_checkpoint=str(path))
+    assert not marker.exists()
+
+
+def test_rotation_keeps_the_newest_and_the_best(tmp_path):
+    model = _fit(tmp_path, "tensors", save_strategy="steps", save_steps=2, save_total_limit=2)
+    assert sorted(os.listdir(tmp_path), key=lambda n: int(n.split("-")[1])) == ["checkpoint-16", "checkpoint-18"]
+    assert model.state.global_step == 18
