@@ -231,6 +231,9 @@ class Model:
             train.class_weight = _class_weights(class_weight, fabric.device)
         if args.eval_strategy is None:
             args = args.replace(eval_strategy="epoch" if val is not None else "no")
+        if args.load_best_model_at_end and (args.save_strategy == "no" or args.eval_strategy == "no"):
+            raise ValueError("`load_best_model_at_end=True` needs evaluation (validation data) and a `save_strategy` "
+                             "('epoch', 'steps' or 'best') so that the best model is in a checkpoint")
         elif args.eval_strategy != "no" and val is None:
             raise ValueError(f"`eval_strategy`={args.eval_strategy!r} needs `validation_data` or `validation_split`")
 
@@ -248,6 +251,7 @@ class Model:
                       lr_scheduler=scheduler)
         loop = Loop(parts)
         loop.save_fn = lambda: self._save_checkpoint(loop)
+        loop.load_best_fn = lambda path: ckpt.load_checkpoint(fabric, path, module=module, optimizer=None)
         resume = self._resume(parts, args) if args.resume_from_checkpoint else None
         self.state, self.history = state, history
         loop.train(train, val, resume)
@@ -317,6 +321,8 @@ class Model:
     def _save_checkpoint(self, loop: Loop) -> None:
         p = loop.p
         p.state.stateful_callbacks = p.handler.export_states(p.control)
+        if p.state.best_global_step == p.state.global_step:  # this checkpoint holds the best model
+            p.state.best_model_checkpoint = ckpt.checkpoint_path(p.args.output_dir, p.state.global_step)
         extra = {"rng": ckpt.rng_state(), "loop": loop.snapshot()}
         path = ckpt.save_checkpoint(p.fabric, p.args.output_dir, state=p.state, args=p.args, module=p.module,
                                     optimizer=p.optimizer, scheduler=p.lr_scheduler, extra=extra)

@@ -161,3 +161,55 @@ def test_rotation_keeps_the_newest_and_the_best(tmp_path):
     model = _fit(tmp_path, "tensors", save_strategy="steps", save_steps=2, save_total_limit=2)
     assert sorted(os.listdir(tmp_path), key=lambda n: int(n.split("-")[1])) == ["checkpoint-16", "checkpoint-18"]
     assert model.state.global_step == 18
+
+
+class _ValueInjector(TrainerCallback):
+    """Makes validation 'accuracy' follow a script, so the best epoch is known in advance."""
+
+    order = -1
+
+    def __init__(self, values):
+        self.values = list(values)
+        self.weights = {}
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        metrics["val_score"] = self.values.pop(0)
+        self.weights[state.global_step] = [p.detach().clone() for p in kwargs["model"].parameters()]
+
+
+def test_best_model_is_tracked_kept_and_loaded_at_end(tmp_path):
+    x, y = _data()
+    injector = _ValueInjector([0.2, 0.9, 0.5, 0.4, 0.3])
+    model = Model(_net(0)).compile("adam", "cross_entropy", learning_rate=1e-2)
+    model.fit(x, y, batch_size=16, epochs=5, validation_split=0.25, verbose=0, output_dir=str(tmp_path),
+              save_strategy="epoch", save_total_limit=1, load_best_model_at_end=True,
+              metric_for_best_model="val_score", greater_is_better=True, callbacks=[injector])
+    steps_per_epoch = 72 // 16 + 1  # 72 training samples, batch 16 -> 5 steps
+    best_step = 2 * steps_per_epoch
+    assert model.state.best_metric == 0.9
+    assert model.state.best_model_checkpoint == str(tmp_path / f"checkpoint-{best_step}")
+    # rotation keeps the best and the newest, even with save_total_limit=1
+    assert sorted(os.listdir(tmp_path)) == sorted([f"checkpoint-{best_step}", f"checkpoint-{5 * steps_per_epoch}"])
+    for p, q in zip(model.module.parameters(), injector.weights[best_step]):
+        assert torch.equal(p, q)
+
+
+def test_save_strategy_best_saves_only_improvements(tmp_path):
+    x, y = _data()
+    model = Model(_net(0)).compile("adam", "cross_entropy", learning_rate=1e-2)
+    model.fit(x, y, batch_size=16, epochs=5, validation_split=0.25, verbose=0, output_dir=str(tmp_path),
+              save_strategy="best", metric_for_best_model="val_score", callbacks=[_ValueInjector([5, 3, 4, 1, 2])])
+    # val_score is not a loss: lower is not better unless asked; greater_is_better defaults to True
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint-5"]
+    model.fit(x, y, batch_size=16, epochs=5, validation_split=0.25, verbose=0, output_dir=str(tmp_path / "low"),
+              save_strategy="best", metric_for_best_model="val_score", greater_is_better=False,
+              callbacks=[_ValueInjector([5, 3, 4, 1, 2])])
+    assert sorted(os.listdir(tmp_path / "low"), key=lambda n: int(n.split("-")[1])) == [
+        "checkpoint-5", "checkpoint-10", "checkpoint-20"]
+
+
+def test_load_best_model_at_end_needs_saving_and_evaluation(tmp_path):
+    x, y = _data()
+    model = Model(_net(0)).compile("adam", "cross_entropy")
+    with pytest.raises(ValueError, match="`load_best_model_at_end=True` needs evaluation"):
+        model.fit(x, y, load_best_model_at_end=True, validation_split=0.2, verbose=0)

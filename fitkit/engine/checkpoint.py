@@ -31,10 +31,14 @@ def _files(path: str) -> dict[str, int]:
     return out
 
 
+def checkpoint_path(output_dir: str, global_step: int) -> str:
+    return os.path.join(output_dir, f"checkpoint-{global_step}")
+
+
 def save_checkpoint(fabric, output_dir: str, *, state, args, module, optimizer, scheduler=None,
                     extra: dict[str, Any] | None = None) -> str:
     """Write a complete checkpoint for `state.global_step` and return its final path."""
-    final = os.path.join(output_dir, f"checkpoint-{state.global_step}")
+    final = checkpoint_path(output_dir, state.global_step)
     tmp = os.path.join(output_dir, f".tmp-checkpoint-{state.global_step}")
     if fabric.is_global_zero:
         os.makedirs(output_dir, exist_ok=True)
@@ -91,13 +95,14 @@ def list_checkpoints(output_dir: str) -> list[str]:
 
 
 def rotate(output_dir: str, limit: int | None, keep: str | None = None) -> list[str]:
-    """Delete the oldest complete checkpoints beyond `limit`, never `keep` (the best one)."""
+    """Delete the oldest complete checkpoints beyond `limit`. Never the newest (resume needs it)
+    nor `keep` (the best one), so the directory may hold `limit + 1` while they differ."""
     if not limit:
         return []
     paths = list_checkpoints(output_dir)
-    removable = [p for p in paths if keep is None or os.path.abspath(p) != os.path.abspath(keep)]
-    excess = len(paths) - limit
-    removed = removable[: max(excess, 0)]
+    keep_abs = os.path.abspath(keep) if keep else None
+    removable = [p for p in paths[:-1] if os.path.abspath(p) != keep_abs]
+    removed = removable[: max(len(paths) - limit, 0)]
     for path in removed:
         shutil.rmtree(path, ignore_errors=True)
     return removed
@@ -148,7 +153,8 @@ def load_checkpoint(fabric, path: str, *, module, optimizer) -> dict[str, Any]:
     """
     weights = os.path.join(path, WEIGHTS)
     try:
-        remainder = fabric.load(weights, {"model": module, "optimizer": optimizer}, weights_only=True)
+        targets = {"model": module} if optimizer is None else {"model": module, "optimizer": optimizer}
+        remainder = fabric.load(weights, targets, strict=optimizer is not None, weights_only=True)
     except Exception as err:  # noqa: BLE001 - every failure here means "refuse this file"
         if "weights_only" in str(err) or "Unsupported global" in str(err) or "pickle" in str(err).lower():
             raise CheckpointError(

@@ -76,8 +76,10 @@ class Loop:
         self.position: tuple[int, int] = (0, 0)  # (epoch, micro-batches consumed in it)
         self._epoch_rng: dict | None = None  # RNG at epoch start, for loaders that draw from it
         self.preempted = False
-        #: Writes a checkpoint when `control.should_save` (set by the facade).
+        #: Writes a checkpoint when `control.should_save`; loads the best one at the end (set by the facade).
         self.save_fn: Callable[[], None] | None = None
+        self.load_best_fn: Callable[[str], None] | None = None
+        self._warned_best = False
 
     # -- one forward ------------------------------------------------------------------
     def forward(self, batch: Batch, with_loss: bool = True) -> tuple[torch.Tensor | None, Any]:
@@ -130,6 +132,8 @@ class Loop:
             logger.warning("training stopped: %s", reason)
             p.control.should_training_stop = True
             state.log_history.append({"stopped": reason, "epoch": state.epoch, "step": state.global_step})
+        if args.load_best_model_at_end and state.best_model_checkpoint and self.load_best_fn is not None:
+            self.load_best_fn(state.best_model_checkpoint)
         p.control = cb.on_train_end(args, state, p.control)
 
     @contextlib.contextmanager
@@ -252,11 +256,31 @@ class Loop:
             metrics = self.evaluate(self.val, prefix="val_")
             self.log(dict(metrics))
             p.control = cb.on_evaluate(args, state, p.control, metrics)
+            if self._track_best(metrics) and args.save_strategy == "best":  # after on_evaluate, as HF
+                p.control.should_save = True
         p.control.should_evaluate = False
         if p.control.should_save and self.save_fn is not None:
             self.save_fn()
             p.control = cb.on_save(args, state, p.control)
         p.control.should_save = False
+
+    def _track_best(self, metrics: dict[str, float]) -> bool:
+        """Update `state.best_metric` from an evaluation; True when this one is the new best."""
+        args, state = self.p.args, self.p.state
+        name = args.metric_for_best_model
+        if name not in metrics:
+            if not self._warned_best:
+                logger.warning("`metric_for_best_model`=%r is not among the evaluation values %s; "
+                               "no best model is tracked", name, sorted(metrics))
+                self._warned_best = True
+            return False
+        value = metrics[name]
+        greater = args.greater_is_better if args.greater_is_better is not None else "loss" not in name
+        best = state.best_metric
+        if best is None or (value > best if greater else value < best):
+            state.best_metric, state.best_global_step = value, state.global_step
+            return True
+        return False
 
     def log(self, logs: dict[str, float]) -> None:
         p = self.p
