@@ -80,6 +80,7 @@ class Model:
         self._optimizer = None
         self._example: Any = None
         self.last_checkpoint: str | None = None
+        self._search_context: dict | None = None
 
     # -- properties ---------------------------------------------------------------------
     @property
@@ -139,7 +140,8 @@ class Model:
         return self._compiled
 
     # -- runtime (Fabric, set-up module, optimizer) -----------------------------------------
-    def _setup(self, args: TrainingArguments):
+    def _launch(self, args: TrainingArguments):
+        """The Fabric for these device options, created (and launched) once."""
         from fitkit.engine.fabric import build_fabric
 
         key = tuple(repr(getattr(args, k)) for k in _DEVICE_KEYS)
@@ -147,7 +149,10 @@ class Model:
             self._fabric = build_fabric(args)
             self._fabric_key = key
             self._wrapped = None
-        fabric = self._fabric
+        return self._fabric
+
+    def _setup(self, args: TrainingArguments):
+        fabric = self._launch(args)
         if self._wrapped is None or self._wrapped_of is not self.module:
             self._wrapped = fabric.setup_module(self.module)
             self._wrapped_of = self.module
@@ -289,6 +294,14 @@ class Model:
         return self._compile_args.replace(**merged) if merged else self._compile_args
 
     def _new_state(self, args: TrainingArguments, train: DataSource, fabric) -> TrainerState:
+        state = self._state_for(args, train, fabric)
+        if self._search_context is not None:
+            state.is_hyper_param_search = True
+            state.trial_name = self._search_context["trial_name"]
+            state.trial_params = self._search_context["trial_params"]
+        return state
+
+    def _state_for(self, args: TrainingArguments, train: DataSource, fabric) -> TrainerState:
         epochs = args.num_train_epochs
         if train.has_len():
             steps_per_epoch = max(1, -(-len(train) // args.gradient_accumulation_steps))
@@ -366,6 +379,40 @@ class Model:
         out = loop.predict(source)
         self.control = loop.p.handler.on_predict(args, loop.p.state, loop.p.control, {})
         return out
+
+    # -- hyperparameter search ----------------------------------------------------------------
+    def hyperparameter_search(self, x: Any = None, y: Any = None, *, hp_space: Callable | None = None,
+                              compute_objective: Callable | None = None, n_trials: int = 20,
+                              direction: str | list[str] = "minimize", hp_name: Callable | None = None,
+                              backend: str = "optuna", **options: Any):
+        """Search hyperparameters with Optuna; returns the best `BestRun` (a list for several directions).
+
+        Each trial builds a fresh module with `model_init(trial)`; `hp_space(trial) -> dict`
+        values override compile/fit options of the same name. `options`: what `fit` accepts,
+        plus `storage`, `study_name`, `sampler`, `pruner`, `load_if_exists` (create_study),
+        `timeout`, `n_jobs`, `gc_after_trial`, `catch`, `optuna_callbacks` (optimize), or a
+        ready `study=`. See `fitkit.search`.
+        """
+        from fitkit.search import run_search
+
+        return run_search(self, x, y, hp_space=hp_space, compute_objective=compute_objective, n_trials=n_trials,
+                          direction=direction, hp_name=hp_name, backend=backend, **options)
+
+    def _trial_copy(self, trial: Any) -> "Model":
+        """A model for one trial: a fresh module from `model_init(trial)`, this model's compile
+        configuration and callbacks, and the same (already launched) Fabric."""
+        copy = Model(_call_model_init(self.model_init, trial))
+        copy.model_init = self.model_init
+        copy._compiled, copy._compile_args = self._compiled, self._compile_args
+        copy.callback_handler = CallbackHandler(self.callback_handler.callbacks)
+        copy._fabric, copy._fabric_key = self._fabric, self._fabric_key
+        return copy
+
+    def _release(self) -> None:
+        """Drop the module, optimizer and set-up wrappers (after a trial)."""
+        self._wrapped = self._wrapped_of = self._optimizer = self._module = None
+        self._fabric = None
+        self._example = None
 
     # -- summary, save, load ----------------------------------------------------------------
     def summary(self, example_input: Any = None) -> str:

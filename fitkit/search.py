@@ -1,14 +1,243 @@
-"""Hyperparameter search through Optuna (optuna is imported only when a search runs)."""
+"""Hyperparameter search through Optuna (optuna is imported only when a search runs).
+
+    def model_init(trial):
+        hidden = trial.suggest_int("hidden", 16, 128) if trial else 64
+        return torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 10))
+
+    def hp_space(trial):
+        return {"learning_rate": trial.suggest_float("learning_rate", 1e-4, 1e-1, log=True)}
+
+    model = Model(model_init=model_init).compile("adam", "cross_entropy", ["accuracy"])
+    best = model.hyperparameter_search(x, y, validation_split=0.2, hp_space=hp_space, n_trials=20,
+                                       direction="maximize", storage="sqlite:///search.db",
+                                       study_name="digits", load_if_exists=True)
+    best.hyperparameters      # {"hidden": 97, "learning_rate": 0.004}
+
+Every trial seeds, builds a fresh module from `model_init(trial)`, a fresh optimizer and
+scheduler, runs `fit` with the trial's values overriding the options of the same name, writes
+under `output_dir/run-{trial.number}`, reports each evaluation to the trial (so pruners
+prune), and is released from memory before the next one.
+"""
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import gc
+import os
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+
+from fitkit.arguments import ALIASES, TrainingArguments
+from fitkit.callbacks.base import TrainerCallback
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fitkit.model import Model
+
+STUDY_OPTIONS = ("storage", "study_name", "sampler", "pruner", "load_if_exists")
+OPTIMIZE_OPTIONS = ("timeout", "n_jobs", "gc_after_trial", "catch", "optuna_callbacks")
+FIT_OPTIONS = ("validation_data", "validation_split", "callbacks", "class_weight", "sample_weight", "batch_size",
+               "epochs", "shuffle", "max_steps")
+_SPEED = ("runtime", "per_second", "samples_per_second", "steps_per_second", "flos", "epoch", "step")
 
 
 class BestRun(NamedTuple):
-    """The best trial of a search (HF's fields)."""
+    """The best trial of a search (HF's fields): `run_id` is the trial number as a string."""
 
     run_id: str
     objective: float | list[float]
     hyperparameters: dict[str, Any]
     run_summary: Any = None
+
+
+def default_hp_space(trial) -> dict[str, Any]:
+    """HF's default space for Optuna, with fitkit's option names."""
+    return {
+        "learning_rate": trial.suggest_float("learning_rate", 1e-6, 1e-4, log=True),
+        "epochs": trial.suggest_int("epochs", 1, 5),
+        "seed": trial.suggest_int("seed", 1, 40),
+        "batch_size": trial.suggest_categorical("batch_size", [4, 8, 16, 32, 64]),
+    }
+
+
+def default_compute_objective(metrics: dict[str, float]) -> float:
+    """HF's rule: the validation loss when there is no other metric, else the sum of the
+    metrics (speed and time values dropped). Without validation, the training values."""
+    values = {k: v for k, v in metrics.items() if not any(s in k for s in _SPEED) and k != "learning_rate"}
+    prefix = "val_" if any(k.startswith("val_") for k in values) else ""
+    values = {k: v for k, v in values.items() if k.startswith(prefix)}
+    loss = values.pop(prefix + "loss", None)
+    if values:
+        return float(sum(values.values()))
+    if loss is None:
+        raise ValueError(f"no loss or metric to build the objective from (got {sorted(metrics)}); pass compute_objective")
+    return float(loss)
+
+
+class _TrialReporter(TrainerCallback):
+    """Reports each evaluation's objective to the trial; stops training when it should be pruned."""
+
+    order = 50
+
+    def __init__(self, trial, compute_objective: Callable, multi: bool, fabric):
+        self.trial, self.compute_objective, self.multi, self.fabric = trial, compute_objective, multi, fabric
+        self.metrics: dict[str, float] = {}
+        self.pruned = False
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.metrics.update({k: v for k, v in (logs or {}).items() if isinstance(v, (int, float))})
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        self.metrics.update(metrics or {})
+        if self.multi:
+            return  # Optuna does not prune multi-objective studies
+        value = self.compute_objective(dict(self.metrics))
+        prune = False
+        if self.fabric is None or self.fabric.is_global_zero:
+            self.trial.report(value, step=state.global_step)
+            prune = self.trial.should_prune()
+        if self.fabric is not None and self.fabric.world_size > 1:
+            prune = self.fabric.broadcast(prune, src=0)  # every rank stops at the same step
+        if prune:
+            self.pruned = True
+            control.should_training_stop = True
+        return control
+
+
+def _split_options(options: dict[str, Any]) -> tuple[dict, dict, dict]:
+    study = {k: options.pop(k) for k in STUDY_OPTIONS if k in options}
+    optimize = {k: options.pop(k) for k in OPTIMIZE_OPTIONS if k in options}
+    valid = set(FIT_OPTIONS) | set(TrainingArguments.names()) | set(ALIASES)
+    unknown = sorted(set(options) - valid)
+    if unknown:
+        raise TypeError(
+            f"unknown option(s) {unknown} for hyperparameter_search; valid: fit options and TrainingArguments "
+            f"fields ({', '.join(sorted(valid))}), create_study options ({', '.join(STUDY_OPTIONS)}), "
+            f"optimize options ({', '.join(OPTIMIZE_OPTIONS)})"
+        )
+    return study, optimize, options
+
+
+def _check_params(params: dict[str, Any]) -> None:
+    valid = set(FIT_OPTIONS) | set(TrainingArguments.names()) | set(ALIASES)
+    unknown = sorted(set(params) - valid)
+    if unknown:
+        raise ValueError(
+            f"hp_space returned {unknown}, which are not compile/fit options. Valid names: {', '.join(sorted(valid))}. "
+            "Model hyperparameters are suggested inside model_init(trial) instead."
+        )
+
+
+def run_search(model: "Model", x: Any, y: Any, *, hp_space: Callable | None, compute_objective: Callable | None,
+               n_trials: int, direction: str | list[str], hp_name: Callable | None, backend: str,
+               study: Any = None, **options: Any) -> BestRun | list[BestRun]:
+    """`Model.hyperparameter_search`: see the module docstring."""
+    if backend != "optuna":
+        raise ValueError(f"unknown backend {backend!r} for `backend`; valid names are: optuna")
+    if model.model_init is None:
+        raise ValueError("hyperparameter_search needs `model_init`: build the model with Model(model_init=fn), "
+                         "fn(trial) returning a fresh nn.Module, so that every trial starts from new weights")
+    compiled = model._require_compiled("hyperparameter_search")
+    import torch
+
+    if isinstance(compiled["optimizer"], torch.optim.Optimizer):
+        raise ValueError("`optimizer` is an Optimizer instance, bound to one module's parameters; for a search "
+                         "pass a name, an Optimizer class or a callable params -> optimizer")
+    if not isinstance(n_trials, int) or n_trials <= 0:
+        raise ValueError(f"`n_trials`={n_trials!r} is invalid: pass an integer > 0")
+    import optuna
+
+    from fitkit.model import seed_everything
+
+    hp_space = hp_space or default_hp_space
+    compute_objective = compute_objective or default_compute_objective
+    multi = isinstance(direction, (list, tuple))
+    study_kwargs, optimize_kwargs, fit_options = _split_options(dict(options))
+    names = set(TrainingArguments.names()) | set(ALIASES)
+    args = model._fit_args(None, **{k: v for k, v in fit_options.items() if k in names})
+    fabric = model._launch(args)
+    rank0 = fabric.is_global_zero
+    distributed = fabric.world_size > 1
+    base_dir = args.output_dir
+
+    def _fresh(trial, params):
+        seed_everything(params.get("seed", args.seed))  # before model_init, as HF
+        return model._trial_copy(trial)
+
+    def objective(trial) -> float | tuple:
+        params = dict(hp_space(trial))
+        _check_params(params)
+        trial_model = _fresh(trial, params)
+        if distributed:  # rank 0 sampled everything (hp_space and model_init); the others follow
+            fabric.broadcast(dict(trial.params), src=0)
+        return _train_trial(trial_model, trial, params)
+
+    def _train_trial(trial_model, trial, params):
+        reporter = _TrialReporter(trial, compute_objective, multi, fabric)
+        trial_options = {**fit_options, **params}
+        extra_callbacks = list(trial_options.pop("callbacks", None) or ())
+        trial_model._search_context = {
+            "trial_name": hp_name(trial) if hp_name else None,
+            "trial_params": dict(trial.params),
+        }
+        trial_options["output_dir"] = os.path.join(base_dir, f"run-{trial.number}")
+        try:
+            history = trial_model.fit(x, y, callbacks=extra_callbacks + [reporter], **trial_options)
+            metrics = dict(reporter.metrics)
+            if not metrics:
+                metrics = {k: v[-1] for k, v in history.history.items()}
+        finally:
+            trial_model._release()
+            del trial_model
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        if reporter.pruned:
+            raise optuna.TrialPruned(f"pruned at {trial.number}")
+        value = compute_objective(metrics)
+        if multi:
+            value = tuple(float(v) for v in value)
+            if len(value) != len(direction):
+                raise ValueError(f"compute_objective returned {len(value)} values for {len(direction)} directions")
+            return value
+        if isinstance(value, (tuple, list)):
+            raise ValueError("compute_objective returned several values: pass `direction` as a list for a "
+                             "multi-objective search")
+        return float(value)
+
+    if rank0:
+        if study is None:
+            kwargs = dict(study_kwargs)
+            kwargs["directions" if multi else "direction"] = list(direction) if multi else direction
+            study = optuna.create_study(**kwargs)
+        callbacks = list(optimize_kwargs.pop("optuna_callbacks", None) or ())
+        finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+        # n_trials counts the study's finished trials: a rerun continues an interrupted search and
+        # several processes sharing one storage split the trials between them.
+        callbacks.append(optuna.study.MaxTrialsCallback(n_trials, states=finished))
+        done = len(study.get_trials(deepcopy=False, states=finished))
+        if done < n_trials:
+            study.optimize(objective, n_trials=n_trials, callbacks=callbacks, **optimize_kwargs)
+        if distributed:
+            fabric.broadcast(None, src=0)  # no more trials
+        best = _best(study, multi)
+        return fabric.broadcast(best, src=0) if distributed else best
+    # other ranks: run the trials rank 0 samples, with its parameters fixed
+    number = 0
+    while True:
+        sampled = fabric.broadcast(None, src=0)
+        if sampled is None:
+            break
+        trial = optuna.trial.FixedTrial(sampled, number=number)
+        params = dict(hp_space(trial))
+        trial_model = _fresh(trial, params)
+        try:
+            _train_trial(trial_model, trial, params)
+        except optuna.TrialPruned:
+            pass
+        number += 1
+    return fabric.broadcast(None, src=0)
+
+
+def _best(study, multi: bool) -> BestRun | list[BestRun]:
+    if multi:
+        return [BestRun(str(t.number), list(t.values), dict(t.params)) for t in study.best_trials]
+    t = study.best_trial
+    return BestRun(str(t.number), t.value, dict(t.params))

@@ -1,0 +1,203 @@
+"""hyperparameter_search through Optuna: real trials, a real SQLite storage, real pruning."""
+
+import gc
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+optuna = pytest.importorskip("optuna")
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+from fitkit import BestRun, Model, TrainerCallback  # noqa: E402
+
+
+def _data():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(240, 8, generator=g)
+    y = (x[:, 0] + 0.5 * x[:, 1] > 0).long()
+    return x, y
+
+
+def _model_init(calls=None):
+    def model_init(trial):
+        if calls is not None:
+            calls.append(trial)
+        hidden = trial.suggest_int("hidden", 4, 16) if trial is not None else 8
+        return torch.nn.Sequential(torch.nn.Linear(8, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 2))
+
+    return model_init
+
+
+def _lr_space(trial):
+    return {"learning_rate": trial.suggest_float("learning_rate", 1e-4, 1e-1, log=True), "epochs": 2}
+
+
+def test_trials_build_fresh_models_and_the_sqlite_study_holds_them(tmp_path):
+    x, y = _data()
+    calls = []
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    model = Model(model_init=_model_init(calls)).compile("adam", "cross_entropy", ["accuracy"])
+    best = model.hyperparameter_search(x, y, validation_split=0.25, hp_space=_lr_space, n_trials=4,
+                                       direction="maximize", storage=storage, study_name="s", verbose=0,
+                                       output_dir=str(tmp_path / "runs"))
+    assert len(calls) == 4 and all(isinstance(t, optuna.trial.Trial) for t in calls)
+    assert len({t.number for t in calls}) == 4
+    study = optuna.load_study(study_name="s", storage=storage)
+    assert len(study.trials) == 4
+    assert isinstance(best, BestRun)
+    assert best.objective == study.best_value and best.run_id == str(study.best_trial.number)
+    assert best.hyperparameters == study.best_trial.params and set(best.hyperparameters) == {"learning_rate", "hidden"}
+
+
+def test_callbacks_see_the_search_state_and_trial_dirs(tmp_path):
+    x, y = _data()
+    seen = []
+
+    class Spy(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            seen.append((state.is_hyper_param_search, state.trial_name, dict(state.trial_params), args.output_dir))
+
+    model = Model(model_init=_model_init()).compile("adam", "cross_entropy")
+    model.hyperparameter_search(x, y, validation_split=0.25, hp_space=_lr_space, n_trials=2, verbose=0,
+                                callbacks=[Spy()], hp_name=lambda t: f"trial-{t.number}",
+                                output_dir=str(tmp_path), save_strategy="epoch")
+    assert [s[0] for s in seen] == [True, True]
+    assert [s[1] for s in seen] == ["trial-0", "trial-1"]
+    assert set(seen[0][2]) == {"learning_rate", "hidden"}
+    assert [s[3] for s in seen] == [str(tmp_path / "run-0"), str(tmp_path / "run-1")]
+    assert os.path.isdir(tmp_path / "run-1" / "checkpoint-12")
+
+
+def test_a_hopeless_configuration_is_pruned():
+    x, y = _data()
+    study = optuna.create_study(direction="minimize",
+                                pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0))
+    for lr in (3e-2, 3e-2, 1e-7):
+        study.enqueue_trial({"learning_rate": lr, "hidden": 8})
+    reports = {}
+
+    class Count(TrainerCallback):
+        def on_train_end(self, args, state, control, **kwargs):
+            reports[state.trial_params["learning_rate"]] = state.global_step
+
+    model = Model(model_init=_model_init()).compile("adam", "cross_entropy")
+    model.hyperparameter_search(
+        x, y, validation_split=0.25, n_trials=3, study=study, verbose=0, callbacks=[Count()],
+        hp_space=lambda t: {"learning_rate": t.suggest_float("learning_rate", 1e-8, 1e-1, log=True), "epochs": 6},
+    )
+    states = [t.state for t in study.trials]
+    assert states == [optuna.trial.TrialState.COMPLETE] * 2 + [optuna.trial.TrialState.PRUNED]
+    assert reports[1e-7] < reports[3e-2]  # it stopped early, and on_train_end fired
+    assert len(study.trials[2].intermediate_values) < len(study.trials[0].intermediate_values)
+
+
+def test_multi_objective_returns_the_pareto_front():
+    x, y = _data()
+    model = Model(model_init=_model_init()).compile("adam", "cross_entropy", ["accuracy"])
+    front = model.hyperparameter_search(
+        x, y, validation_split=0.25, hp_space=_lr_space, n_trials=4, verbose=0,
+        direction=["minimize", "maximize"], study_name="pareto", storage=None,
+        compute_objective=lambda m: (m["val_loss"], m["val_accuracy"]),
+    )
+    assert isinstance(front, list) and front and all(isinstance(b, BestRun) for b in front)
+    assert all(len(b.objective) == 2 for b in front)
+    # nobody on the front is dominated by another member
+    for a in front:
+        for b in front:
+            assert not (b.objective[0] < a.objective[0] and b.objective[1] > a.objective[1])
+
+
+def test_an_interrupted_search_continues_with_load_if_exists(tmp_path):
+    x, y = _data()
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+
+    class Crash(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            if args.output_dir.endswith("run-2"):
+                raise KeyboardInterrupt("the machine went away")
+
+    model = Model(model_init=_model_init()).compile("adam", "cross_entropy")
+    options = dict(validation_split=0.25, hp_space=_lr_space, n_trials=5, storage=storage, study_name="resume",
+                   load_if_exists=True, verbose=0, output_dir=str(tmp_path))
+    with pytest.raises(KeyboardInterrupt):
+        model.hyperparameter_search(x, y, callbacks=[Crash()], **options)
+    study = optuna.load_study(study_name="resume", storage=storage)
+    assert len([t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]) == 2
+    model.hyperparameter_search(x, y, **options)
+    study = optuna.load_study(study_name="resume", storage=storage)
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(complete) == 5  # two before the crash, three after
+
+
+def test_memory_does_not_grow_with_trials():
+    x, y = _data()
+
+    def live_modules():
+        gc.collect()
+        return sum(isinstance(o, torch.nn.Module) for o in gc.get_objects())
+
+    model = Model(model_init=_model_init()).compile("adam", "cross_entropy")
+    study = optuna.create_study()
+    model.hyperparameter_search(x, y, validation_split=0.25, hp_space=_lr_space, n_trials=2, study=study, verbose=0)
+    after_two = live_modules()
+    model.hyperparameter_search(x, y, validation_split=0.25, hp_space=_lr_space, n_trials=20, study=study, verbose=0)
+    assert len(study.trials) == 20
+    assert live_modules() <= after_two
+
+
+def test_errors_name_the_argument():
+    x, y = _data()
+    with pytest.raises(ValueError, match="hyperparameter_search needs `model_init`"):
+        Model(_model_init()(None)).compile("adam", "cross_entropy").hyperparameter_search(x, y)
+    model = Model(model_init=_model_init()).compile("adam", "cross_entropy")
+    with pytest.raises(ValueError, match=r"hp_space returned \['width'\].*Valid names: .*learning_rate"):
+        model.hyperparameter_search(x, y, n_trials=1, hp_space=lambda t: {"width": 3}, verbose=0)
+    with pytest.raises(ValueError, match="unknown backend 'ray'"):
+        model.hyperparameter_search(x, y, backend="ray")
+    with pytest.raises(TypeError, match=r"unknown option\(s\) \['n_trial'\]"):
+        model.hyperparameter_search(x, y, n_trial=3)
+    net = _model_init()(None)
+    bad = Model(model_init=_model_init()).compile(torch.optim.SGD(net.parameters(), lr=0.1), "cross_entropy")
+    with pytest.raises(ValueError, match="`optimizer` is an Optimizer instance"):
+        bad.hyperparameter_search(x, y)
+
+
+WORKER = r"""
+import sys, torch, optuna
+from fitkit import Model
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+storage = optuna.storages.RDBStorage(sys.argv[1], engine_kwargs={"connect_args": {"timeout": 60}})
+g = torch.Generator().manual_seed(0)
+x = torch.randn(240, 8, generator=g); y = (x[:, 0] > 0).long()
+def model_init(trial):
+    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+ran = []
+class Mark:
+    pass
+model = Model(model_init=model_init).compile("adam", "cross_entropy")
+model.hyperparameter_search(x, y, validation_split=0.25, n_trials=6, storage=storage, study_name="shared",
+    load_if_exists=True, verbose=0, hp_space=lambda t: {"learning_rate": t.suggest_float("learning_rate", 1e-3, 1e-1),
+    "epochs": 3}, optuna_callbacks=[lambda study, trial: print("TRIAL", trial.number, flush=True)])
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_share_one_storage(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    optuna.create_study(study_name="shared", storage=url)
+    procs = [subprocess.Popen([sys.executable, str(script), url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+    ran = [[int(l.split()[1]) for l in out.splitlines() if l.startswith("TRIAL")] for out, _ in outs]
+    assert all(ran), ran  # both did some of the work
+    assert not set(ran[0]) & set(ran[1])  # and never the same trial
+    study = optuna.load_study(study_name="shared", storage=url)
+    finished = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    assert 6 <= len(finished) <= 7  # each process stops once 6 are done; one may be in flight
