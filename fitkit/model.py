@@ -244,7 +244,7 @@ class Model:
 
         state = self._new_state(args, train, fabric)
         history = History()
-        handler = self._handler(callbacks, history, *self._display(args))
+        handler = self._handler(callbacks, history, *self._display(args), *self._reporters(args))
         scheduler = build_scheduler(args.lr_scheduler, optimizer, state.max_steps or 1,
                                     args.warmup_steps or int(args.warmup_ratio * state.max_steps))
         handler.model, handler.optimizer, handler.lr_scheduler = self.module, optimizer, scheduler
@@ -330,6 +330,15 @@ class Model:
         if verbose == 0 or any(isinstance(cb, ProgressBar) for cb in self.callback_handler.callbacks):
             return []
         return [ProgressBar(bar=verbose == 1)]
+
+    def _reporters(self, args: TrainingArguments) -> list[TrainerCallback]:
+        """The tracking callbacks `report_to` names (each integration imported only when named)."""
+        if args.report_to in (None, "none", [], ["none"]):
+            return []
+        from fitkit.integrations import callbacks_for
+
+        present = {type(cb) for cb in self.callback_handler.callbacks}
+        return [cb for cb in callbacks_for(args.report_to) if type(cb) not in present]
 
     def _save_checkpoint(self, loop: Loop) -> None:
         p = loop.p
