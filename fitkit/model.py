@@ -33,7 +33,7 @@ from fitkit.callbacks.base import CallbackHandler, TrainerCallback, TrainerContr
 from fitkit.callbacks.flow import DefaultFlowCallback
 from fitkit.callbacks.history import History
 from fitkit.engine import checkpoint as ckpt
-from fitkit.engine.data import DataSource, TensorSource, adapt, split_validation
+from fitkit.engine.data import BlockSampler, DataSource, TensorSource, adapt, evaluation_shard, split_validation
 from fitkit.engine.loop import Loop, Parts
 from fitkit.summary import summarize
 
@@ -187,8 +187,12 @@ class Model:
             if self._example is None:
                 self._example = source.x
         elif isinstance(getattr(source, "loader", None), torch.utils.data.DataLoader):
-            source.loader = fabric.setup_dataloaders(source.loader, use_distributed_sampler=True)
-            source.distributed = fabric.world_size > 1
+            loader, distributed = source.loader, fabric.world_size > 1
+            if distributed and not pad:
+                loader = evaluation_shard(loader, fabric.global_rank, fabric.world_size)
+            use_sampler = distributed and not isinstance(loader.sampler, BlockSampler)
+            source.loader = fabric.setup_dataloaders(loader, use_distributed_sampler=use_sampler)
+            source.distributed = distributed
         return source
 
     def _handler(self, extra: Sequence | None, *more: TrainerCallback) -> CallbackHandler:
@@ -447,6 +451,9 @@ class Model:
         os.close(fd)
         try:
             torch.save(payload, tmp)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; a saved model is not
             os.replace(tmp, path)
         finally:
             if os.path.exists(tmp):

@@ -231,3 +231,15 @@ def test_history_is_a_callback_with_keras_fields(blobs):
     assert isinstance(h, History) and isinstance(h, TrainerCallback)
     assert h.epoch == [0, 1] and len(h.history["loss"]) == 2
     assert h.params == {"epochs": 2, "steps": 16, "verbose": 0}
+
+
+def test_instance_attribute_handlers_are_listeners_and_removable_by_class():
+    from fitkit.callbacks import LambdaCallback
+
+    got = []
+    cb = LambdaCallback(on_log=lambda args, state, control, logs=None, **kw: got.append(logs))
+    handler = CallbackHandler([DefaultFlowCallback(), cb])
+    assert len(handler.listeners("on_log")) == 1 and handler.listeners("on_step_end")[0].__self__ is not cb
+    handler.on_log(None, TrainerState(), TrainerControl(), {"loss": 1.0})
+    assert got == [{"loss": 1.0}]
+    assert handler.pop_callback(LambdaCallback) is cb and handler.listeners("on_log") == []

@@ -61,6 +61,10 @@ def _is_metric(obj: Any) -> bool:
     return type(obj).__module__.startswith("torchmetrics") or hasattr(obj, "compute") and hasattr(obj, "update")
 
 
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
 class _Mean:
     """A batch-size-weighted mean of a callable metric, accumulated on the device."""
 
@@ -77,28 +81,38 @@ class _Mean:
         self.count += n
 
     def compute(self) -> torch.Tensor:
-        return torch.as_tensor(self.total) / max(self.count, 1)
+        total = torch.as_tensor(self.total, dtype=torch.float64)
+        count = torch.tensor(float(self.count), dtype=torch.float64, device=total.device)
+        if _distributed():
+            both = torch.stack([total.to(count.device), count])
+            torch.distributed.all_reduce(both)
+            total, count = both[0], both[1]
+        return total / count.clamp(min=1)
 
     def reset(self) -> None:
         self.total, self.count = 0.0, 0
 
 
-def _build_named(name: str, preds: torch.Tensor, target: torch.Tensor):
+def _infer(key: str, preds: torch.Tensor, target: torch.Tensor) -> tuple[str, int]:
+    """The task (regression, binary, multiclass, onehot, multilabel) and class count of a batch."""
+    if key in ("mae", "mse"):
+        return "regression", 1
+    classes = preds.shape[-1] if preds.dim() >= 2 else 1
+    if classes > 1 and target.shape == preds.shape:
+        # one-hot rows (Keras' categorical targets) are multiclass; anything else is multilabel
+        onehot = bool(((target == 0) | (target == 1)).all() and (target.sum(-1) == 1).all())
+        return ("onehot" if onehot else "multilabel"), classes
+    return ("multiclass" if classes > 1 else "binary"), classes
+
+
+def _construct(key: str, kind: str, classes: int):
     import torchmetrics.classification as C
     import torchmetrics.regression as R
 
-    key = _ALIASES.get(name.lower(), name.lower())
-    if key == "mae":
-        return R.MeanAbsoluteError(), "regression"
-    if key == "mse":
-        return R.MeanSquaredError(), "regression"
-    classes = preds.shape[-1] if preds.dim() >= 2 else 1
-    multilabel = False
-    if classes > 1 and target.shape == preds.shape:
-        # one-hot rows (Keras' categorical targets) are multiclass; anything else is multilabel
-        multilabel = not bool(((target == 0) | (target == 1)).all() and (target.sum(-1) == 1).all())
+    if kind == "regression":
+        return R.MeanAbsoluteError() if key == "mae" else R.MeanSquaredError()
     common = {"validate_args": False}
-    if classes > 1 and not multilabel:
+    if kind in ("multiclass", "onehot"):
         kinds = {
             "accuracy": lambda: C.MulticlassAccuracy(num_classes=classes, average="micro", **common),
             "f1": lambda: C.MulticlassF1Score(num_classes=classes, average="macro", **common),
@@ -106,9 +120,7 @@ def _build_named(name: str, preds: torch.Tensor, target: torch.Tensor):
             "recall": lambda: C.MulticlassRecall(num_classes=classes, average="macro", **common),
             "auroc": lambda: C.MulticlassAUROC(num_classes=classes, **common),
         }
-        onehot = target.shape == preds.shape
-        return kinds[key](), "onehot" if onehot else "multiclass"
-    if multilabel:
+    elif kind == "multilabel":
         kinds = {
             "accuracy": lambda: C.MultilabelAccuracy(num_labels=classes, **common),
             "f1": lambda: C.MultilabelF1Score(num_labels=classes, **common),
@@ -116,12 +128,13 @@ def _build_named(name: str, preds: torch.Tensor, target: torch.Tensor):
             "recall": lambda: C.MultilabelRecall(num_labels=classes, **common),
             "auroc": lambda: C.MultilabelAUROC(num_labels=classes, **common),
         }
-        return kinds[key](), "multilabel"
-    kinds = {
-        "accuracy": C.BinaryAccuracy, "f1": C.BinaryF1Score, "precision": C.BinaryPrecision,
-        "recall": C.BinaryRecall, "auroc": C.BinaryAUROC,
-    }
-    return kinds[key](**common), "binary"
+    else:
+        kinds = {
+            "accuracy": lambda: C.BinaryAccuracy(**common), "f1": lambda: C.BinaryF1Score(**common),
+            "precision": lambda: C.BinaryPrecision(**common), "recall": lambda: C.BinaryRecall(**common),
+            "auroc": lambda: C.BinaryAUROC(**common),
+        }
+    return kinds[key]()
 
 
 def _prepare(kind: str, name: str, preds: torch.Tensor, target: torch.Tensor):
@@ -151,6 +164,8 @@ class MetricSet:
         self.prefix = prefix
         self._items: list[tuple[str, Any, str, str]] | None = None  # (log name, metric, kind, key)
         self._pending: dict | None = None  # states to apply once the metrics are built
+        self._tasks: dict[str, tuple[str, int]] = {}
+        self.device = torch.device("cpu")  # where metrics rebuilt from a saved state live
 
     def __bool__(self) -> bool:
         return bool(self.specs)
@@ -170,19 +185,25 @@ class MetricSet:
                 names.append(getattr(spec, "__name__", type(spec).__name__))
         return names
 
-    def _build(self, preds: torch.Tensor, target: torch.Tensor) -> None:
+    def _build(self, preds: torch.Tensor | None, target: torch.Tensor | None, saved: dict | None = None) -> None:
+        """Build the metrics from the first batch, or from a saved state's task and class count."""
         items = []
         for name, spec in zip(self._base_names(), self.specs):
             if isinstance(spec, str):
-                metric, kind = _build_named(spec, preds, target)
                 key = _ALIASES.get(spec.lower(), spec.lower())
+                if saved is not None:
+                    kind, classes = saved[self.prefix + name]["_task"]
+                else:
+                    kind, classes = _infer(key, preds, target)
+                metric = _construct(key, kind, classes)
+                self._tasks[self.prefix + name] = (kind, classes)
             elif _is_metric(spec):
                 metric = spec.clone() if hasattr(spec, "clone") else spec
                 kind, key = "custom", name
             else:
                 metric, kind, key = _Mean(spec), "custom", name
             if hasattr(metric, "to"):
-                metric = metric.to(preds.device)
+                metric = metric.to(preds.device if preds is not None else self.device)
             items.append((self.prefix + name, metric, kind, key))
         self._items = items
         if self._pending:
@@ -198,17 +219,28 @@ class MetricSet:
             if isinstance(metric, _Mean):
                 out[name] = {"total": torch.as_tensor(metric.total).cpu(), "count": metric.count}
             else:
+                # Under several processes, the states of all of them (rank 0 saves and restores).
+                synced = _distributed() and not getattr(metric, "_is_synced", True)
+                if synced:
+                    metric.sync()
                 out[name] = {k: (v.cpu() if isinstance(v, torch.Tensor) else [t.cpu() for t in v])
                              for k, v in metric.metric_state.items()}
+                if synced:
+                    metric.unsync()
+            if name in self._tasks:
+                out[name]["_task"] = list(self._tasks[name])
         return out
 
     def load_state(self, states: dict | None) -> None:
         if not states:
             return
-        if self._items is None:
-            self._pending = states
-        else:
+        if self._items is not None:
             self._apply(states)
+        elif all(isinstance(spec, str) for spec in self.specs):
+            self._pending = states
+            self._build(None, None, saved=states)  # names only: rebuild now, no batch needed
+        else:
+            self._pending = states
 
     def _apply(self, states: dict) -> None:
         for name, metric, _, _ in self._items:
@@ -220,6 +252,8 @@ class MetricSet:
                 continue
             device = metric.device
             for key, value in saved.items():
+                if key == "_task":
+                    continue
                 setattr(metric, key, value.to(device) if isinstance(value, torch.Tensor) else [t.to(device) for t in value])
             metric._update_count = max(metric._update_count, 1)
             metric._computed = None

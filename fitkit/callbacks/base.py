@@ -267,7 +267,8 @@ class CallbackHandler(TrainerCallback):
             found = [
                 getattr(cb, event)
                 for cb in self.callbacks
-                if callable(getattr(cb, event, None)) and not _is_noop(type(cb), event)
+                if callable(getattr(cb, event, None))
+                and (event in getattr(cb, "__dict__", {}) or not _is_noop(type(cb), event))
             ]
             self._listeners[event] = found
         return found

@@ -132,15 +132,19 @@ class TensorSource(DataSource):
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
     def shard(self, rank: int, world_size: int, pad: bool) -> None:
-        """Take this process's share. `pad` (training) repeats samples so all ranks step alike;
-        evaluation does not pad, so no sample counts twice."""
+        """Take this process's share. Training (`pad`) deals a permutation round-robin and
+        repeats a few samples so every rank makes the same number of steps, as
+        DistributedSampler does. Evaluation takes a contiguous block per rank with no padding,
+        so no sample counts twice and gathering the blocks in rank order is the input order."""
         self.rank, self.world_size, self.pad = rank, world_size, pad
+        self.offset = 0
         if world_size == 1:
             self.num_samples = self.total
         elif pad:
             self.num_samples = math.ceil(self.total / world_size)
         else:
-            self.num_samples = len(range(rank, self.total, world_size))
+            self.offset, end = block(self.total, rank, world_size)
+            self.num_samples = end - self.offset
 
     def to(self, device: torch.device) -> "TensorSource":
         move = lambda t: t.to(device, non_blocking=True) if isinstance(t, torch.Tensor) else t  # noqa: E731
@@ -152,8 +156,8 @@ class TensorSource(DataSource):
         return self
 
     def order(self, epoch: int) -> torch.Tensor | None:
-        """The sample indices of this process for `epoch`, or None for the natural order."""
-        if not self.shuffle and self.world_size == 1:
+        """The sample indices of this process for `epoch`, or None for contiguous slices."""
+        if not self.shuffle and (self.world_size == 1 or not self.pad):
             return None
         if self.shuffle:
             g = torch.Generator()
@@ -174,13 +178,13 @@ class TensorSource(DataSource):
         device = _first(self.x).device
         if order is not None:
             order = order.to(device)
-        bs, n = self.batch_size, self.num_samples
+        bs, n, offset = self.batch_size, self.num_samples, self.offset
         x, y, sw, cw = self.x, self.y, self.sample_weight, self.class_weight
         positional = not isinstance(x, dict)
         for b in range(start, len(self)):
             lo, hi = b * bs, min((b + 1) * bs, n)
             if order is None:
-                take = lambda t: t[lo:hi]  # noqa: E731 - a view, no copy
+                take = lambda t: t[offset + lo : offset + hi]  # noqa: E731 - a view, no copy
             else:
                 idx = order[lo:hi]
                 take = lambda t: t.index_select(0, idx)  # noqa: E731
@@ -195,6 +199,26 @@ class TensorSource(DataSource):
 
 
 _END = object()
+
+
+def block(total: int, rank: int, world_size: int) -> tuple[int, int]:
+    """The contiguous `[start, end)` of `total` samples that `rank` evaluates (no padding)."""
+    base, extra = divmod(total, world_size)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
+
+
+class BlockSampler(torch.utils.data.Sampler):
+    """Evaluation under several processes: this rank's contiguous block, nothing repeated."""
+
+    def __init__(self, size: int, rank: int, world_size: int):
+        self.start, self.end = block(size, rank, world_size)
+
+    def __len__(self) -> int:
+        return self.end - self.start
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.start, self.end))
 
 
 class EpochSampler(torch.utils.data.Sampler):
@@ -221,6 +245,23 @@ class EpochSampler(torch.utils.data.Sampler):
         else:
             order = torch.arange(self.skip, self.size)
         return iter(order.tolist())
+
+
+def evaluation_shard(loader: DataLoader, rank: int, world_size: int) -> DataLoader:
+    """This rank's contiguous block of an evaluation DataLoader, so no sample counts twice.
+
+    Loaders in sequential order are rebuilt over a `BlockSampler`; others keep Fabric's
+    distributed sampler, which pads the last shard (a warning says so)."""
+    sampler = loader.sampler
+    sequential = isinstance(sampler, torch.utils.data.SequentialSampler) or (
+        isinstance(sampler, EpochSampler) and not sampler.shuffle)
+    if isinstance(loader.dataset, IterableDataset) or not sequential or loader.batch_size is None:
+        logger.warning("evaluating a DataLoader with a custom sampler or batch sampler on %d processes: the "
+                       "distributed sampler may repeat samples of the last shard", world_size)
+        return loader
+    return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=BlockSampler(len(loader.dataset), rank,
+                      world_size), collate_fn=loader.collate_fn, num_workers=loader.num_workers,
+                      pin_memory=loader.pin_memory, drop_last=False, generator=loader.generator)
 
 
 class LoaderSource(DataSource):

@@ -72,6 +72,7 @@ class Loop:
         self.p = parts
         self.train_metrics = MetricSet(parts.metrics)
         self.val_metrics = MetricSet(parts.metrics, prefix="val_")
+        self.train_metrics.device = self.val_metrics.device = parts.fabric.device
         self.val: DataSource | None = None
         self.position: tuple[int, int] = (0, 0)  # (epoch, micro-batches consumed in it)
         self._epoch_rng: dict | None = None  # RNG at epoch start, for loaders that draw from it
@@ -164,10 +165,11 @@ class Loop:
         start = 0
         if resume and resume["batch"]:
             start = resume["batch"]
-            self.epoch_loss.fill_(resume["epoch_loss"])
-            self.epoch_count, self._logged_count = resume["epoch_count"], resume["logged_count"]
-            self._logged_loss = resume["logged_loss"]
-            self.train_metrics.load_state(resume.get("metrics"))
+            self._logged_count, self._logged_loss = resume["logged_count"], resume["logged_loss"]
+            if fabric.global_rank == 0:  # the saved sums are over all processes: count them once
+                self.epoch_loss.fill_(resume["epoch_loss"])
+                self.epoch_count = resume["epoch_count"]
+                self.train_metrics.load_state(resume.get("metrics"))
         replay = resume.get("epoch_rng") if resume else None
         if resume:
             set_rng_state(replay or resume["rng"])
@@ -232,24 +234,34 @@ class Loop:
         snap = {"epoch": epoch, "batch": batch, "epoch_loss": 0.0, "epoch_count": 0,
                 "logged_loss": 0.0, "logged_count": 0, "metrics": None}
         if batch:  # mid-epoch: the epoch-end averages must include what was seen before
-            snap.update(epoch_loss=float(self.epoch_loss), epoch_count=self.epoch_count,
+            total, count = self._epoch_totals()  # over all processes: rank 0 restores them
+            snap.update(epoch_loss=total, epoch_count=count,
                         logged_loss=self._logged_loss, logged_count=self._logged_count,
                         metrics=self.train_metrics.export_state(), epoch_rng=self._epoch_rng)
         return snap
+
+    def _epoch_totals(self) -> tuple[float, int]:
+        """The epoch's loss sum and sample count so far, over all processes."""
+        fabric = self.p.fabric
+        if fabric.world_size == 1:
+            return float(self.epoch_loss), self.epoch_count
+        local = torch.stack([self.epoch_loss.double(),
+                             torch.tensor(float(self.epoch_count), dtype=torch.float64, device=fabric.device)])
+        total = fabric.all_reduce(local, reduce_op="sum").tolist()
+        return total[0], int(total[1])
 
     def _log_evaluate_save(self, epoch_end: bool) -> None:
         p = self.p
         args, state, cb = p.args, p.state, p.handler
         if p.control.should_log:
             logs: dict[str, float] = {}
-            if self.epoch_count > self._logged_count:
-                total = float(self.epoch_loss)  # the one host read per logging step
-                if epoch_end:
-                    logs["loss"] = total / self.epoch_count
-                    logs.update(self.train_metrics.compute())
-                else:
-                    logs["loss"] = (total - self._logged_loss) / (self.epoch_count - self._logged_count)
-                    self._logged_loss, self._logged_count = total, self.epoch_count
+            total, count = self._epoch_totals()  # the one host read per logging step
+            if epoch_end and count:
+                logs["loss"] = total / count
+                logs.update(self.train_metrics.compute())
+            elif count > self._logged_count:
+                logs["loss"] = (total - self._logged_loss) / (count - self._logged_count)
+                self._logged_loss, self._logged_count = total, count
             logs["learning_rate"] = float(p.optimizer.param_groups[0]["lr"])
             self.log(logs)
         if p.control.should_evaluate and self.val is not None:
@@ -340,9 +352,50 @@ class Loop:
                     p.control = cb.on_prediction_step(p.args, p.state, p.control)
         finally:
             module.train(was_training)
-        if not outputs:
+        if not outputs and p.fabric.world_size == 1:
             raise ValueError("`x` is empty: pass at least one sample to predict")
-        return _to_cpu(_concat(outputs))
+        out = _concat(outputs) if outputs else None
+        if p.fabric.world_size > 1:
+            out = _gather_blocks(p.fabric, out)
+        return _to_cpu(out)
+
+
+def _gather_blocks(fabric, out: Any) -> Any:
+    """Every rank's contiguous block of outputs, concatenated in rank order (= input order)."""
+    leaves: list[torch.Tensor] = []
+    _leaves(out, leaves)
+    rows = leaves[0].shape[0] if leaves else 0
+    sizes = fabric.all_gather(torch.tensor([rows], device=fabric.device)).reshape(-1).tolist()
+    most = max(sizes)
+
+    def gather(t: torch.Tensor) -> torch.Tensor:
+        padded = torch.zeros((most, *t.shape[1:]), dtype=t.dtype, device=t.device)
+        padded[: t.shape[0]] = t
+        everyone = fabric.all_gather(padded)
+        return torch.cat([everyone[r, : sizes[r]] for r in range(len(sizes))])
+
+    return _map_leaves(out, gather)
+
+
+def _leaves(out: Any, found: list) -> None:
+    if isinstance(out, torch.Tensor):
+        found.append(out)
+    elif isinstance(out, dict):
+        for v in out.values():
+            _leaves(v, found)
+    elif isinstance(out, (tuple, list)):
+        for v in out:
+            _leaves(v, found)
+
+
+def _map_leaves(out: Any, fn) -> Any:
+    if isinstance(out, torch.Tensor):
+        return fn(out)
+    if isinstance(out, dict):
+        return {k: _map_leaves(v, fn) for k, v in out.items()}
+    if isinstance(out, (tuple, list)):
+        return type(out)(_map_leaves(v, fn) for v in out)
+    return out
 
 
 def _detach(out: Any) -> Any:

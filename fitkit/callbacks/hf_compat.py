@@ -1,0 +1,157 @@
+"""Hugging Face names: `EarlyStoppingCallback` (HF semantics) and `ProgressCallback`.
+
+Code written for `transformers.Trainer` can keep these names::
+
+    from fitkit.callbacks import EarlyStoppingCallback, ProgressCallback
+"""
+
+from __future__ import annotations
+
+import operator
+import warnings
+
+from fitkit.callbacks._monitor import as_number
+from fitkit.callbacks.base import TrainerCallback
+from fitkit.callbacks.progress import ProgressBar
+
+#: HF's name for the progress display.
+ProgressCallback = ProgressBar
+
+
+class EarlyStoppingCallback(TrainerCallback):
+    """Hugging Face's early stopping: stop when `args.metric_for_best_model` has worsened or
+    not improved for `early_stopping_patience` evaluations.
+
+    The metric is `metric_for_best_model` (fitkit's default `"val_loss"`; an HF-style name
+    such as `"eval_accuracy"` or a bare `"accuracy"` is looked up as `"val_accuracy"`). Its
+    direction is `greater_is_better`; when that is None, lower is better for names
+    containing `"loss"` and higher otherwise. An evaluation counts as an improvement when
+    the value beats the best so far by more than `early_stopping_threshold`. The counter
+    restarts on an improvement; training stops once it reaches `early_stopping_patience`,
+    checked after every evaluation (so, as in HF, `early_stopping_patience=0` stops at the
+    first evaluation). Only evaluations during `fit` are seen, and the counter restarts at
+    each `fit`. For Keras semantics (`min_delta`, `baseline`, `restore_best_weights`) use
+    `fitkit.callbacks.EarlyStopping`.
+
+    Args:
+        early_stopping_patience: evaluations without improvement before stopping.
+        early_stopping_threshold: how much the metric must improve to count.
+
+    Example::
+
+        import torch
+        from fitkit import Model
+        from fitkit.callbacks import EarlyStoppingCallback
+
+        x, y = torch.randn(256, 8), torch.randint(0, 2, (256,))
+        model = Model(torch.nn.Linear(8, 2)).compile("adam", "cross_entropy", ["accuracy"])
+        model.fit(x, y, epochs=50, validation_split=0.2, metric_for_best_model="val_accuracy",
+                  callbacks=[EarlyStoppingCallback(early_stopping_patience=3)], verbose=0)
+    """
+
+    order = 10
+
+    def __init__(self, early_stopping_patience: int = 1, early_stopping_threshold: float | None = 0.0) -> None:
+        if not isinstance(early_stopping_patience, int) or early_stopping_patience < 0:
+            raise ValueError(
+                f"EarlyStoppingCallback: `early_stopping_patience`={early_stopping_patience!r} is invalid; "
+                "pass an integer >= 0"
+            )
+        self.early_stopping_patience = early_stopping_patience
+        self.early_stopping_threshold = float(early_stopping_threshold or 0.0)
+        self.early_stopping_patience_counter = 0
+        self.best_metric: float | None = None
+        self._training = False
+        self._warned = False
+        self._restored = False
+        self._metric = "val_loss"
+        self._greater = False
+
+    def _lookup(self, metrics: dict) -> float | None:
+        name = self._metric
+        candidates = [name]
+        if name.startswith("eval_"):
+            candidates.append("val_" + name[len("eval_"):])
+        elif not name.startswith("val_"):
+            candidates.append("val_" + name)
+        for key in candidates:
+            if key in metrics:
+                return as_number(metrics[key])
+        return None
+
+    def check_metric_value(self, args, state, control, metric_value: float) -> None:
+        """HF's test: reset the counter on an improvement larger than the threshold, else count."""
+        better = operator.gt if self._greater else operator.lt
+        if self.best_metric is None or (
+            better(metric_value, self.best_metric)
+            and abs(metric_value - self.best_metric) > self.early_stopping_threshold
+        ):
+            self.early_stopping_patience_counter = 0
+        else:
+            self.early_stopping_patience_counter += 1
+        # The HF Trainer moves its best metric on any improvement, however small.
+        if self.best_metric is None or better(metric_value, self.best_metric):
+            self.best_metric = metric_value
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._training = True
+        self._warned = False
+        self._metric = getattr(args, "metric_for_best_model", None) or "val_loss"
+        greater = getattr(args, "greater_is_better", None)
+        self._greater = ("loss" not in self._metric.lower()) if greater is None else bool(greater)
+        if self._restored:
+            self._restored = False
+        else:
+            self.early_stopping_patience_counter = 0
+            self.best_metric = None
+        if getattr(args, "eval_strategy", "no") in (None, "no"):
+            warnings.warn(
+                "EarlyStoppingCallback needs evaluations: pass validation data (eval_strategy 'epoch' or 'steps'); "
+                "without them it does nothing",
+                UserWarning,
+                stacklevel=2,
+            )
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        if not self._training:
+            return None
+        value = self._lookup(metrics or {})
+        if value is None:
+            if not self._warned:
+                self._warned = True
+                names = ", ".join(sorted(metrics or {})) or "none"
+                warnings.warn(
+                    f"early stopping required metric_for_best_model, but did not find {self._metric!r} so early "
+                    f"stopping is disabled. Values available: {names}.",
+                    UserWarning,
+                    stacklevel=2,
+                )
+            return None
+        self.check_metric_value(args, state, control, value)
+        if self.early_stopping_patience_counter >= self.early_stopping_patience:
+            control.should_training_stop = True
+            return control
+        return None
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._training = False
+
+    # -- checkpoint state (HF's ExportableState layout) --------------------------------------------
+    def state(self) -> dict:
+        return {
+            "args": {
+                "early_stopping_patience": self.early_stopping_patience,
+                "early_stopping_threshold": self.early_stopping_threshold,
+            },
+            "attributes": {
+                "early_stopping_patience_counter": self.early_stopping_patience_counter,
+                "best_metric": self.best_metric,
+            },
+        }
+
+    def load_state(self, state: dict) -> None:
+        attributes = state.get("attributes", state)
+        self.early_stopping_patience_counter = int(attributes.get("early_stopping_patience_counter", 0))
+        best = attributes.get("best_metric")
+        self.best_metric = None if best is None else float(best)
+        self._restored = not self._training  # loaded before a run: the coming on_train_begin keeps it

@@ -1,0 +1,233 @@
+"""`ModelCheckpoint`: save the model (or its weights) to a file during training (Keras)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+from typing import Any
+
+from fitkit.callbacks._monitor import EpochRecords, as_number, direction_from_name, epoch_index, improves, resolve_mode
+from fitkit.callbacks.base import TrainerCallback
+
+
+def _to_cpu(obj: Any) -> Any:
+    if hasattr(obj, "detach") and hasattr(obj, "cpu"):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_to_cpu(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_to_cpu(v) for v in obj)
+    return obj
+
+
+def atomic_torch_save(obj: Any, path: str) -> None:
+    """`torch.save` to a temporary file in the same folder, then rename it over `path`."""
+    import torch
+
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    # torch's archive writer rejects names like ".tmp-abc" (a dot name without extension)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    os.close(fd)
+    try:
+        torch.save(obj, tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; give it the usual mode
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+class ModelCheckpoint(TrainerCallback):
+    """Save the model to `filepath` at the end of every epoch or every `save_freq` steps.
+
+    `filepath` is formatted with `epoch` (1-based), `step` (the global step) and every value
+    logged so far in the epoch, so `"ckpt/w-{epoch:02d}-{val_loss:.3f}.pt"` keeps one file per
+    epoch; a fixed name is overwritten each time. A name that is not available raises a
+    `KeyError` listing the available ones.
+
+    Args:
+        filepath: where to save (a format string; folders are created).
+        monitor: the value compared with `save_best_only`.
+        save_best_only: only save when `monitor` improves on the best value seen so far
+            (strictly, in the direction given by `mode`); a missing value warns once and skips.
+        save_weights_only: True writes only `module.state_dict()` (CPU tensors); False writes
+            `{"state_dict", "optimizer", "epoch", "global_step"}`. Both load with
+            `torch.load(path, weights_only=True)`.
+        mode: `"min"`, `"max"` or `"auto"` (from the name, as `EarlyStopping`).
+        save_freq: `"epoch"`, or an integer: save every that many optimizer steps, with the
+            values logged so far.
+        initial_value_threshold: with `save_best_only`, the value the first save must beat.
+        verbose: 1 prints a line for each save (and each skipped save).
+
+    When an epoch is saved: after that epoch's records are complete, that is at its
+    end-of-epoch evaluation when there is one (so `val_` values are in the name and the
+    comparison), else at its end-of-epoch training log, else at `on_epoch_end`. Files are
+    written to a temporary name in the same folder and renamed, so a crash never leaves a
+    half-written file; only the world-zero process writes. `last_filepath` is the last file
+    written. Under a sharded strategy (FSDP, DeepSpeed) use `save_strategy` checkpoints instead:
+    this callback saves the world-zero process's `state_dict()`.
+
+    Example::
+
+        import torch
+        from fitkit import Model
+        from fitkit.callbacks import ModelCheckpoint
+
+        x, y = torch.randn(256, 8), torch.randint(0, 2, (256,))
+        model = Model(torch.nn.Linear(8, 2)).compile("adam", "cross_entropy")
+        best = ModelCheckpoint("ckpt/best.pt", monitor="val_loss", save_best_only=True, save_weights_only=True)
+        model.fit(x, y, epochs=5, validation_split=0.2, callbacks=[best], verbose=0)
+        model.module.load_state_dict(torch.load("ckpt/best.pt", weights_only=True))
+    """
+
+    order = 10  # after user callbacks (order 0) that add or change metrics
+
+    def __init__(
+        self,
+        filepath: str | os.PathLike,
+        monitor: str = "val_loss",
+        save_best_only: bool = False,
+        save_weights_only: bool = False,
+        mode: str = "auto",
+        save_freq: str | int = "epoch",
+        initial_value_threshold: float | None = None,
+        verbose: int = 0,
+    ) -> None:
+        self.filepath = os.fspath(filepath)
+        if not self.filepath:
+            raise ValueError("ModelCheckpoint: `filepath` is empty; pass a file name such as 'ckpt/w-{epoch:02d}.pt'")
+        if save_freq != "epoch" and not (isinstance(save_freq, int) and not isinstance(save_freq, bool) and save_freq > 0):
+            raise ValueError(f"ModelCheckpoint: `save_freq`={save_freq!r} is invalid; pass 'epoch' or an integer > 0 (steps)")
+        self.monitor = monitor
+        self.save_best_only = bool(save_best_only)
+        self.save_weights_only = bool(save_weights_only)
+        self.mode = mode
+        self.save_freq = save_freq
+        self.initial_value_threshold = None if initial_value_threshold is None else float(initial_value_threshold)
+        self.verbose = verbose
+        if self.save_best_only:
+            self._direction = resolve_mode(monitor, mode, "ModelCheckpoint")
+        elif mode in ("min", "max"):
+            self._direction = mode
+        elif mode == "auto":
+            self._direction = direction_from_name(monitor) if isinstance(monitor, str) else None
+        else:
+            raise ValueError(f"ModelCheckpoint: `mode`={mode!r} is invalid; use 'auto', 'min' or 'max'")
+        self.best: float | None = self.initial_value_threshold
+        self.last_filepath: str | None = None
+        self._records = EpochRecords()
+        self._warned = False
+        self._restored = False
+
+    # -- events ---------------------------------------------------------------------------------
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._records.train_begin(state)
+        self._warned = False
+        if self._restored:
+            self._restored = False
+        else:
+            self.best = self.initial_value_threshold
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        self._epoch_done(self._records.epoch_begin(state), state, kwargs)
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self._epoch_done(self._records.epoch_end(args, state, control), state, kwargs)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self._epoch_done(self._records.log(logs), state, kwargs)
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        self._epoch_done(self._records.evaluate(metrics), state, kwargs)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.save_freq != "epoch" and state.global_step % self.save_freq == 0:
+            self._save(dict(self._records.latest), state, kwargs)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._epoch_done(self._records.train_end(), state, kwargs)
+
+    # -- saving ---------------------------------------------------------------------------------
+    def _epoch_done(self, record: dict | None, state, kwargs: dict) -> None:
+        if record is not None and self.save_freq == "epoch":
+            self._save(record, state, kwargs)
+
+    def _format(self, values: dict, epoch: int, step: int) -> str:
+        fields = {k: as_number(v) if as_number(v) is not None else v for k, v in values.items()}
+        fields.update(epoch=epoch, step=step)
+        try:
+            return self.filepath.format(**fields)
+        except KeyError as err:
+            raise KeyError(
+                f"ModelCheckpoint: `filepath`={self.filepath!r} uses {{{err.args[0]}}}, which is not logged at "
+                f"this point; available: {', '.join(sorted(fields))}"
+            ) from None
+
+    def _save(self, values: dict, state, kwargs: dict) -> None:
+        epoch = epoch_index(state) + 1
+        speak = bool(self.verbose) and state.is_world_process_zero
+        where = f"Epoch {epoch}" if self.save_freq == "epoch" else f"Epoch {epoch}, step {state.global_step}"
+        if self.save_best_only:
+            current = as_number(values.get(self.monitor))
+            if current is None:
+                if not self._warned:
+                    self._warned = True
+                    names = ", ".join(sorted(k for k in values if as_number(values[k]) is not None)) or "none"
+                    warnings.warn(
+                        f"ModelCheckpoint: can save the best model only with {self.monitor!r} available, skipping. "
+                        f"Values available: {names}.",
+                        UserWarning,
+                        stacklevel=3,
+                    )
+                return
+            if not improves(current, self.best, self._direction):
+                if speak:
+                    print(f"{where}: {self.monitor} did not improve from {self.best:.5f}", flush=True)
+                return
+            previous, self.best = self.best, current
+        path = self._format(values, epoch, state.global_step)
+        if speak:
+            if self.save_best_only:
+                old = "None" if previous is None else f"{previous:.5f}"
+                print(f"{where}: {self.monitor} improved from {old} to {current:.5f}, saving model to {path}", flush=True)
+            else:
+                print(f"{where}: saving model to {path}", flush=True)
+        if state.is_world_process_zero:
+            atomic_torch_save(self._payload(epoch, state, kwargs), path)
+        self.last_filepath = path
+
+    def _payload(self, epoch: int, state, kwargs: dict) -> Any:
+        model = kwargs.get("model")
+        if model is None:
+            raise RuntimeError("ModelCheckpoint: the event carried no `model` to save")
+        weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        if self.save_weights_only:
+            return weights
+        optimizer = kwargs.get("optimizer")
+        return {
+            "state_dict": weights,
+            "optimizer": _to_cpu(optimizer.state_dict()) if optimizer is not None else None,
+            "epoch": epoch,
+            "global_step": state.global_step,
+        }
+
+    # -- checkpoint state ---------------------------------------------------------------------------
+    def state(self) -> dict:
+        """The best value so far, as a JSON-able dict."""
+        return {"best": self.best}
+
+    def load_state(self, state: dict) -> None:
+        """Restore from `state()`; the next `fit` continues from it instead of resetting."""
+        best = state.get("best")
+        self.best = None if best is None else float(best)
+        self._restored = not self._records.training  # see MonitorCallback._mark_restored
+
+    def __repr__(self) -> str:
+        return (f"ModelCheckpoint(filepath={self.filepath!r}, monitor={self.monitor!r}, "
+                f"save_best_only={self.save_best_only}, save_freq={self.save_freq!r})")

@@ -1,0 +1,202 @@
+"""TerminateOnNaN, CSVLogger and LambdaCallback on real fits."""
+
+import copy
+import csv
+import math
+
+import pytest
+import torch
+
+from fitkit import Model, TrainerControl, TrainerState, TrainingArguments
+from fitkit.callbacks import CallbackHandler, CSVLogger, LambdaCallback, TerminateOnNaN
+from fitkit.callbacks.base import EVENTS
+
+
+def data(n=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    centers = torch.randn(3, 8, generator=g) * 3
+    y = torch.arange(n) % 3
+    return centers[y] + torch.randn(n, 8, generator=g), y
+
+
+def mlp(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+
+
+def compiled(metrics=("accuracy",)):
+    return Model(mlp()).compile("adam", "cross_entropy", list(metrics), learning_rate=0.01)
+
+
+# -- TerminateOnNaN ------------------------------------------------------------------------------------------
+def nan_data(row):
+    x, y = data(64)
+    x[row] = float("nan")
+    return x, y
+
+
+def test_stops_at_the_step_whose_loss_is_nan():
+    x, y = nan_data(40)  # batch_size 16, no shuffle: row 40 is in the 3rd step
+    stop = TerminateOnNaN()
+    model = compiled()
+    history = model.fit(x, y, batch_size=16, epochs=3, shuffle=False, logging_strategy="steps", logging_steps=1,
+                        callbacks=[stop], verbose=0, seed=0)
+    assert stop.stopped_step == 3
+    assert model.state.global_step == 3
+    assert model.state.epoch < 1
+    assert math.isnan(history.history["loss"][-1])
+
+
+def test_finite_losses_do_not_stop():
+    stop = TerminateOnNaN()
+    model = compiled()
+    model.fit(*data(64), batch_size=16, epochs=2, logging_strategy="steps", logging_steps=1, callbacks=[stop],
+              verbose=0, seed=0)
+    assert stop.stopped_step is None and model.state.global_step == 8
+
+
+def test_with_epoch_logging_it_stops_at_the_end_of_the_epoch():
+    x, y = nan_data(5)
+    stop = TerminateOnNaN()
+    model = compiled()
+    model.fit(x, y, batch_size=16, epochs=3, shuffle=False, callbacks=[stop], verbose=0, seed=0)
+    assert stop.stopped_step == 4 and model.state.global_step == 4 and model.state.epoch == 1.0
+
+
+def test_raise_error_names_the_step():
+    x, y = nan_data(20)
+    with pytest.raises(RuntimeError, match="step 2"):
+        compiled().fit(x, y, batch_size=16, epochs=1, shuffle=False, logging_strategy="steps", logging_steps=1,
+                       callbacks=[TerminateOnNaN(raise_error=True)], verbose=0, seed=0)
+
+
+# -- CSVLogger -----------------------------------------------------------------------------------------------
+def read(path, sep=","):
+    with open(path, newline="") as f:
+        return list(csv.reader(f, delimiter=sep))
+
+
+def test_header_and_one_row_per_epoch(tmp_path):
+    path = tmp_path / "log.csv"
+    model = compiled()
+    history = model.fit(*data(), batch_size=16, epochs=3, validation_data=data(16, 1), callbacks=[CSVLogger(path)],
+                        verbose=0, seed=0)
+    rows = read(path)
+    assert rows[0] == ["epoch", "accuracy", "learning_rate", "loss", "val_accuracy", "val_loss"]
+    assert [r[0] for r in rows[1:]] == ["0", "1", "2"]
+    for i, row in enumerate(rows[1:]):
+        values = dict(zip(rows[0], row))
+        for key in ("accuracy", "loss", "val_accuracy", "val_loss"):
+            assert float(values[key]) == pytest.approx(history.history[key][i])
+        assert float(values["learning_rate"]) == pytest.approx(0.01)
+
+
+def test_each_row_is_on_disk_when_the_next_epoch_begins(tmp_path):
+    path = tmp_path / "log.csv"
+    seen = []
+    peek = LambdaCallback(on_epoch_begin=lambda a, s, c, **k: seen.append(len(read(path)) if path.exists() else 0))
+    compiled().fit(*data(), batch_size=16, epochs=3, validation_data=data(16, 1), callbacks=[CSVLogger(path), peek],
+                   verbose=0, seed=0)
+    assert seen == [0, 2, 3]  # empty file (no header yet), then header + 1 row, header + 2 rows
+
+
+def test_append_continues_without_a_second_header(tmp_path):
+    path = tmp_path / "log.csv"
+    model = compiled()
+    model.fit(*data(), batch_size=16, epochs=2, callbacks=[CSVLogger(path)], verbose=0, seed=0)
+    model.fit(*data(), batch_size=16, epochs=3, callbacks=[CSVLogger(path, append=True)], verbose=0, seed=0)
+    rows = read(path)
+    assert rows[0] == ["epoch", "accuracy", "learning_rate", "loss"]
+    assert [r[0] for r in rows[1:]] == ["0", "1", "0", "1", "2"]
+    model.fit(*data(), batch_size=16, epochs=1, callbacks=[CSVLogger(path)], verbose=0, seed=0)
+    assert len(read(path)) == 2  # append=False starts the file again
+
+
+def test_separator_and_validation_columns_missing_from_the_first_row(tmp_path):
+    path = tmp_path / "log.tsv"
+    # 2 steps per epoch, evaluation every 4 steps: the first epoch has no validation values
+    compiled(metrics=()).fit(*data(), batch_size=16, epochs=2, validation_data=data(16, 1), eval_strategy="steps",
+                             eval_steps=4, callbacks=[CSVLogger(path, separator="\t")], verbose=0, seed=0)
+    rows = read(path, "\t")
+    assert rows[0] == ["epoch", "learning_rate", "loss", "val_loss"]
+    assert rows[1][3] == "NA" and float(rows[2][3]) > 0
+
+
+def test_load_state_cuts_rows_written_after_the_checkpoint(tmp_path):
+    path = tmp_path / "log.csv"
+    logger = CSVLogger(path)
+    compiled().fit(*data(), batch_size=16, epochs=3, callbacks=[logger], verbose=0, seed=0)
+    state = logger.state()
+    assert state["epochs_written"] == 3 and state["columns"] == ["accuracy", "learning_rate", "loss"]
+    resumed = CSVLogger(path)
+    resumed.load_state({**state, "epochs_written": 1})
+    compiled().fit(*data(), batch_size=16, epochs=2, callbacks=[resumed], verbose=0, seed=0)
+    rows = read(path)
+    assert len(rows) == 1 + 1 + 2 and rows[0][0] == "epoch"
+    assert resumed.epochs_written == 3
+
+
+def test_only_the_world_zero_process_writes_the_csv(tmp_path):
+    path = tmp_path / "log.csv"
+    logger = CSVLogger(path)
+    args, control = TrainingArguments(eval_strategy="no"), TrainerControl(should_log=True)
+    state = TrainerState(epoch=0.0, is_world_process_zero=False)
+    logger.on_train_begin(args, state, control)
+    logger.on_epoch_begin(args, state, control)
+    state.epoch = 1.0
+    logger.on_epoch_end(args, state, control)
+    logger.on_log(args, state, control, logs={"loss": 1.0})
+    logger.on_train_end(args, state, control)
+    assert not path.exists()
+
+
+# -- LambdaCallback ------------------------------------------------------------------------------------------
+def test_functions_get_their_events_arguments():
+    calls = {"train_begin": 0, "epoch_end": [], "log": [], "evaluate": []}
+
+    def on_train_begin(args, state, control, **kwargs):
+        calls["train_begin"] += 1
+        assert isinstance(control, TrainerControl) and isinstance(args, TrainingArguments)
+        assert {"model", "optimizer", "lr_scheduler", "train_dataloader", "eval_dataloader"} <= set(kwargs)
+
+    cb = LambdaCallback(
+        on_train_begin=on_train_begin,
+        on_epoch_end=lambda args, state, control, **kw: calls["epoch_end"].append(state.epoch),
+        on_log=lambda args, state, control, logs=None, **kw: calls["log"].append(dict(logs)),
+        on_evaluate=lambda args, state, control, metrics=None, **kw: calls["evaluate"].append(dict(metrics)),
+        on_predict=None,
+    )
+    compiled().fit(*data(), batch_size=16, epochs=2, validation_data=data(16, 1), callbacks=[cb], verbose=0, seed=0)
+    assert calls["train_begin"] == 1
+    assert calls["epoch_end"] == [1.0, 2.0]
+    assert [sorted(m) for m in calls["evaluate"]] == [["val_accuracy", "val_loss"]] * 2
+    assert ["loss" in r for r in calls["log"]] == [True, False, True, False]
+
+
+def test_returned_control_stops_training():
+    def stop_at_three(args, state, control, **kwargs):
+        if state.global_step == 3:
+            return TrainerControl(should_training_stop=True)
+        return None
+
+    model = compiled()
+    model.fit(*data(64), batch_size=16, epochs=3, callbacks=[LambdaCallback(on_step_end=stop_at_three)], verbose=0)
+    assert model.state.global_step == 3
+
+
+def test_only_the_given_events_are_listened_to():
+    cb = LambdaCallback(on_step_end=lambda *a, **k: None, on_log=lambda *a, **k: None)
+    handler = CallbackHandler([cb])
+    listening = [e for e in EVENTS if handler.has_listeners(e)]
+    assert listening == ["on_step_end", "on_log"]
+    assert isinstance(cb, LambdaCallback)
+    clone = copy.deepcopy(cb)
+    assert isinstance(clone, LambdaCallback) and CallbackHandler([clone]).has_listeners("on_log")
+
+
+def test_unknown_event_name_lists_the_events():
+    with pytest.raises(TypeError, match="on_epoch_end") as err:
+        LambdaCallback(on_batch_end=lambda *a, **k: None)
+    assert "on_batch_end" in str(err.value)
+    with pytest.raises(TypeError, match="function"):
+        LambdaCallback(on_log=3)
