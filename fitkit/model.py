@@ -260,8 +260,9 @@ class Model:
                       lr_scheduler=scheduler)
         loop = Loop(parts)
         loop.save_fn = lambda: self._save_checkpoint(loop)
+        handler.save_checkpoint = lambda directory, limit=None: self._save_checkpoint(loop, directory, limit)
         loop.load_best_fn = lambda path: ckpt.load_checkpoint(fabric, path, module=module, optimizer=None)
-        resume = self._resume(parts, args) if args.resume_from_checkpoint else None
+        resume = self._resume(parts, args, _backup_to_resume(handler.callbacks, args))
         self.state, self.history = state, history
         loop.train(train, val, resume)
         self.control = parts.control
@@ -272,10 +273,10 @@ class Model:
             raise SystemExit(0)
         return history
 
-    def _resume(self, parts: Parts, args: TrainingArguments) -> dict | None:
+    def _resume(self, parts: Parts, args: TrainingArguments, backup: str | None) -> dict | None:
         """Load the checkpoint to resume from into `parts`; return what the loop restores itself
         (data position, running sums, RNG and callback states)."""
-        path = ckpt.resolve(args.resume_from_checkpoint, args.output_dir)
+        path = ckpt.resolve(args.resume_from_checkpoint, args.output_dir) if args.resume_from_checkpoint else backup
         if path is None:
             return None
         payload = ckpt.load_checkpoint(parts.fabric, path, module=parts.module, optimizer=parts.optimizer)
@@ -344,17 +345,25 @@ class Model:
         present = {type(cb) for cb in self.callback_handler.callbacks}
         return [cb for cb in callbacks_for(args.report_to) if type(cb) not in present]
 
-    def _save_checkpoint(self, loop: Loop) -> None:
+    def _save_checkpoint(self, loop: Loop, directory: str | None = None, limit: int | None = None) -> str:
+        """Write a resumable checkpoint into `directory` (default `output_dir`) and rotate."""
         p = loop.p
+        own = directory is None
+        directory = p.args.output_dir if own else directory
         p.state.stateful_callbacks = p.handler.export_states(p.control)
-        if p.state.best_global_step == p.state.global_step:  # this checkpoint holds the best model
-            p.state.best_model_checkpoint = ckpt.checkpoint_path(p.args.output_dir, p.state.global_step)
+        if own and p.state.best_global_step == p.state.global_step:  # this checkpoint holds the best model
+            p.state.best_model_checkpoint = ckpt.checkpoint_path(directory, p.state.global_step)
         extra = {"rng": ckpt.rng_state(), "loop": loop.snapshot()}
-        path = ckpt.save_checkpoint(p.fabric, p.args.output_dir, state=p.state, args=p.args, module=p.module,
+        path = ckpt.save_checkpoint(p.fabric, directory, state=p.state, args=p.args, module=p.module,
                                     optimizer=p.optimizer, scheduler=p.lr_scheduler, extra=extra)
         if p.fabric.is_global_zero:
-            ckpt.rotate(p.args.output_dir, p.args.save_total_limit, keep=p.state.best_model_checkpoint)
-        self.last_checkpoint = path
+            if own:
+                ckpt.rotate(directory, p.args.save_total_limit, keep=p.state.best_model_checkpoint)
+            else:
+                ckpt.rotate(directory, limit)
+        if own:
+            self.last_checkpoint = path
+        return path
 
     # -- evaluate / predict -----------------------------------------------------------------
     def _loop_for(self, callbacks: Sequence | None, args: TrainingArguments) -> Loop:
@@ -486,6 +495,17 @@ class Model:
     def __repr__(self) -> str:
         name = type(self._module).__name__ if self._module is not None else "model_init"
         return f"Model({name}, compiled={self._compiled is not None})"
+
+
+def _backup_to_resume(callbacks: Sequence, args: TrainingArguments) -> str | None:
+    """A checkpoint offered by a callback (`checkpoint_to_resume(args)`, e.g. BackupAndRestore)."""
+    for cb in callbacks:
+        offer = getattr(cb, "checkpoint_to_resume", None)
+        if callable(offer):
+            path = offer(args)
+            if path:
+                return path
+    return None
 
 
 def _jsonable_config(config: dict) -> dict:

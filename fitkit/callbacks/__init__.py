@@ -1,5 +1,6 @@
 """Callbacks: the `TrainerCallback` event system and the built-in callbacks."""
 
+from fitkit.callbacks.backup_and_restore import BackupAndRestore
 from fitkit.callbacks.base import CallbackHandler, StopTraining, TrainerCallback, TrainerControl, TrainerState
 from fitkit.callbacks.csv_logger import CSVLogger
 from fitkit.callbacks.early_stopping import EarlyStopping
@@ -18,7 +19,7 @@ __all__ = [
     "CallbackHandler", "DefaultFlowCallback", "History", "PrinterCallback", "ProgressBar", "StopTraining",
     "TrainerCallback", "TrainerControl", "TrainerState",
     # Keras-like callbacks
-    "CSVLogger", "EarlyStopping", "LambdaCallback", "LearningRateScheduler", "ModelCheckpoint",
+    "BackupAndRestore", "CSVLogger", "EarlyStopping", "LambdaCallback", "LearningRateScheduler", "ModelCheckpoint",
     "ReduceLROnPlateau", "TerminateOnNaN",
     # Hugging Face names
     "EarlyStoppingCallback", "ProgressCallback",

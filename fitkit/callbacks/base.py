@@ -227,6 +227,9 @@ class CallbackHandler(TrainerCallback):
         self.lr_scheduler = lr_scheduler
         self.train_dataloader = None
         self.eval_dataloader = None
+        #: During fit: `save_checkpoint(directory) -> path` writes a full, resumable checkpoint
+        #: (call it on every process). Passed to events as the `save_checkpoint` keyword.
+        self.save_checkpoint = None
 
     # -- the list ---------------------------------------------------------------------
     def add_callback(self, callback: TrainerCallback | type) -> None:
@@ -294,6 +297,7 @@ class CallbackHandler(TrainerCallback):
                 lr_scheduler=self.lr_scheduler,
                 train_dataloader=self.train_dataloader,
                 eval_dataloader=self.eval_dataloader,
+                save_checkpoint=self.save_checkpoint,
                 **kwargs,
             )
             if result is not None:
@@ -351,8 +355,8 @@ class CallbackHandler(TrainerCallback):
         control._new_training()
         return self.call_event("on_train_begin", args, state, control)
 
-    def on_train_end(self, args, state, control):
-        return self.call_event("on_train_end", args, state, control)
+    def on_train_end(self, args, state, control, **kwargs):
+        return self.call_event("on_train_end", args, state, control, **kwargs)
 
     def on_epoch_begin(self, args, state, control):
         control._new_epoch()

@@ -135,7 +135,7 @@ class Loop:
             state.log_history.append({"stopped": reason, "epoch": state.epoch, "step": state.global_step})
         if args.load_best_model_at_end and state.best_model_checkpoint and self.load_best_fn is not None:
             self.load_best_fn(state.best_model_checkpoint)
-        p.control = cb.on_train_end(args, state, p.control)
+        p.control = cb.on_train_end(args, state, p.control, preempted=self.preempted)
 
     @contextlib.contextmanager
     def _catch_sigterm(self, enabled: bool):
@@ -212,12 +212,12 @@ class Loop:
             optimizer.zero_grad(set_to_none=True)
             state.global_step += 1
             state.epoch = epoch + (i + 1) / n_batches if n_batches else float(epoch)
+            self.position = (epoch, i + 1)  # where a checkpoint written from here resumes
             p.control = cb.on_step_end(args, state, p.control)
             c = p.control
             if self.preempted:  # SIGTERM: finish this step, checkpoint, stop
                 c.should_save = c.should_training_stop = True
             if c.should_log or c.should_evaluate or c.should_save:
-                self.position = (epoch, i + 1)
                 self._log_evaluate_save(epoch_end=False)
             if c.should_epoch_stop or c.should_training_stop:
                 break

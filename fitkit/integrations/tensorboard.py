@@ -1,0 +1,88 @@
+"""`TensorBoardCallback` (`report_to="tensorboard"`): scalars and hyperparameters for TensorBoard.
+
+Uses `torch.utils.tensorboard.SummaryWriter`, which needs the `tensorboard` package
+(`pip install "fitkit[tensorboard]"`); it is imported when training starts.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from fitkit.integrations._common import TrackingCallback, require, run_params, trial_label
+
+
+class TensorBoardCallback(TrackingCallback):
+    """Sends every `on_log` record to TensorBoard, one scalar per value at `state.global_step`
+    (values that are not numbers are dropped with one warning), and at train end the
+    hyperparameters (`args.to_sanitized_dict()`, secrets masked, plus the trial's parameters
+    in a search) with the final value of every metric for the HParams dashboard.
+
+    `log_dir` defaults to `args.output_dir/runs`; during a hyperparameter search each trial's
+    `output_dir` is already its own (`run-N`), and an explicit `log_dir` gets the trial's name
+    appended. `tb_writer` takes a ready `SummaryWriter` (flushed at train end, not closed).
+
+    Example::
+
+        model.fit(x, y, validation_split=0.1, report_to="tensorboard", output_dir="out")
+        # tensorboard --logdir out/runs
+    """
+
+    def __init__(self, log_dir: str | os.PathLike | None = None, tb_writer: Any = None):
+        super().__init__()
+        if tb_writer is None:
+            require("tensorboard")
+        self.log_dir = None if log_dir is None else os.fspath(log_dir)
+        self.tb_writer = tb_writer
+        self.writer = None
+        self._owns_writer = False
+        self._tags: set[str] = set()
+
+    def _resolve_log_dir(self, args, state) -> str:
+        if self.log_dir is None:
+            return os.path.join(args.output_dir, "runs")
+        label = trial_label(args, state)
+        return os.path.join(self.log_dir, label) if label else self.log_dir
+
+    def setup(self, args, state, model) -> None:
+        self._tags = set()
+        if self.tb_writer is not None:
+            self.writer, self._owns_writer = self.tb_writer, False
+            return
+        from torch.utils.tensorboard import SummaryWriter
+
+        log_dir = self._resolve_log_dir(args, state)
+        # A resumed run hides what an interrupted one logged after its checkpoint.
+        purge = state.global_step + 1 if state.global_step > 0 else None
+        self.writer, self._owns_writer = SummaryWriter(log_dir=log_dir, purge_step=purge), True
+
+    def write(self, values: dict[str, Any], step: int, state) -> None:
+        for key, value in values.items():
+            self.writer.add_scalar(key, value, global_step=step)
+            self._tags.add(key)
+
+    def close(self, args, state, final: dict[str, float], model) -> None:
+        writer = self.writer
+        if writer is None:
+            return
+        try:
+            self._write_hparams(writer, run_params(args, state), final, state.global_step)
+        finally:
+            writer.flush()
+            if self._owns_writer:
+                writer.close()
+            self.writer = None
+
+    def _write_hparams(self, writer, params: dict[str, Any], final: dict[str, float], step: int) -> None:
+        from torch.utils.tensorboard.summary import hparams
+
+        # The HParams dashboard shows the latest value of each metric's scalar series in this
+        # run; metrics without one (added at train end) get a scalar at the last step.
+        for key, value in final.items():
+            if key not in self._tags:
+                writer.add_scalar(key, value, global_step=step)
+        experiment, session_start, session_end = hparams(params, final)
+        get = getattr(writer, "_get_file_writer", None)
+        file_writer = get() if callable(get) else writer.file_writer
+        for summary in (experiment, session_start, session_end):
+            file_writer.add_summary(summary)

@@ -1,0 +1,103 @@
+"""`WandbCallback` (`report_to="wandb"`): a Weights & Biases run per fit.
+
+Needs `wandb` (`pip install "fitkit[wandb]"`), imported when training starts.
+
+Environment (wandb's own variables work too: `WANDB_API_KEY`, `WANDB_ENTITY`, ...):
+
+- `WANDB_MODE`: `online` (default), `offline` (written under `WANDB_DIR`, upload later with
+  `wandb sync`) or `disabled`.
+- `WANDB_DISABLED`: true turns the callback off without importing wandb.
+- `WANDB_PROJECT`: the project (default `"fitkit"`).
+- `WANDB_DIR`: where the local run folder goes (default `args.output_dir`).
+- `WANDB_RUN_GROUP`: the group; during a search the trials share one named after the search folder.
+- `WANDB_WATCH`: `gradients`, `parameters` or `all` to log histograms through `wandb.watch`
+  (default `false`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from fitkit.integrations._common import TrackingCallback, is_true, require, run_params, trial_label
+
+DEFAULT_PROJECT = "fitkit"
+
+
+class WandbCallback(TrackingCallback):
+    """Starts a W&B run at train begin with the `TrainingArguments` as its config (secrets
+    masked), logs every `on_log` number at `state.global_step`, writes the final value of
+    every metric to the run summary and finishes the run at train end.
+
+    When a run is already active (`wandb.init()` called by the user) fitkit logs into it
+    and leaves it open. During a search each trial is its own run, named after the trial
+    and grouped by search.
+
+    Example::
+
+        # WANDB_MODE=offline WANDB_PROJECT=digits python train.py
+        model.fit(x, y, validation_split=0.1, report_to="wandb")
+    """
+
+    def __init__(self, project: str | None = None, **init_kwargs: Any):
+        super().__init__()
+        self.disabled = is_true(os.environ.get("WANDB_DISABLED"))
+        if not self.disabled:
+            require("wandb")
+        self.project = project
+        self.init_kwargs = init_kwargs
+        self.run = None
+        self._owns_run = False
+
+    def setup(self, args, state, model) -> None:
+        if self.disabled:
+            self.run = None
+            return
+        import wandb
+
+        if wandb.run is not None and not state.is_hyper_param_search:
+            self.run, self._owns_run = wandb.run, False
+            self.run.config.update(run_params(args, state), allow_val_change=True)
+        else:
+            directory = os.environ.get("WANDB_DIR") or args.output_dir
+            os.makedirs(directory, exist_ok=True)
+            label = trial_label(args, state)
+            kwargs: dict[str, Any] = {
+                "project": self.project or os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT,
+                "dir": directory,
+                "config": run_params(args, state),
+                "reinit": "finish_previous",
+            }
+            group = os.environ.get("WANDB_RUN_GROUP")
+            if label is not None:
+                kwargs["name"] = label
+                search = os.path.basename(os.path.dirname(os.path.normpath(os.path.abspath(args.output_dir))))
+                kwargs["group"] = group or f"{search or 'search'}-search"
+            elif group:
+                kwargs["group"] = group
+            kwargs.update(self.init_kwargs)
+            try:
+                self.run = wandb.init(**kwargs)
+            except TypeError:  # wandb < 0.19 takes reinit=True only
+                kwargs["reinit"] = True
+                self.run = wandb.init(**kwargs)
+            self._owns_run = True
+        watch = os.environ.get("WANDB_WATCH", "false").lower()
+        if model is not None and watch in ("gradients", "parameters", "all"):
+            self.run.watch(model, log=watch, log_freq=max(100, args.logging_steps))
+
+    def write(self, values: dict[str, Any], step: int, state) -> None:
+        if self.run is None:
+            return
+        if self._owns_run:
+            self.run.log(values, step=step)
+        else:  # the user's run has its own step counter
+            self.run.log({**values, "train/global_step": step})
+
+    def close(self, args, state, final: dict[str, float], model) -> None:
+        run, self.run = self.run, None
+        if run is None:
+            return
+        run.summary.update(final)
+        if self._owns_run:
+            run.finish()
