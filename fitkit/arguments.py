@@ -92,6 +92,8 @@ class TrainingArguments:
     strategy: Any = "auto"
     precision: str | int | None = None
     num_nodes: int = 1
+    fsdp_wrap: Any = None  # strategy="fsdp": module classes (or a predicate) to shard as units
+    fsdp_full_checkpoint: bool = False  # strategy="fsdp": one full checkpoint file instead of shards
     # -- search
     hp_name: Callable | None = None
 

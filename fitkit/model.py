@@ -15,7 +15,9 @@ set-up module, the optimizer); the loop lives in `fitkit.engine.loop`.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import io
 import json
 import os
 import logging
@@ -81,6 +83,7 @@ class Model:
         self._example: Any = None
         self.last_checkpoint: str | None = None
         self._search_context: dict | None = None
+        self._in_spawned_process = False
 
     # -- properties ---------------------------------------------------------------------
     @property
@@ -163,7 +166,7 @@ class Model:
         compiled = self._require_compiled("fit")
         if self._optimizer is None:
             opt = build_optimizer(compiled["optimizer"], self._wrapped.parameters(), args.learning_rate,
-                                  args.weight_decay)
+                                  args.weight_decay, precision=args.precision)
             self._optimizer = fabric.setup_optimizers(opt)
         elif args.learning_rate is not None:
             for group in self._optimizer.param_groups:
@@ -215,8 +218,14 @@ class Model:
         `output_dir`, `seed`, `verbose`, ...).
         """
         compiled = self._require_compiled("fit")
+        call_args = args
         args = self._fit_args(args, batch_size=batch_size, epochs=epochs, shuffle=shuffle,
                               max_steps=max_steps, **options)
+        if self._must_spawn(args):
+            return self._spawned("fit", args, dict(
+                x=x, y=y, batch_size=batch_size, epochs=epochs, validation_data=validation_data,
+                validation_split=validation_split, callbacks=callbacks, shuffle=shuffle, max_steps=max_steps,
+                class_weight=class_weight, sample_weight=sample_weight, args=call_args, **options))
         seed_everything(args.seed)
         fabric, module = self._setup(args)
         optimizer = self._ensure_optimizer(fabric, args)
@@ -383,6 +392,9 @@ class Model:
         """Loss and metrics over `x` (exact dataset averages), unprefixed: `{"loss": ..., "accuracy": ...}`."""
         self._require_compiled("evaluate")
         args = self._compile_args
+        if self._must_spawn(args):
+            return self._spawned("evaluate", args, dict(x=x, y=y, batch_size=batch_size, callbacks=callbacks,
+                                                         sample_weight=sample_weight))
         loop = self._loop_for(callbacks, args)
         source = self._source(x, y, sample_weight, batch_size=batch_size, shuffle=False, seed=None,
                               fabric=loop.p.fabric, pad=False)
@@ -393,6 +405,8 @@ class Model:
     def predict(self, x: Any, *, batch_size: int = 32, callbacks: Sequence | None = None) -> Any:
         """The module's outputs for every sample of `x`, concatenated in input order, on CPU."""
         args = self._compile_args
+        if self._must_spawn(args):
+            return self._spawned("predict", args, dict(x=x, batch_size=batch_size, callbacks=callbacks))
         loop = self._loop_for(callbacks, args)
         if isinstance(x, tuple) and len(x) in (2, 3) and all(isinstance(v, torch.Tensor) for v in x):
             x = x[0]  # an (x, y) pair: predict on x
@@ -401,6 +415,30 @@ class Model:
         out = loop.predict(source)
         self.control = loop.p.handler.on_predict(args, loop.p.state, loop.p.control, {})
         return out
+
+    # -- spawn / fork strategies ------------------------------------------------------------------
+    def _must_spawn(self, args: TrainingArguments) -> bool:
+        from fitkit.engine.fabric import is_spawning
+
+        return is_spawning(args) and not self._in_spawned_process
+
+    def _spawned(self, method: str, args: TrainingArguments, call: dict) -> Any:
+        """Run `method` in the processes a spawn/fork strategy starts, then bring rank 0's
+        trained weights, history and state back to this process (the children's copies of the
+        model are not this one)."""
+        from fitkit.engine.fabric import build_fabric
+
+        fabric = build_fabric(args)
+        key = tuple(repr(getattr(args, k)) for k in _DEVICE_KEYS)
+        result = fabric.launch(_run_in_child, self, key, method, call)
+        tensors = torch.load(io.BytesIO(result["tensors"]), weights_only=True)
+        self.module.load_state_dict(tensors["weights"])
+        self.state = TrainerState(**result["state"])
+        if result["history"] is not None:
+            history = History()
+            history.history, history.epoch, history.params = result["history"]
+            self.history = history
+        return history if method == "fit" else tensors["value"]
 
     # -- hyperparameter search ----------------------------------------------------------------
     def hyperparameter_search(self, x: Any = None, y: Any = None, *, hp_space: Callable | None = None,
@@ -495,6 +533,32 @@ class Model:
     def __repr__(self) -> str:
         name = type(self._module).__name__ if self._module is not None else "model_init"
         return f"Model({name}, compiled={self._compiled is not None})"
+
+
+def _run_in_child(fabric, model: Model, key: tuple, method: str, call: dict) -> dict:
+    """The function a spawn/fork strategy runs in each process (module level, so it pickles)."""
+    model._fabric, model._fabric_key, model._wrapped = fabric, key, None
+    model._in_spawned_process = True
+    value = getattr(model, method)(**call)
+    if method == "fit":
+        value = None  # the History is rebuilt from the record below
+    weights = {k: v.detach().cpu() for k, v in model.module.state_dict().items()}
+    # Tensors go back as bytes: shared-memory handles die with the child process.
+    buffer = io.BytesIO()
+    torch.save({"weights": weights, "value": _to_cpu_tree(value)}, buffer)
+    history = model.history
+    return {"tensors": buffer.getvalue(), "state": dataclasses.asdict(model.state),
+            "history": None if history is None else (history.history, history.epoch, history.params)}
+
+
+def _to_cpu_tree(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: _to_cpu_tree(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to_cpu_tree(v) for v in value)
+    return value
 
 
 def _backup_to_resume(callbacks: Sequence, args: TrainingArguments) -> str | None:

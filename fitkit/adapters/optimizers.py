@@ -32,8 +32,13 @@ def check_optimizer(spec: Any) -> None:
         )
 
 
+#: Named optimizers whose `eps` would vanish in float16 (1e-8 underflows): used with "16-true".
+_EPS_FP16 = {"adam": 1e-4, "adamw": 1e-4, "rmsprop": 1e-4, "adagrad": 1e-4}
+
+
 def build_optimizer(
-    spec: Any, params: Iterable[torch.nn.Parameter], learning_rate: float | None, weight_decay: float | None
+    spec: Any, params: Iterable[torch.nn.Parameter], learning_rate: float | None, weight_decay: float | None,
+    precision: str | None = None,
 ) -> torch.optim.Optimizer:
     """Build the optimizer over `params` (the parameters of the module as set up by Fabric)."""
     check_optimizer(spec)
@@ -45,6 +50,8 @@ def build_optimizer(
     if isinstance(spec, str):
         cls, default_lr = OPTIMIZERS[spec.lower()]
         kwargs["lr"] = default_lr if learning_rate is None else learning_rate
+        if str(precision) in ("16-true", "16") and spec.lower() in _EPS_FP16:
+            kwargs["eps"] = _EPS_FP16[spec.lower()]  # pure float16 weights: keep the denominator representable
         return cls(params, **kwargs)
     if isinstance(spec, type) and issubclass(spec, torch.optim.Optimizer):
         if learning_rate is not None:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
+import datetime
 import os
 import warnings
 from typing import Any
 
 from fitkit.arguments import TrainingArguments
+from fitkit.engine.strategies import SPAWN_STRATEGIES, deepspeed_strategy, fsdp2_strategy, is_deepspeed
 
 ACCELERATORS = ("auto", "cpu", "cuda", "gpu", "mps", "tpu")
 STRATEGY_NAMES = (
@@ -21,7 +24,9 @@ def check_devices(args: TrainingArguments) -> None:
     """Validate the device options without importing Fabric (run at `compile`)."""
     if isinstance(args.accelerator, str) and args.accelerator not in ACCELERATORS:
         raise ValueError(f"unknown accelerator {args.accelerator!r} for `accelerator`; valid names are: {', '.join(ACCELERATORS)}")
-    if isinstance(args.strategy, str) and args.strategy not in STRATEGY_NAMES:
+    if isinstance(args.strategy, str) and args.strategy.endswith(".json") and not os.path.isfile(args.strategy):
+        raise ValueError(f"`strategy`={args.strategy!r} looks like a DeepSpeed config file, but it does not exist")
+    if isinstance(args.strategy, str) and args.strategy not in STRATEGY_NAMES and not args.strategy.endswith(".json"):
         raise ValueError(
             f"unknown strategy {args.strategy!r} for `strategy`; valid names are: {', '.join(STRATEGY_NAMES)} "
             "(or pass a lightning_fabric Strategy instance)"
@@ -50,21 +55,48 @@ def build_fabric(args: TrainingArguments):
 
         accelerator = "cuda" if torch.cuda.is_available() else "cpu"
     strategy = args.strategy
-    if strategy == "fsdp":
-        raise ValueError(
-            "`strategy='fsdp'` (FSDP2 through ModelParallelStrategy) is not available yet; "
-            "use strategy='ddp' or pass a ready lightning_fabric Strategy instance"
-        )
-    fabric = Fabric(
-        accelerator=accelerator,
-        devices=args.devices,
-        strategy=strategy,
-        precision=_precision(args, accelerator),
-        num_nodes=args.num_nodes,
-    )
-    if not _launched_by_cli():
+    precision = _precision(args, accelerator)
+    if is_deepspeed(strategy):
+        if accelerator != "cuda":
+            raise ValueError(
+                f"`strategy`={strategy!r}: DeepSpeed runs only on CUDA GPUs and none is in use here "
+                f"(accelerator={accelerator!r}). On CPU use strategy='ddp' (data parallel) or strategy='fsdp' "
+                "(sharded parameters, gradients and optimizer state)"
+            )
+        strategy = deepspeed_strategy(strategy)
+    elif strategy == "fsdp":
+        strategy = fsdp2_strategy(precision, args.fsdp_wrap, full_checkpoint=args.fsdp_full_checkpoint)
+        if precision in ("bf16-mixed", "16-mixed"):
+            precision = "32-true"  # FSDP2's MixedPrecisionPolicy does the casting
+    fabric = Fabric(accelerator=accelerator, devices=args.devices, strategy=strategy, precision=precision,
+                    num_nodes=args.num_nodes)
+    if not _launched_by_cli() and not is_spawning(args):
         fabric.launch()
+        if fabric.world_size > 1:
+            atexit.register(_teardown)
     return fabric
+
+
+def is_spawning(args: TrainingArguments) -> bool:
+    """Strategies whose processes are started by `fabric.launch(function)` (spawn or fork)."""
+    return isinstance(args.strategy, str) and args.strategy in SPAWN_STRATEGIES
+
+
+def _teardown() -> None:
+    """End a multi-process run cleanly: gloo may abort at interpreter exit otherwise."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        if dist.get_backend() == "gloo":
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=60))
+        else:
+            dist.barrier()
+    except Exception:  # noqa: BLE001 - another rank is gone; still release the group
+        pass
+    finally:
+        dist.destroy_process_group()
 
 
 def _launched_by_cli() -> bool:

@@ -166,9 +166,14 @@ class Loop:
         if resume and resume["batch"]:
             start = resume["batch"]
             self._logged_count, self._logged_loss = resume["logged_count"], resume["logged_loss"]
-            if fabric.global_rank == 0:  # the saved sums are over all processes: count them once
+            by_rank = resume.get("by_rank")
+            if by_rank and len(by_rank) == fabric.world_size:  # each process continues its own sums
+                self.epoch_loss.fill_(by_rank[fabric.global_rank][0])
+                self.epoch_count = int(by_rank[fabric.global_rank][1])
+            elif fabric.global_rank == 0:  # another world size: count the global sums once
                 self.epoch_loss.fill_(resume["epoch_loss"])
                 self.epoch_count = resume["epoch_count"]
+            if fabric.global_rank == 0:  # metric states were synced over all processes when saved
                 self.train_metrics.load_state(resume.get("metrics"))
         replay = resume.get("epoch_rng") if resume else None
         if resume:
@@ -234,7 +239,12 @@ class Loop:
         snap = {"epoch": epoch, "batch": batch, "epoch_loss": 0.0, "epoch_count": 0,
                 "logged_loss": 0.0, "logged_count": 0, "metrics": None}
         if batch:  # mid-epoch: the epoch-end averages must include what was seen before
-            total, count = self._epoch_totals()  # over all processes: rank 0 restores them
+            total, count = self._epoch_totals()  # over all processes
+            fabric = self.p.fabric
+            if fabric.world_size > 1:
+                local = torch.stack([self.epoch_loss.double(), torch.tensor(float(self.epoch_count),
+                                     dtype=torch.float64, device=fabric.device)])
+                snap["by_rank"] = fabric.all_gather(local).reshape(fabric.world_size, 2).tolist()
             snap.update(epoch_loss=total, epoch_count=count,
                         logged_loss=self._logged_loss, logged_count=self._logged_count,
                         metrics=self.train_metrics.export_state(), epoch_rng=self._epoch_rng)

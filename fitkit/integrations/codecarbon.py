@@ -62,12 +62,12 @@ class CodeCarbonCallback(TrackingCallback):
             "output_dir": output_dir,
             "project_name": trial_label(args, state) or "fitkit",
             "log_level": "error",
-            "save_to_file": True,
         }
         kwargs.update(self.tracker_kwargs)
         self.final_emissions_data = None
+        level = kwargs["log_level"]
+        logging.getLogger("codecarbon").setLevel(level.upper() if isinstance(level, str) else level)
         self.tracker = OfflineEmissionsTracker(**kwargs)
-        logging.getLogger("codecarbon").setLevel(logging.ERROR)
         self.tracker.start()
 
     def write(self, values: dict[str, Any], step: int, state) -> None:

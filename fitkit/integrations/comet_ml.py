@@ -57,6 +57,9 @@ class CometCallback(TrackingCallback):
         self.experiment = None
         if self.mode == "DISABLED":
             return
+        # fitkit turns Comet's automatic logging off (below); say so before the import, which
+        # otherwise warns that torch was imported first.
+        os.environ.setdefault("COMET_DISABLE_AUTO_LOGGING", "1")
         import comet_ml
 
         kwargs: dict[str, Any] = {

@@ -68,6 +68,9 @@ class WandbCallback(TrackingCallback):
                 "config": run_params(args, state),
                 "reinit": "finish_previous",
             }
+            mode = os.environ.get("WANDB_MODE")
+            if mode:  # passed on: wandb reads its environment once per process
+                kwargs["mode"] = mode.strip().lower()
             group = os.environ.get("WANDB_RUN_GROUP")
             if label is not None:
                 kwargs["name"] = label

@@ -1,0 +1,114 @@
+"""Distributed runs for the tests: each process writes what it computed to RESULTS/rank-N.json.
+
+usage: distributed.py [--strategy ddp|fsdp|...] [--devices N] [--num-nodes N] [--mode train|search]
+                      [--output DIR] [--save-steps K] [--max-steps K] [--resume] [--full-checkpoint]
+"""
+
+import argparse
+import json
+import os
+
+import torch
+
+from fitkit import Model, TrainerCallback
+
+
+def data():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(203, 8, generator=g)
+    y = (x[:, 0] + 0.3 * x[:, 1] > 0).long()
+    return x, y
+
+
+def net(hidden=16):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, hidden), torch.nn.ReLU(), torch.nn.Dropout(0.1),
+                               torch.nn.Linear(hidden, 2))
+
+
+def full_weights(model):
+    out = []
+    for p in model.module.parameters():
+        t = p.full_tensor() if hasattr(p, "full_tensor") else p
+        out.append(t.detach().cpu().flatten().tolist())
+    return out
+
+
+class Prints(TrainerCallback):
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        print(f"LOG rank={os.environ.get('RANK', os.environ.get('LOCAL_RANK', '0'))} {logs}", flush=True)
+
+
+def train(opts):
+    x, y = data()
+    model = Model(net()).compile("adam", "cross_entropy", ["accuracy"], learning_rate=1e-2, strategy=opts.strategy,
+                                 devices=opts.devices, num_nodes=opts.num_nodes, accelerator="cpu",
+                                 fsdp_full_checkpoint=opts.full_checkpoint)
+    options = {}
+    if opts.output:
+        options.update(output_dir=opts.output, save_strategy="steps", save_steps=opts.save_steps,
+                       resume_from_checkpoint=opts.resume)
+    if opts.max_steps:
+        options["max_steps"] = opts.max_steps
+    history = model.fit(x, y, epochs=3, batch_size=16, validation_split=0.2, verbose=2, seed=1,
+                        logging_strategy="steps", logging_steps=2, callbacks=[Prints()], **options)
+    fabric = model._fabric
+    shards = [tuple(p.to_local().shape) if hasattr(p, "to_local") else tuple(p.shape)
+              for p in model._wrapped.parameters()]
+    result = {
+        "rank": fabric.global_rank, "world": fabric.world_size, "zero": model.state.is_world_process_zero,
+        "local_zero": model.state.is_local_process_zero, "history": history.history,
+        "log_history": model.state.log_history, "step": model.state.global_step,
+        "evaluate": model.evaluate(x, y, batch_size=16), "predict": model.predict(x, batch_size=16).tolist(),
+        "weights": full_weights(model), "shards": shards,
+    }
+    report(opts, result)
+
+
+def report(opts, result):
+    """Each process writes its own file: lines printed by several processes can interleave."""
+    with open(os.path.join(opts.results, f"rank-{result['rank']}.json"), "w") as f:
+        json.dump(result, f)
+    print(f"RESULT {result['rank']}", flush=True)
+
+
+def search(opts):
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    x, y = data()
+    seen = []
+
+    def model_init(trial):
+        hidden = trial.suggest_int("hidden", 4, 32)
+        return net(hidden)
+
+    class Record(TrainerCallback):
+        def on_train_end(self, args, state, control, model=None, **kwargs):
+            seen.append({"params": state.trial_params, "weights_sum": float(sum(p.sum() for p in model.parameters()))})
+
+    model = Model(model_init=model_init).compile("adam", "cross_entropy", ["accuracy"], strategy=opts.strategy,
+                                                 devices=opts.devices, accelerator="cpu")
+    storage = f"sqlite:///{opts.output}/study.db" if opts.output else None
+    best = model.hyperparameter_search(
+        x, y, validation_split=0.2, n_trials=3, direction="maximize", verbose=0, storage=storage,
+        study_name="ddp", callbacks=[Record()],
+        hp_space=lambda t: {"learning_rate": t.suggest_float("learning_rate", 1e-3, 1e-1, log=True), "epochs": 2})
+    report(opts, {"rank": model._fabric.global_rank, "trials": seen, "best": list(best)})
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--strategy", default="ddp")
+    parser.add_argument("--devices", type=int, default=2)
+    parser.add_argument("--num-nodes", type=int, default=1)
+    parser.add_argument("--mode", default="train")
+    parser.add_argument("--output", default=None)
+    parser.add_argument("--save-steps", type=int, default=4)
+    parser.add_argument("--max-steps", type=int, default=None)
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--full-checkpoint", action="store_true")
+    parser.add_argument("--results", required=True, help="directory for each process's rank-N.json")
+    opts = parser.parse_args()
+    torch.set_num_threads(1)
+    train(opts) if opts.mode == "train" else search(opts)

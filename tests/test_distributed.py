@@ -1,0 +1,155 @@
+"""Several processes on CPU (gloo): real Fabric strategies in real processes.
+
+Fabric's "ddp" launcher re-runs the whole script in each child, so these tests run small
+scripts as subprocesses and check what every process printed, not only the exit code.
+"""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "distributed.py")
+sys.path.insert(0, os.path.dirname(SCRIPT))
+import distributed as script  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def _results(proc, directory, expected):
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    names = sorted(os.listdir(directory))
+    assert len(names) == expected, f"{names}\n{proc.stdout}{proc.stderr}"
+    results = []
+    for name in names:
+        with open(os.path.join(directory, name)) as f:
+            results.append(json.load(f))
+    return sorted(results, key=lambda r: r["rank"])
+
+
+def _run(*extra, launcher=(), expected=2, timeout=240):
+    import tempfile
+
+    cmd = [*launcher] if launcher else [sys.executable]
+    with tempfile.TemporaryDirectory() as directory:
+        proc = subprocess.run([*cmd, SCRIPT, "--results", directory, *extra], capture_output=True, text=True,
+                              timeout=timeout)
+        return proc, _results(proc, directory, expected)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _single_process_view(result):
+    """Evaluate and predict with the trained weights in this process, the reference."""
+    x, y = script.data()
+    net = script.net()
+    for p, w in zip(net.parameters(), result["weights"]):
+        p.data = torch.tensor(w, dtype=torch.float32).reshape(p.shape)
+    net.eval()
+    with torch.no_grad():
+        out = net(x)
+    loss = torch.nn.functional.cross_entropy(out, y).item()
+    accuracy = (out.argmax(1) == y).float().mean().item()
+    return out, loss, accuracy
+
+
+def _check_agreement(results):
+    a, b = results
+    assert a["world"] == b["world"] == 2
+    assert (a["zero"], b["zero"]) == (True, False) and a["local_zero"]
+    assert a["history"] == b["history"] and a["log_history"] == b["log_history"]
+    assert a["evaluate"] == b["evaluate"] and a["predict"] == b["predict"]
+    assert a["weights"] == b["weights"]
+    out, loss, accuracy = _single_process_view(a)
+    assert len(a["predict"]) == 203  # every row once, none repeated by padding
+    torch.testing.assert_close(torch.tensor(a["predict"]), out, rtol=1e-5, atol=1e-5)
+    assert a["evaluate"]["loss"] == pytest.approx(loss, rel=1e-5)
+    assert a["evaluate"]["accuracy"] == pytest.approx(accuracy, abs=1e-6)
+
+
+def test_ddp_through_the_fabric_launcher():
+    proc, results = _run("--strategy", "ddp")
+    _check_agreement(results)
+    assert proc.stdout.count("Epoch 1/3") == 1  # only the world-zero process prints
+    assert results[0]["shards"] == [(16, 8), (16,), (2, 16), (2,)] or results[0]["shards"] == [[16, 8], [16], [2, 16], [2]]
+
+
+def test_ddp_through_torchrun():
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port", str(_free_port())]
+    proc, results = _run("--strategy", "ddp", launcher=torchrun)
+    _check_agreement(results)
+
+
+def test_fsdp_shards_parameters_and_matches_ddp():
+    _, ddp = _run("--strategy", "ddp")
+    _, fsdp = _run("--strategy", "fsdp")
+    _check_agreement(fsdp)
+    assert [list(s) for s in fsdp[0]["shards"]] == [[8, 8], [8], [1, 16], [1]]  # each rank holds half
+    for w_fsdp, w_ddp in zip(fsdp[0]["weights"], ddp[0]["weights"]):
+        torch.testing.assert_close(torch.tensor(w_fsdp), torch.tensor(w_ddp), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("strategy, extra", [("ddp", ()), ("fsdp", ()), ("fsdp", ("--full-checkpoint",))])
+def test_resume_under_several_processes_is_exact(tmp_path, strategy, extra):
+    _, full = _run("--strategy", strategy, "--output", str(tmp_path / "full"), *extra)
+    out = str(tmp_path / "cut")
+    _run("--strategy", strategy, "--output", out, "--max-steps", "5", "--save-steps", "5", *extra)
+    saved = os.path.join(out, "checkpoint-5", "state.pt")
+    assert os.path.isdir(saved) if strategy == "fsdp" and not extra else os.path.isfile(saved)
+    _, resumed = _run("--strategy", strategy, "--output", out, "--resume", *extra)
+    for a, b in zip(full, resumed):
+        assert b["log_history"] == a["log_history"]
+        assert b["weights"] == a["weights"]
+
+
+def test_two_nodes_simulated_on_loopback(tmp_path):
+    port = str(_free_port())
+    procs = []
+    for node in range(2):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+               f"--node_rank={node}", "--master_addr=127.0.0.1", f"--master_port={port}", SCRIPT,
+               "--results", str(tmp_path), "--strategy", "ddp", "--devices", "1", "--num-nodes", "2"]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outputs = [proc.communicate(timeout=240) for proc in procs]
+    for proc, (out, err) in zip(procs, outputs):
+        assert proc.returncode == 0, out + err
+    results = _results(subprocess.CompletedProcess([], 0, "", ""), tmp_path, 2)
+    assert [r["rank"] for r in results] == [0, 1]
+    _check_agreement(results)  # both nodes end with identical weights
+    assert results[1]["local_zero"]  # the only process of its node
+
+
+def test_search_under_ddp_trains_the_same_configuration_on_every_rank(tmp_path):
+    _, results = _run("--mode", "search", "--output", str(tmp_path))
+    a, b = results
+    assert len(a["trials"]) == 3 and a["trials"] == b["trials"]  # same parameters, same trained weights
+    assert a["best"] == b["best"]
+    import optuna
+
+    study = optuna.load_study(study_name="ddp", storage=f"sqlite:///{tmp_path}/study.db")
+    assert len(study.trials) == 3  # only rank 0 wrote to the storage
+
+
+def test_twenty_consecutive_runs_end_cleanly(tmp_path):
+    tiny = tmp_path / "tiny.py"
+    tiny.write_text(
+        "import torch\nfrom fitkit import Model\n"
+        "x, y = torch.randn(64, 4), torch.randint(0, 2, (64,))\n"
+        "m = Model(torch.nn.Linear(4, 2)).compile('sgd', 'cross_entropy', strategy='ddp', devices=2, accelerator='cpu')\n"
+        "m.fit(x, y, max_steps=2, verbose=0)\n"
+        "import os\nos.write(1, f'DONE {m._fabric.global_rank}\\n'.encode())  # one write: lines cannot interleave\n"
+    )
+    for i in range(20):
+        proc = subprocess.run([sys.executable, str(tiny)], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, f"run {i}: {proc.stdout}{proc.stderr}"
+        assert sorted(l for l in proc.stdout.splitlines() if l.startswith("DONE")) == ["DONE 0", "DONE 1"], proc.stdout
+        assert "Abort" not in proc.stderr and "terminate called" not in proc.stderr
