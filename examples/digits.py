@@ -1,7 +1,7 @@
 """Digits: scikit-learn's bundled 8x8 digit images (1,797 samples, no download).
 
 A small network, `compile("adam", "cross_entropy", ["accuracy"])`, `fit` with a validation
-split, early stopping and a progress bar, then a short Optuna search when available.
+split, early stopping and a progress bar, then a short Optuna search.
 
     python examples/digits.py            # what `make demo` runs
 """
@@ -14,6 +14,7 @@ import torch
 from sklearn.datasets import load_digits
 
 from fitkit import Model
+from fitkit.callbacks import EarlyStopping
 
 
 def load() -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,13 +39,7 @@ def main() -> float:
     torch.manual_seed(0)
     model = Model(build()).compile("adam", "cross_entropy", ["accuracy"], learning_rate=3e-3)
     print(model.summary(x[:2]))
-    callbacks = []
-    try:
-        from fitkit.callbacks import EarlyStopping
-
-        callbacks.append(EarlyStopping(monitor="val_loss", patience=3, restore_best_weights=True))
-    except ImportError:  # older checkouts without the Keras-like callbacks
-        pass
+    callbacks = [EarlyStopping(monitor="val_loss", patience=3, restore_best_weights=True)]
     history = model.fit(x, y, epochs=20, batch_size=32, validation_split=0.2, callbacks=callbacks,
                         verbose=1 if sys.stdout.isatty() else 2, seed=0)
     val = model.evaluate(x[int(len(x) * 0.8):], y[int(len(y) * 0.8):])
@@ -53,7 +48,20 @@ def main() -> float:
     return val["accuracy"]
 
 
+def short_search(n_trials: int = 4) -> None:
+    """A short Optuna search (the full one is examples/search.py)."""
+    import optuna
+
+    from search import search  # examples/search.py
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    best = search(n_trials, storage=None, epochs=4)
+    print(f"search: best of {n_trials} trials has val_accuracy={best.objective:.4f} "
+          f"with {best.hyperparameters}")
+
+
 if __name__ == "__main__":
     accuracy = main()
     if accuracy < 0.95:
         sys.exit(f"validation accuracy {accuracy:.4f} is below 0.95")
+    short_search()
