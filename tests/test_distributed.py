@@ -111,6 +111,32 @@ def test_resume_under_several_processes_is_exact(tmp_path, strategy, extra):
         assert b["weights"] == a["weights"]
 
 
+def test_sigterm_to_every_process_checkpoints_once_and_resumes_exactly(tmp_path):
+    import signal
+
+    _, full = _run("--strategy", "ddp", "--output", str(tmp_path / "full"))
+    out = str(tmp_path / "cut")
+    proc = subprocess.Popen([sys.executable, SCRIPT, "--results", str(tmp_path), "--strategy", "ddp",
+                             "--output", out, "--save-steps", "1000", "--sleep", "0.05"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith("LOG") and int(line.split("step=")[1]) >= 6:
+            os.killpg(proc.pid, signal.SIGTERM)  # as SLURM does: every task of the job
+            break
+    rest, _ = proc.communicate(timeout=120)
+    output = "".join(seen) + rest
+    assert proc.returncode == 0, output
+    saves = [int(l.split("step=")[1]) for l in output.splitlines() if l.startswith("SAVE")]
+    assert len(saves) == 2 and len(set(saves)) == 1 and saves[0] % 10 == 0, output  # both, at one agreed step
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("rank-")]  # it stopped before the end
+    assert os.listdir(out) == [f"checkpoint-{saves[0]}"]
+    _, resumed = _run("--strategy", "ddp", "--output", out, "--save-steps", "1000", "--resume")
+    for a, b in zip(full, resumed):
+        assert b["log_history"] == a["log_history"] and b["weights"] == a["weights"]
+
+
 def test_two_nodes_simulated_on_loopback(tmp_path):
     port = str(_free_port())
     procs = []

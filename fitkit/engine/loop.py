@@ -25,6 +25,9 @@ from fitkit.engine.data import Batch, DataSource
 
 logger = logging.getLogger("fitkit")
 
+#: Under several processes, how often (in optimizer steps) they check together for a SIGTERM.
+PREEMPTION_CHECK_STEPS = 10
+
 
 def _model_loss(out: Any) -> torch.Tensor:
     """The loss a module returned itself: a tensor, `out["loss"]`, `out.loss` or `out[0]`."""
@@ -76,7 +79,9 @@ class Loop:
         self.val: DataSource | None = None
         self.position: tuple[int, int] = (0, 0)  # (epoch, micro-batches consumed in it)
         self._epoch_rng: dict | None = None  # RNG at epoch start, for loaders that draw from it
-        self.preempted = False
+        self.preempted = False  # acted on: checkpoint and stop at the end of this step
+        self._sigterm = False  # seen by this process (several processes must agree first)
+        self._agree_every = 0
         #: Writes a checkpoint when `control.should_save`; loads the best one at the end (set by the facade).
         self.save_fn: Callable[[], None] | None = None
         self.load_best_fn: Callable[[str], None] | None = None
@@ -121,6 +126,9 @@ class Loop:
         if resume:  # after on_train_begin, which resets Keras-style callbacks
             cb.load_states(resume["callbacks"], p.control)
         sigterm = args.save_on_sigterm if args.save_on_sigterm is not None else args.save_strategy != "no"
+        # Processes may see SIGTERM at different steps: every few steps (the same ones on every
+        # process) they compare notes and stop together once any has seen it.
+        self._agree_every = PREEMPTION_CHECK_STEPS if sigterm and p.fabric.world_size > 1 else 0
         try:
             with self._catch_sigterm(sigterm):
                 for epoch in range(start_epoch, state.num_train_epochs):
@@ -146,13 +154,21 @@ class Loop:
 
         def handler(signum, frame):
             logger.warning("SIGTERM received: finishing this step, then checkpointing and stopping")
-            self.preempted = True
+            self._sigterm = True
+            if self.p.fabric.world_size == 1:
+                self.preempted = True
 
         previous = signal.signal(signal.SIGTERM, handler)
         try:
             yield
         finally:
             signal.signal(signal.SIGTERM, previous)
+
+    def _any_process(self, flag: bool) -> bool:
+        """True on every process when `flag` is true on any of them."""
+        fabric = self.p.fabric
+        seen = torch.tensor(1.0 if flag else 0.0, device=fabric.device)
+        return bool(fabric.all_reduce(seen, reduce_op="max") > 0)
 
     def _run_epoch(self, epoch, train, n_batches, accum, module, optimizer, resume=None) -> None:
         p = self.p
@@ -220,6 +236,8 @@ class Loop:
             self.position = (epoch, i + 1)  # where a checkpoint written from here resumes
             p.control = cb.on_step_end(args, state, p.control)
             c = p.control
+            if self._agree_every and state.global_step % self._agree_every == 0:
+                self.preempted = self._any_process(self._sigterm)
             if self.preempted:  # SIGTERM: finish this step, checkpoint, stop
                 c.should_save = c.should_training_stop = True
             if c.should_log or c.should_evaluate or c.should_save:

@@ -7,6 +7,7 @@ usage: distributed.py [--strategy ddp|fsdp|...] [--devices N] [--num-nodes N] [-
 import argparse
 import json
 import os
+import time
 
 import torch
 
@@ -35,8 +36,18 @@ def full_weights(model):
 
 
 class Prints(TrainerCallback):
+    def __init__(self, sleep=0.0):
+        self.sleep = sleep
+
     def on_log(self, args, state, control, logs=None, **kwargs):
-        print(f"LOG rank={os.environ.get('RANK', os.environ.get('LOCAL_RANK', '0'))} {logs}", flush=True)
+        rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))
+        os.write(1, f"LOG rank={rank} step={state.global_step}\n".encode())
+
+    def on_step_end(self, args, state, control, **kwargs):
+        time.sleep(self.sleep)  # slow steps, so a signal can arrive mid-training
+
+    def on_save(self, args, state, control, **kwargs):
+        os.write(1, f"SAVE step={state.global_step}\n".encode())
 
 
 def train(opts):
@@ -51,7 +62,7 @@ def train(opts):
     if opts.max_steps:
         options["max_steps"] = opts.max_steps
     history = model.fit(x, y, epochs=3, batch_size=16, validation_split=0.2, verbose=2, seed=1,
-                        logging_strategy="steps", logging_steps=2, callbacks=[Prints()], **options)
+                        logging_strategy="steps", logging_steps=2, callbacks=[Prints(opts.sleep)], **options)
     fabric = model._fabric
     shards = [tuple(p.to_local().shape) if hasattr(p, "to_local") else tuple(p.shape)
               for p in model._wrapped.parameters()]
@@ -108,6 +119,7 @@ if __name__ == "__main__":
     parser.add_argument("--max-steps", type=int, default=None)
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--full-checkpoint", action="store_true")
+    parser.add_argument("--sleep", type=float, default=0.0, help="seconds to sleep after each step")
     parser.add_argument("--results", required=True, help="directory for each process's rank-N.json")
     opts = parser.parse_args()
     torch.set_num_threads(1)
