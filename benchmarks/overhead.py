@@ -17,15 +17,24 @@ Set-up is not timed (building the nets, the raw optimizer and loaders, the Fabri
 and every contender runs once untimed first: fitkit creates and launches its Fabric and its
 optimizer on the first `fit`, Adam allocates its state on its first step.
 
+Large tensors make glibc's malloc hand memory back to the OS and fault it in again (heap
+trimming); how often depends on the heap's layout, differs from loop to loop and run to run,
+and costs up to ~10% of a compute-bound step here. The minor page faults per step are reported
+for each contender; `--no-trim` turns trimming off (`mallopt`) to compare the loops alone.
+
 The machine's speed drifts (frequency, other processes), so the contenders are interleaved:
 each repetition runs every contender once for `steps` optimizer steps, in an order rotated
 from one repetition to the next, and the ratio `contender / raw` is taken within the
 repetition. The table reports median seconds per step and the median of those per-repetition
-ratios (with their interquartile range).
+ratios (with their interquartile range). Runs are timed on the wall clock; the process's CPU
+time is recorded too, and when it falls well short of the wall time the process was waiting
+for a core (a busy machine): the script says so, and `--clock cpu` computes everything from
+CPU time instead.
 
     python benchmarks/overhead.py                     # both workloads, about a minute
     python benchmarks/overhead.py --quick             # smoke check, a few seconds
     python benchmarks/overhead.py --workload tiny --json results.json
+    python benchmarks/overhead.py --no-trim           # glibc heap trimming off
 """
 
 from __future__ import annotations
@@ -156,6 +165,26 @@ def build_fabric(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, w: Work
 BUILDERS = {"raw": build_raw, "fitkit": build_fitkit, "fabric": build_fabric}
 
 
+def faults() -> int:
+    """Minor page faults of this process so far (0 where `resource` is missing)."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - Windows
+        return 0
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def no_trim() -> bool:
+    """Keep freed memory in glibc's heap (no trimming, no per-tensor mmap): True when applied."""
+    if platform.libc_ver()[0] != "glibc":
+        return False
+    import ctypes
+
+    libc = ctypes.CDLL("libc.so.6")
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    return bool(libc.mallopt(m_mmap_threshold, 32 * 1024 * 1024)) and bool(libc.mallopt(m_trim_threshold, 2**31 - 1))
+
+
 # -- measuring --------------------------------------------------------------------------------
 
 
@@ -167,7 +196,7 @@ def quartiles(values: list[float]) -> tuple[float, float, float]:
     return q1, q2, q3
 
 
-def measure(w: Workload, log: Callable[[str], None]) -> dict:
+def measure(w: Workload, log: Callable[[str], None], clock: str = "wall") -> dict:
     torch.manual_seed(0)
     initial = mlp(w.dims)
     x, y = data(w)
@@ -180,18 +209,25 @@ def measure(w: Workload, log: Callable[[str], None]) -> dict:
     if steps_done != w.steps:
         raise RuntimeError(f"fitkit ran {steps_done} optimizer steps per fit, expected {w.steps}")
 
-    times: dict[str, list[float]] = {name: [] for name in CONTENDERS}
+    wall: dict[str, list[float]] = {name: [] for name in CONTENDERS}
+    cpu: dict[str, list[float]] = {name: [] for name in CONTENDERS}
+    minflt: dict[str, list[int]] = {name: [] for name in CONTENDERS}
     losses: dict[str, float] = {}
     for rep in range(w.reps):
         k = rep % len(CONTENDERS)
         order = CONTENDERS[k:] + CONTENDERS[:k]  # rotate so no contender always goes first
         for name in order:
             gc.collect()
-            t0 = time.perf_counter()
+            f0 = faults()
+            c0, t0 = time.process_time(), time.perf_counter()
             losses[name] = runs[name]()
-            times[name].append(time.perf_counter() - t0)
-        log(f"  {w.name} rep {rep + 1}/{w.reps}: " + "  ".join(
-            f"{name} {times[name][-1] / w.steps * 1e6:8.1f} us/step" for name in CONTENDERS))
+            wall[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.process_time() - c0)
+            minflt[name].append(faults() - f0)
+        times = wall if clock == "wall" else cpu
+        log(f"  {w.name} rep {rep + 1:2d}/{w.reps}: " + "  ".join(
+            f"{name} {times[name][-1] / w.steps * 1e6:8.1f} us/step ({minflt[name][-1] / w.steps:5.0f} flt, "
+            f"cpu {cpu[name][-1] / wall[name][-1]:4.0%})" for name in CONTENDERS))
 
     per_step = {name: statistics.median(t) / w.steps for name, t in times.items()}
     ratios = {name: [a / b for a, b in zip(times[name], times["raw"])] for name in ("fitkit", "fabric")}
@@ -203,7 +239,11 @@ def measure(w: Workload, log: Callable[[str], None]) -> dict:
         "reps": w.reps,
         "steps_per_contender": w.steps * w.reps,
         "s_per_step": per_step,
-        "run_seconds": times,
+        "clock": clock,
+        "run_seconds": wall,
+        "run_cpu_seconds": cpu,
+        "cpu_share": statistics.median(c / t for name in CONTENDERS for c, t in zip(cpu[name], wall[name])),
+        "minor_faults_per_step": {name: statistics.median(f) / w.steps for name, f in minflt.items()},
         "final_loss": losses,
         "target": w.target,
     }
@@ -265,9 +305,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=None, help="override the number of interleaved repetitions")
     parser.add_argument("--steps", type=int, default=None, help="override the optimizer steps per run")
     parser.add_argument("--json", metavar="PATH", default=None, help="also write the results as JSON to PATH")
-    parser.add_argument("--quiet", action="store_true", help="print only the table")
+    parser.add_argument("--no-trim", action="store_true",
+                        help="turn glibc's heap trimming off (mallopt) so page faults do not blur the comparison")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="time runs on the wall clock (default) or by the process's CPU time")
+    parser.add_argument("--quiet", action="store_true", help="print only the table and its notes")
     opts = parser.parse_args(argv)
 
+    trim_off = no_trim() if opts.no_trim else False
+    if opts.no_trim and not trim_off:
+        print("--no-trim: not a glibc system (or mallopt failed); running with the default allocator",
+              file=sys.stderr)
     torch.set_num_threads(1)
     try:
         torch.set_num_interop_threads(1)
@@ -292,17 +340,27 @@ def main(argv: list[str] | None = None) -> int:
 
     log = (lambda s: None) if opts.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
     info = meta(opts.quick)
+    info["no_trim"] = trim_off
+    info["clock"] = opts.clock
     log(f"torch {info['torch']}, lightning_fabric {info['lightning_fabric']}, "
-        f"{info['torch_threads']} thread, {info['processor']}")
+        f"{info['torch_threads']} thread, {info['processor']}; flt = minor page faults per step")
     started = time.perf_counter()
     results = []
     for w in workloads:
         log(f"{w.name}: MLP {'-'.join(map(str, w.dims))}, batch {w.batch}, {w.reps} reps x {w.steps} steps")
-        results.append(measure(w, log))
+        results.append(measure(w, log, opts.clock))
     info["seconds"] = time.perf_counter() - started
 
     print(table(results))
+    for r in results:
+        print(f"{r['workload']}: minor page faults per step: " + ", ".join(
+            f"{name} {n:.0f}" for name, n in r["minor_faults_per_step"].items())
+            + f"; CPU time / wall time: {r['cpu_share']:.0%}")
+        if r["cpu_share"] < 0.95 and opts.clock == "wall":
+            print(f"  warning: {r['workload']} got {r['cpu_share']:.1%} of a core (the machine is busy); "
+                  "its wall-clock numbers are unreliable: run again when it is idle, or with --clock cpu")
     print(f"(median over interleaved repetitions; ratio < 1 means faster than the raw loop; "
+          f"{opts.clock} clock; glibc heap trimming {'off' if info['no_trim'] else 'on'}; "
           f"{info['seconds']:.0f} s in all)")
     if opts.json:
         directory = os.path.dirname(os.path.abspath(opts.json))

@@ -22,7 +22,6 @@ import json
 import os
 import logging
 import sys
-import tempfile
 from typing import Any, Callable, Sequence
 
 import torch
@@ -37,7 +36,9 @@ from fitkit.callbacks.history import History
 from fitkit.engine import checkpoint as ckpt
 from fitkit.engine.data import BlockSampler, DataSource, TensorSource, adapt, evaluation_shard, split_validation
 from fitkit.engine.loop import Loop, Parts
+from fitkit.io import atomic_torch_save
 from fitkit.summary import summarize
+from fitkit.tensors import to_cpu
 
 logger = logging.getLogger("fitkit")
 
@@ -492,19 +493,7 @@ class Model:
         payload = {"format": "fitkit-model", "version": 1,
                    "state_dict": {k: v.detach().cpu() for k, v in self.module.state_dict().items()},
                    "config": config}
-        directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix="tmp-", suffix=".fitkit-partial", dir=directory)
-        os.close(fd)
-        try:
-            torch.save(payload, tmp)
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; a saved model is not
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        atomic_torch_save(payload, path)
 
     @classmethod
     def load(cls, path: str, module_or_model_init: torch.nn.Module | Callable) -> "Model":
@@ -545,20 +534,10 @@ def _run_in_child(fabric, model: Model, key: tuple, method: str, call: dict) -> 
     weights = {k: v.detach().cpu() for k, v in model.module.state_dict().items()}
     # Tensors go back as bytes: shared-memory handles die with the child process.
     buffer = io.BytesIO()
-    torch.save({"weights": weights, "value": _to_cpu_tree(value)}, buffer)
+    torch.save({"weights": weights, "value": to_cpu(value)}, buffer)
     history = model.history
     return {"tensors": buffer.getvalue(), "state": dataclasses.asdict(model.state),
             "history": None if history is None else (history.history, history.epoch, history.params)}
-
-
-def _to_cpu_tree(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
-    if isinstance(value, dict):
-        return {k: _to_cpu_tree(v) for k, v in value.items()}
-    if isinstance(value, (tuple, list)):
-        return type(value)(_to_cpu_tree(v) for v in value)
-    return value
 
 
 def _backup_to_resume(callbacks: Sequence, args: TrainingArguments) -> str | None:

@@ -11,6 +11,14 @@ def mlp(d_in=8, d_out=3, hidden=16, seed=0):
     return torch.nn.Sequential(torch.nn.Linear(d_in, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, d_out))
 
 
+def blobs(n=32, seed=0):
+    """`n` samples of a separable 3-class problem with 8 features."""
+    g = torch.Generator().manual_seed(seed)
+    centers = torch.randn(3, 8, generator=g) * 3
+    y = torch.arange(n) % 3
+    return centers[y] + torch.randn(n, 8, generator=g), y
+
+
 class Recorder(TrainerCallback):
     """Records every documented event it receives, with the global step."""
 

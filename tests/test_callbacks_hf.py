@@ -4,21 +4,10 @@ import warnings
 
 import pytest
 import torch
+from helpers import blobs as data, mlp
 
 from fitkit import Model, TrainerCallback
 from fitkit.callbacks import EarlyStoppingCallback, ProgressBar, ProgressCallback
-
-
-def data(n=32, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    centers = torch.randn(3, 8, generator=g) * 3
-    y = torch.arange(n) % 3
-    return centers[y] + torch.randn(n, 8, generator=g), y
-
-
-def mlp(seed=0):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
 
 
 def fit(callbacks, epochs=10, lr=0.0, **options):

@@ -4,16 +4,10 @@ import json
 
 import pytest
 import torch
+from helpers import blobs as data, mlp
 
 from fitkit import Model, TrainerCallback
 from fitkit.callbacks import LambdaCallback, LearningRateScheduler, ReduceLROnPlateau
-
-
-def data(n=32, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    centers = torch.randn(3, 8, generator=g) * 3
-    y = torch.arange(n) % 3
-    return centers[y] + torch.randn(n, 8, generator=g), y
 
 
 class Flat(torch.nn.Module):
@@ -28,11 +22,6 @@ class Flat(torch.nn.Module):
 
     def forward(self, x):
         return self.fixed(x) + 0.0 * self.unused
-
-
-def mlp(seed=0):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
 
 
 def fit(callbacks, module=None, epochs=6, lr=0.1, validation=True, **compile_options):

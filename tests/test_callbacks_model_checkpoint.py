@@ -5,21 +5,10 @@ import warnings
 
 import pytest
 import torch
+from helpers import blobs as data, mlp
 
 from fitkit import Model, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from fitkit.callbacks import ModelCheckpoint
-
-
-def data(n=32, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    centers = torch.randn(3, 8, generator=g) * 3
-    y = torch.arange(n) % 3
-    return centers[y] + torch.randn(n, 8, generator=g), y
-
-
-def mlp(seed=0):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
 
 
 def fit(callbacks, epochs=3, validation=True, model=None, **options):

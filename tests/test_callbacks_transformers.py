@@ -3,6 +3,7 @@ runs unchanged in fitkit."""
 
 import pytest
 import torch
+from helpers import blobs, mlp
 
 from fitkit import Model, TrainerCallback
 from fitkit.callbacks import CallbackHandler
@@ -11,15 +12,7 @@ transformers = pytest.importorskip("transformers")
 
 
 def data(n=64, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    centers = torch.randn(3, 8, generator=g) * 3
-    y = torch.arange(n) % 3
-    return centers[y] + torch.randn(n, 8, generator=g), y
-
-
-def mlp(seed=0):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    return blobs(n, seed)
 
 
 class HFStopper(transformers.TrainerCallback):

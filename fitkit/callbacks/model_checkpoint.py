@@ -9,38 +9,8 @@ from typing import Any
 
 from fitkit.callbacks._monitor import EpochRecords, as_number, direction_from_name, epoch_index, improves, resolve_mode
 from fitkit.callbacks.base import TrainerCallback
-
-
-def _to_cpu(obj: Any) -> Any:
-    if hasattr(obj, "detach") and hasattr(obj, "cpu"):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_to_cpu(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_to_cpu(v) for v in obj)
-    return obj
-
-
-def atomic_torch_save(obj: Any, path: str) -> None:
-    """`torch.save` to a temporary file in the same folder, then rename it over `path`."""
-    import torch
-
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    # torch's archive writer rejects names like ".tmp-abc" (a dot name without extension)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    os.close(fd)
-    try:
-        torch.save(obj, tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; give it the usual mode
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+from fitkit.io import atomic_torch_save
+from fitkit.tensors import to_cpu
 
 
 class ModelCheckpoint(TrainerCallback):
@@ -212,7 +182,7 @@ class ModelCheckpoint(TrainerCallback):
         optimizer = kwargs.get("optimizer")
         return {
             "state_dict": weights,
-            "optimizer": _to_cpu(optimizer.state_dict()) if optimizer is not None else None,
+            "optimizer": to_cpu(optimizer.state_dict()) if optimizer is not None else None,
             "epoch": epoch,
             "global_step": state.global_step,
         }

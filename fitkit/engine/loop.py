@@ -22,6 +22,7 @@ from fitkit.arguments import TrainingArguments
 from fitkit.callbacks.base import CallbackHandler, StopTraining, TrainerControl, TrainerState
 from fitkit.engine.checkpoint import rng_state, set_rng_state
 from fitkit.engine.data import Batch, DataSource
+from fitkit.tensors import map_tensors, tensors_of, to_cpu
 
 logger = logging.getLogger("fitkit")
 
@@ -376,7 +377,7 @@ class Loop:
             with torch.no_grad():
                 for batch in source.batches(0):
                     _, out = self.forward(batch, with_loss=False)
-                    outputs.append(_detach(out))
+                    outputs.append(map_tensors(torch.Tensor.detach, out))
                     p.control = cb.on_prediction_step(p.args, p.state, p.control)
         finally:
             module.train(was_training)
@@ -385,13 +386,12 @@ class Loop:
         out = _concat(outputs) if outputs else None
         if p.fabric.world_size > 1:
             out = _gather_blocks(p.fabric, out)
-        return _to_cpu(out)
+        return to_cpu(out)
 
 
 def _gather_blocks(fabric, out: Any) -> Any:
     """Every rank's contiguous block of outputs, concatenated in rank order (= input order)."""
-    leaves: list[torch.Tensor] = []
-    _leaves(out, leaves)
+    leaves = tensors_of(out)
     rows = leaves[0].shape[0] if leaves else 0
     sizes = fabric.all_gather(torch.tensor([rows], device=fabric.device)).reshape(-1).tolist()
     most = max(sizes)
@@ -402,41 +402,11 @@ def _gather_blocks(fabric, out: Any) -> Any:
         everyone = fabric.all_gather(padded)
         return torch.cat([everyone[r, : sizes[r]] for r in range(len(sizes))])
 
-    return _map_leaves(out, gather)
-
-
-def _leaves(out: Any, found: list) -> None:
-    if isinstance(out, torch.Tensor):
-        found.append(out)
-    elif isinstance(out, dict):
-        for v in out.values():
-            _leaves(v, found)
-    elif isinstance(out, (tuple, list)):
-        for v in out:
-            _leaves(v, found)
-
-
-def _map_leaves(out: Any, fn) -> Any:
-    if isinstance(out, torch.Tensor):
-        return fn(out)
-    if isinstance(out, dict):
-        return {k: _map_leaves(v, fn) for k, v in out.items()}
-    if isinstance(out, (tuple, list)):
-        return type(out)(_map_leaves(v, fn) for v in out)
-    return out
-
-
-def _detach(out: Any) -> Any:
-    if isinstance(out, torch.Tensor):
-        return out.detach()
-    if isinstance(out, dict):
-        return {k: _detach(v) for k, v in out.items()}
-    if isinstance(out, (tuple, list)):
-        return type(out)(_detach(v) for v in out)
-    return out
+    return map_tensors(gather, out)
 
 
 def _concat(outs: list) -> Any:
+    """Per-batch outputs joined along the batch dimension, structure kept."""
     first = outs[0]
     if isinstance(first, torch.Tensor):
         return torch.cat([o if o.dim() else o.reshape(1) for o in outs]) if len(outs) > 1 else first
@@ -445,13 +415,3 @@ def _concat(outs: list) -> Any:
     if isinstance(first, (tuple, list)):
         return type(first)(_concat([o[i] for o in outs]) for i in range(len(first)))
     return outs
-
-
-def _to_cpu(out: Any) -> Any:
-    if isinstance(out, torch.Tensor):
-        return out.cpu()
-    if isinstance(out, dict):
-        return {k: _to_cpu(v) for k, v in out.items()}
-    if isinstance(out, (tuple, list)):
-        return type(out)(_to_cpu(v) for v in out)
-    return out
