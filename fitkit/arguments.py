@@ -83,6 +83,7 @@ class TrainingArguments:
     greater_is_better: bool | None = None
     resume_from_checkpoint: bool | str | None = None
     save_on_sigterm: bool | None = None  # None: on when a save_strategy is set
+    skip_memory_metrics: bool = True  # False: train_mem_* figures in the closing record
     report_to: str | list[str] = "none"
     verbose: int | str = "auto"
     seed: int | None = 42

@@ -37,3 +37,9 @@ class Recorder(TrainerCallback):
     for _name in EVENTS:
         locals()[_name] = _make(_name)
     del _name, _make
+
+
+def training_records(log_history):
+    """The log records of training itself: without the run's closing summary (its runtime and
+    speed differ from run to run)."""
+    return [r for r in log_history if "train_runtime" not in r]

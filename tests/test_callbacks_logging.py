@@ -159,7 +159,8 @@ def test_functions_get_their_events_arguments():
     assert calls["train_begin"] == 1
     assert calls["epoch_end"] == [1.0, 2.0]
     assert [sorted(m) for m in calls["evaluate"]] == [["val_accuracy", "val_loss"]] * 2
-    assert ["loss" in r for r in calls["log"]] == [True, False, True, False]
+    assert ["loss" in r for r in calls["log"]] == [True, False, True, False, False]
+    assert "train_runtime" in calls["log"][-1]  # the run's closing summary
 
 
 def test_returned_control_stops_training():

@@ -5,6 +5,7 @@ import os
 
 import pytest
 import torch
+from helpers import training_records
 from torch.utils.data import Dataset
 
 from fitkit import Model, TrainerCallback
@@ -80,7 +81,7 @@ def test_resumed_run_equals_the_uninterrupted_one(tmp_path, form, save):
     resumed = _fit(tmp_path / "cut", form, seed=99, resume_from_checkpoint=True, **save)  # other init
     assert int(newest.rsplit("-", 1)[1]) < 10
     assert resumed.state.global_step == full.state.global_step == 18
-    assert resumed.state.log_history == full.state.log_history  # every loss, metric and value
+    assert training_records(resumed.state.log_history) == training_records(full.state.log_history)  # every value
     assert resumed.history.history == full.history.history
     for a, b in zip(full.module.parameters(), resumed.module.parameters()):
         assert torch.equal(a, b)

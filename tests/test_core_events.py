@@ -23,7 +23,7 @@ def test_exact_event_sequence_with_gradient_accumulation():
     expected = (
         ["on_init_end", "on_train_begin", "on_epoch_begin"]
         + STEP_WITH_SUBSTEP * 2 + STEP_SINGLE
-        + ["on_epoch_end", "on_log", "on_train_end"]
+        + ["on_epoch_end", "on_log", "on_log", "on_train_end"]
     )
     assert rec.events == expected
     assert model.state.global_step == 3
@@ -47,7 +47,7 @@ def test_evaluation_and_step_logging_sequence():
         ["on_train_begin", "on_epoch_begin"]
         + step + ["on_log"]
         + step + ["on_log"] + evaluation
-        + ["on_epoch_end", "on_log", "on_train_end"]
+        + ["on_epoch_end", "on_log", "on_log", "on_train_end"]
     )
 
 
@@ -78,7 +78,7 @@ def test_epoch_stop_is_reset_at_the_next_epoch(blobs):
     model = Model(mlp()).compile("adam", "cross_entropy")
     model.fit(x, y, epochs=3, batch_size=8, callbacks=[StopEpochs()], verbose=0)
     assert model.state.global_step == 3  # one step per epoch
-    assert [r["epoch"] for r in model.state.log_history] == [round(e + 1 / 30, 4) for e in range(3)]
+    assert [r["epoch"] for r in model.state.log_history][:3] == [round(e + 1 / 30, 4) for e in range(3)]
 
 
 def test_stop_training_exception_is_graceful(blobs, caplog):
@@ -96,7 +96,7 @@ def test_stop_training_exception_is_graceful(blobs, caplog):
     assert model.state.global_step == 3
     assert rec.events[-1] == "on_train_end"
     assert "enough for today" in caplog.text
-    assert model.state.log_history[-1]["stopped"] == "enough for today"
+    assert [r["stopped"] for r in model.state.log_history if "stopped" in r] == ["enough for today"]
 
 
 def test_returned_control_replaces_the_one_in_force(blobs):

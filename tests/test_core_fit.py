@@ -342,3 +342,32 @@ def test_verbose_one_draws_a_rich_bar(blobs, capsys):
     Model(mlp()).compile("adam", "cross_entropy").fit(x, y, epochs=2, verbose=1)
     out = capsys.readouterr().out
     assert "Epoch 2/2" in out and "loss" in out
+
+
+def test_closing_summary_has_speed_and_memory_figures(blobs):
+    x, y = blobs
+    model = Model(mlp()).compile("adam", "cross_entropy")
+    model.fit(x, y, epochs=2, batch_size=16, verbose=0)
+    summary = model.state.log_history[-1]
+    assert summary["train_steps_per_second"] == pytest.approx(30 / summary["train_runtime"], rel=1e-2)
+    assert summary["train_samples_per_second"] == pytest.approx(30 * 16 / summary["train_runtime"], rel=1e-2)
+    epochs = [r["loss"] for r in model.state.log_history if "loss" in r]
+    assert summary["train_loss"] == pytest.approx(sum(epochs) / 2, rel=1e-6)  # equal-sized epochs
+    assert not any(k.startswith("train_mem") for k in summary)
+    assert "train_runtime" not in model.history.history
+
+    class Hungry(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = mlp()
+            self.kept = []
+
+        def forward(self, x):
+            self.kept.append(torch.ones(256, 1024))  # 1 MiB a step, kept: the RSS must grow
+            return self.net(x)
+
+    model = Model(Hungry()).compile("adam", "cross_entropy")
+    model.fit(x, y, epochs=2, batch_size=16, verbose=0, skip_memory_metrics=False)
+    summary = model.state.log_history[-1]
+    assert summary["train_mem_cpu_alloc_delta"] >= 20 * 2**20  # 30 MiB kept
+    assert summary["train_mem_cpu_peaked_delta"] >= 0

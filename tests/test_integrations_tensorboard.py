@@ -76,9 +76,12 @@ def test_hparams_hold_the_arguments_and_final_metrics(tmp_path, blobs):
     assert hp["learning_rate"] == pytest.approx(0.005) and hp["num_train_epochs"] == 2
     assert hp["output_dir"] == str(tmp_path) and hp["report_to"] == "tensorboard"
     assert hp["hub_token"] == MASK
-    assert {m.name.tag for m in experiment.metric_infos} == {"loss", "val_loss", "learning_rate"}
+    assert {m.name.tag for m in experiment.metric_infos} == {
+        "loss", "val_loss", "learning_rate", "train_loss", "train_runtime", "train_samples_per_second",
+        "train_steps_per_second"}
     # the dashboard reads each metric's last value from its scalar series
-    assert _series(acc, "val_loss")[-1][1] == pytest.approx(model.state.log_history[-1]["val_loss"], rel=1e-6)
+    assert _series(acc, "val_loss")[-1][1] == pytest.approx(model.state.log_history[-2]["val_loss"], rel=1e-6)
+    assert _series(acc, "train_loss")[-1][1] == pytest.approx(model.state.log_history[-1]["train_loss"], rel=1e-6)
     raw = b"".join(open(os.path.join(tmp_path, "runs", f), "rb").read() for f in os.listdir(tmp_path / "runs"))
     assert b"hf_TOPSECRET" not in raw
 
@@ -153,7 +156,7 @@ def test_resumed_run_replaces_what_was_logged_after_the_checkpoint(tmp_path, blo
     model = Model(mlp()).compile("adam", "cross_entropy")
     model.fit(x, y, epochs=2, resume_from_checkpoint=str(tmp_path / "checkpoint-3"), **options)
     history = model.state.log_history
-    assert [r["step"] for r in history] == [3, 3, 6, 6]
+    assert [r["step"] for r in history] == [3, 3, 6, 6, 6]  # ..., the closing summary
     acc = _events(tmp_path / "runs")
     for tag in ("loss", "val_loss"):  # step 6 once: the first run's step-6 values were purged
         got, want = _series(acc, tag), _logged(history, tag)
@@ -161,5 +164,5 @@ def test_resumed_run_replaces_what_was_logged_after_the_checkpoint(tmp_path, blo
         assert [v for _, v in got] == pytest.approx([v for _, v in want], rel=1e-6)
     with open(tmp_path / "logs.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert [int(r["step"]) for r in rows] == [3, 3, 6, 6]  # restored history, then the resumed records
-    assert float(rows[-1]["val_loss"]) == history[-1]["val_loss"]
+    assert [int(r["step"]) for r in rows] == [3, 3, 6, 6, 6]  # restored history, the resumed records, summary
+    assert float(rows[-2]["val_loss"]) == history[-2]["val_loss"]

@@ -41,6 +41,8 @@ class History(TrainerCallback):
             self._rebuild()
 
     def _add(self, epoch: float | None, logs: dict) -> None:
+        if "train_runtime" in logs:  # the run's closing summary, not an epoch's values
+            return
         row = self._rows.setdefault(max(math.ceil(epoch or 0.0) - 1, 0), {})
         for key, value in logs.items():
             if key not in self._SKIP and isinstance(value, (int, float)) and not isinstance(value, bool):

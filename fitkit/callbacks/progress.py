@@ -104,7 +104,7 @@ class ProgressBar(TrainerCallback):
             self._progress.update(self._task, completed=self._steps)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not self._active or not logs:
+        if not self._active or not logs or "train_runtime" in logs:  # the run's summary is not an epoch's
             return
         self._epoch_logs.update(logs)
         if self._progress is not None and self._task is not None:

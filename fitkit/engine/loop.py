@@ -22,6 +22,7 @@ from fitkit.arguments import TrainingArguments
 from fitkit.callbacks.base import CallbackHandler, StopTraining, TrainerControl, TrainerState
 from fitkit.engine.checkpoint import rng_state, set_rng_state
 from fitkit.engine.data import Batch, DataSource
+from fitkit.engine.run_metrics import RunMetrics
 from fitkit.tensors import map_tensors, tensors_of, to_cpu
 
 logger = logging.getLogger("fitkit")
@@ -87,6 +88,8 @@ class Loop:
         self.preempted = False  # acted on: checkpoint and stop at the end of this step
         self._sigterm = False  # seen by this process (several processes must agree first)
         self._agree_every = 0
+        self._epoch_end_totals: tuple[float, int] | None = None
+        self._run_loss, self._run_count = 0.0, 0  # over the whole run, for `train_loss`
         #: Writes a checkpoint when `control.should_save`; loads the best one at the end (set by the facade).
         self.save_fn: Callable[[], None] | None = None
         self.load_best_fn: Callable[[str], None] | None = None
@@ -136,6 +139,8 @@ class Loop:
         # Processes may see SIGTERM at different steps: every few steps (the same ones on every
         # process) they compare notes and stop together once any has seen it.
         self._agree_every = PREEMPTION_CHECK_STEPS if sigterm and p.fabric.world_size > 1 else 0
+        first_step = state.global_step
+        figures = RunMetrics(p.fabric.device, memory=not args.skip_memory_metrics)
         try:
             with self._catch_sigterm(sigterm):
                 for epoch in range(start_epoch, state.num_train_epochs):
@@ -150,6 +155,12 @@ class Loop:
             state.log_history.append({"stopped": reason, "epoch": state.epoch, "step": state.global_step})
         if args.load_best_model_at_end and state.best_model_checkpoint and self.load_best_fn is not None:
             self.load_best_fn(state.best_model_checkpoint)
+        steps = state.global_step - first_step
+        samples = steps * args.batch_size * args.gradient_accumulation_steps * p.fabric.world_size
+        summary = figures.finish(samples, steps)
+        if self._run_count:
+            summary["train_loss"] = self._run_loss / self._run_count
+        self.log(summary)  # HF's closing record, before on_train_end
         p.control = cb.on_train_end(args, state, p.control, preempted=self.preempted)
 
     @contextlib.contextmanager
@@ -263,7 +274,11 @@ class Loop:
             state.epoch = float(epoch + 1)
         p.control = cb.on_epoch_end(args, state, p.control)
         self.position = (epoch + 1, 0)
+        self._epoch_end_totals = self._epoch_totals()  # the epoch's one host read
+        self._run_loss += self._epoch_end_totals[0]
+        self._run_count += self._epoch_end_totals[1]
         self._log_evaluate_save(epoch_end=True)
+        self._epoch_end_totals = None
 
     def snapshot(self) -> dict:
         """Where the loop is, for a checkpoint: data position and the epoch's running sums."""
@@ -297,7 +312,7 @@ class Loop:
         args, state, cb = p.args, p.state, p.handler
         if p.control.should_log:
             logs: dict[str, float] = {}
-            total, count = self._epoch_totals()  # the one host read per logging step
+            total, count = self._epoch_end_totals or self._epoch_totals()  # one host read per logging step
             if epoch_end and count:
                 logs["loss"] = total / count
                 logs.update(self.train_metrics.compute())

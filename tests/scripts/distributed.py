@@ -69,7 +69,7 @@ def train(opts):
     result = {
         "rank": fabric.global_rank, "world": fabric.world_size, "zero": model.state.is_world_process_zero,
         "local_zero": model.state.is_local_process_zero, "history": history.history,
-        "log_history": model.state.log_history, "step": model.state.global_step,
+        "log_history": [r for r in model.state.log_history if "train_runtime" not in r], "step": model.state.global_step,
         "evaluate": model.evaluate(x, y, batch_size=16), "predict": model.predict(x, batch_size=16).tolist(),
         "weights": full_weights(model), "shards": shards,
     }

@@ -45,7 +45,7 @@ def main():
               resume_from_checkpoint=opts.resume, callbacks=[Report(opts.sleep)])
     weights = [p.detach().flatten().tolist() for p in net.parameters()]
     print("RESULT " + json.dumps({"global_step": model.state.global_step,
-                                   "log_history": model.state.log_history, "weights": weights}), flush=True)
+                                   "log_history": [r for r in model.state.log_history if "train_runtime" not in r], "weights": weights}), flush=True)
 
 
 if __name__ == "__main__":
