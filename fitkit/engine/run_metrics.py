@@ -30,14 +30,14 @@ class _PeakSampler(threading.Thread):
     def __init__(self, interval: float = 0.005):
         super().__init__(daemon=True)
         self.interval, self.peak = interval, _rss()
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def run(self) -> None:
-        while not self._stop.wait(self.interval):
+        while not self._halt.wait(self.interval):
             self.peak = max(self.peak, _rss())
 
     def stop(self) -> int:
-        self._stop.set()
+        self._halt.set()
         self.join()
         return max(self.peak, _rss())
 
