@@ -258,7 +258,7 @@ class Model:
 
         state = self._new_state(args, train, fabric)
         history = History()
-        handler = self._handler(callbacks, history, *self._display(args), *self._reporters(args))
+        handler = self._handler(callbacks, history, *self._display(args), *self._reporters(args, callbacks))
         scheduler = build_scheduler(args.lr_scheduler, optimizer, state.max_steps or 1,
                                     args.warmup_steps or int(args.warmup_ratio * state.max_steps))
         handler.model, handler.optimizer, handler.lr_scheduler = self.module, optimizer, scheduler
@@ -346,13 +346,15 @@ class Model:
             return []
         return [ProgressBar(bar=verbose == 1)]
 
-    def _reporters(self, args: TrainingArguments) -> list[TrainerCallback]:
-        """The tracking callbacks `report_to` names (each integration imported only when named)."""
+    def _reporters(self, args: TrainingArguments, extra: Sequence | None = None) -> list[TrainerCallback]:
+        """The tracking callbacks `report_to` names (each integration imported only when named),
+        except those already given as callbacks."""
         if args.report_to in (None, "none", [], ["none"]):
             return []
         from fitkit.integrations import callbacks_for
 
-        present = {type(cb) for cb in self.callback_handler.callbacks}
+        given = [*self.callback_handler.callbacks, *(extra or ())]
+        present = {cb if isinstance(cb, type) else type(cb) for cb in given}
         return [cb for cb in callbacks_for(args.report_to) if type(cb) not in present]
 
     def _save_checkpoint(self, loop: Loop, directory: str | None = None, limit: int | None = None) -> str:

@@ -280,3 +280,14 @@ def test_torch_scalars_count_as_numbers(tmp_path):
     assert as_number(torch.tensor(2.5)) == 2.5 and as_number(torch.tensor([3])) == 3
     assert as_number(True) == 1 and as_number("1.0") is None and as_number(torch.ones(2)) is None
     assert as_number(None) is None
+
+
+def test_report_to_does_not_add_a_tracker_given_as_a_callback(tmp_path, blobs):
+    from fitkit import Model
+    from fitkit.integrations import CSVStepLogger
+
+    x, y = blobs
+    mine = CSVStepLogger(str(tmp_path / "mine.csv"))
+    model = Model(mlp()).compile("adam", "cross_entropy")
+    model.fit(x, y, verbose=0, output_dir=str(tmp_path), report_to="csv", callbacks=[mine])
+    assert (tmp_path / "mine.csv").exists() and not (tmp_path / "logs.csv").exists()
