@@ -13,6 +13,8 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 from fitkit import BestRun, Model, TrainerCallback  # noqa: E402
 
+FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+
 
 def _data():
     g = torch.Generator().manual_seed(0)
@@ -125,11 +127,10 @@ def test_an_interrupted_search_continues_with_load_if_exists(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         model.hyperparameter_search(x, y, callbacks=[Crash()], **options)
     study = optuna.load_study(study_name="resume", storage=storage)
-    assert len([t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]) == 2
+    assert len([t for t in study.trials if t.state in FINISHED]) == 2
     model.hyperparameter_search(x, y, **options)
     study = optuna.load_study(study_name="resume", storage=storage)
-    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
-    assert len(complete) == 5  # two before the crash, three after
+    assert len([t for t in study.trials if t.state in FINISHED]) == 5  # two before the crash, three after
 
 
 def test_memory_does_not_grow_with_trials():
@@ -199,5 +200,5 @@ def test_two_processes_share_one_storage(tmp_path):
     assert all(ran), ran  # both did some of the work
     assert not set(ran[0]) & set(ran[1])  # and never the same trial
     study = optuna.load_study(study_name="shared", storage=url)
-    finished = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    finished = [t for t in study.trials if t.state in FINISHED]  # the default MedianPruner may prune some
     assert 6 <= len(finished) <= 7  # each process stops once 6 are done; one may be in flight
