@@ -196,27 +196,8 @@ class Loop:
         self.epoch_loss = torch.zeros((), device=fabric.device, dtype=torch.float32)
         self.epoch_count = 0
         self._logged_loss, self._logged_count = 0.0, 0
-        start = 0
-        if resume and resume["batch"]:
-            start = resume["batch"]
-            self._logged_count, self._logged_loss = resume["logged_count"], resume["logged_loss"]
-            by_rank = resume.get("by_rank")
-            if by_rank and len(by_rank) == fabric.world_size:  # each process continues its own sums
-                self.epoch_loss.fill_(by_rank[fabric.global_rank][0])
-                self.epoch_count = int(by_rank[fabric.global_rank][1])
-            elif fabric.global_rank == 0:  # another world size: count the global sums once
-                self.epoch_loss.fill_(resume["epoch_loss"])
-                self.epoch_count = resume["epoch_count"]
-            if fabric.global_rank == 0:  # metric states were synced over all processes when saved
-                self.train_metrics.load_state(resume.get("metrics"))
-        replay = resume.get("epoch_rng") if resume else None
-        if resume:
-            set_rng_state(replay or resume["rng"])
-        if train.replays_rng:
-            self._epoch_rng = replay or rng_state()
-        batches = train.batches(epoch, start)
-        if replay:  # the epoch's order was drawn as in the first run; now continue its RNG
-            set_rng_state(resume["rng"])
+        start = self._restore_epoch(resume) if resume else 0
+        batches = self._epoch_batches(train, epoch, start, resume)
         metrics = self.train_metrics if self.train_metrics else None
         clip = args.max_grad_norm
         scheduler = p.lr_scheduler
@@ -279,6 +260,35 @@ class Loop:
         self._run_count += self._epoch_end_totals[1]
         self._log_evaluate_save(epoch_end=True)
         self._epoch_end_totals = None
+
+    def _restore_epoch(self, resume: dict) -> int:
+        """Put back the resumed epoch's running sums; return the micro-batches it had consumed."""
+        fabric, start = self.p.fabric, resume["batch"]
+        if not start:
+            return 0
+        self._logged_count, self._logged_loss = resume["logged_count"], resume["logged_loss"]
+        by_rank = resume.get("by_rank")
+        if by_rank and len(by_rank) == fabric.world_size:  # each process continues its own sums
+            self.epoch_loss.fill_(by_rank[fabric.global_rank][0])
+            self.epoch_count = int(by_rank[fabric.global_rank][1])
+        elif fabric.global_rank == 0:  # another world size: count the global sums once
+            self.epoch_loss.fill_(resume["epoch_loss"])
+            self.epoch_count = resume["epoch_count"]
+        if fabric.global_rank == 0:  # metric states were synced over all processes when saved
+            self.train_metrics.load_state(resume.get("metrics"))
+        return start
+
+    def _epoch_batches(self, train: DataSource, epoch: int, start: int, resume: dict | None):
+        """The epoch's batches from `start`, with the RNG where the first run had it."""
+        replay = resume.get("epoch_rng") if resume else None
+        if resume:
+            set_rng_state(replay or resume["rng"])
+        if train.replays_rng:
+            self._epoch_rng = replay or rng_state()
+        batches = train.batches(epoch, start)
+        if replay:  # the epoch's order was drawn as in the first run; now continue its RNG
+            set_rng_state(resume["rng"])
+        return batches
 
     def snapshot(self) -> dict:
         """Where the loop is, for a checkpoint: data position and the epoch's running sums."""
