@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 import warnings
 from typing import Any
 
@@ -72,8 +73,25 @@ def build_fabric(args: TrainingArguments):
     if not _launched_by_cli() and not is_spawning(args):
         fabric.launch()
         if fabric.world_size > 1:
+            _watch_for_crash()
             atexit.register(_teardown)
     return fabric
+
+
+_crashed = False
+
+
+def _watch_for_crash() -> None:
+    """Note an uncaught exception, so the exit teardown does not wait at a barrier for processes
+    that are still training (the launcher stops them)."""
+    previous = sys.excepthook
+
+    def hook(kind, value, traceback):
+        global _crashed
+        _crashed = True
+        previous(kind, value, traceback)
+
+    sys.excepthook = hook
 
 
 def is_spawning(args: TrainingArguments) -> bool:
@@ -87,6 +105,8 @@ def _teardown() -> None:
 
     if not (dist.is_available() and dist.is_initialized()):
         return
+    if _crashed:
+        return  # the others may be mid-collective: a barrier would hang; the launcher cleans up
     try:
         # A plain barrier: in 20-run trials a monitored barrier still let gloo abort now and then.
         # (A sibling that crashed takes the others down through its launcher, so this cannot hang.)
