@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -26,6 +27,7 @@ PRECISIONS = (
     "64-true", "64", "transformer-engine",
 )
 VERBOSITY = (0, 1, 2, "auto")
+LOG_LEVELS = ("passive", "debug", "info", "warning", "error", "critical")
 
 #: Aliases a Keras or HF user may reach for, mapped to the argument name used here.
 ALIASES = {
@@ -84,6 +86,9 @@ class TrainingArguments:
     resume_from_checkpoint: bool | str | None = None
     save_on_sigterm: bool | None = None  # None: on when a save_strategy is set
     skip_memory_metrics: bool = True  # False: train_mem_* figures in the closing record
+    log_level: str = "passive"  # the "fitkit" logger's level on the main process ("passive": leave it)
+    log_level_replica: str = "warning"  # ... on the other processes
+    log_on_each_node: bool = True  # False: only the main node's main process uses `log_level`
     report_to: str | list[str] = "none"
     verbose: int | str = "auto"
     seed: int | None = 42
@@ -141,6 +146,8 @@ class TrainingArguments:
         need(self.precision is None or str(self.precision) in PRECISIONS, "precision",
              f"use one of {list(PRECISIONS)}")
         need(self.seed is None or isinstance(self.seed, int), "seed", "pass an integer or None")
+        need(self.log_level in LOG_LEVELS, "log_level", f"use one of {list(LOG_LEVELS)}")
+        need(self.log_level_replica in LOG_LEVELS, "log_level_replica", f"use one of {list(LOG_LEVELS)}")
 
     # -- derived values -----------------------------------------------------------------
     @property
@@ -174,6 +181,14 @@ class TrainingArguments:
     @property
     def process_index(self) -> int:
         return 0
+
+    def get_process_log_level(self, global_rank: int = 0, local_rank: int = 0) -> int | None:
+        """The level for the "fitkit" logger in this process (HF): `log_level` on the main
+        process (each node's, unless `log_on_each_node=False`), `log_level_replica` elsewhere;
+        None for "passive" (leave the level as the application set it)."""
+        main = (local_rank if self.log_on_each_node else global_rank) == 0
+        name = self.log_level if main else self.log_level_replica
+        return None if name == "passive" else getattr(logging, name.upper())
 
     # -- construction and serialisation ----------------------------------------------------
     @classmethod

@@ -4,6 +4,7 @@ import pytest
 import torch
 from helpers import mlp
 
+import fitkit
 from fitkit import Model, TrainingArguments
 
 
@@ -131,3 +132,34 @@ def test_bad_files_for_load(tmp_path):
     torch.save({"weights": torch.zeros(1)}, other)
     with pytest.raises(ValueError, match="is not a fitkit model file"):
         Model.load(str(other), mlp())
+
+
+def test_log_levels_follow_hf():
+    import logging
+
+    args = TrainingArguments(log_level="error", log_level_replica="critical")
+    assert args.get_process_log_level(0, 0) == logging.ERROR
+    assert args.get_process_log_level(1, 1) == logging.CRITICAL
+    assert args.get_process_log_level(2, 0) == logging.ERROR  # each node's main process
+    assert TrainingArguments(log_on_each_node=False, log_level="info").get_process_log_level(2, 0) == logging.WARNING
+    assert TrainingArguments().get_process_log_level(0, 0) is None  # passive
+    with pytest.raises(ValueError, match="`log_level`='loud' is invalid"):
+        TrainingArguments(log_level="loud")
+
+
+def test_log_level_applies_to_the_fitkit_logger(data, caplog):
+    import logging
+
+    class Quit(fitkit.TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            raise fitkit.StopTraining("quiet please")
+
+    logger = logging.getLogger("fitkit")
+    before = logger.level
+    try:
+        with caplog.at_level(logging.WARNING):
+            model = Model(mlp()).compile("adam", "cross_entropy")
+            model.fit(*data, verbose=0, log_level="error", callbacks=[Quit()])
+        assert logger.level == logging.ERROR and "quiet please" not in caplog.text
+    finally:
+        logger.setLevel(before)

@@ -131,6 +131,9 @@ class Loop:
         n_batches = len(train) if train.has_len() else None
         self.val = val
         start_epoch = resume["epoch"] if resume else 0
+        level = args.get_process_log_level(p.fabric.global_rank, p.fabric.local_rank)
+        if level is not None:
+            logger.setLevel(level)
         p.module.train()
         p.control = cb.on_train_begin(args, state, p.control)
         if resume:  # after on_train_begin, which resets Keras-style callbacks
