@@ -179,3 +179,25 @@ def test_twenty_consecutive_runs_end_cleanly(tmp_path):
         assert proc.returncode == 0, f"run {i}: {proc.stdout}{proc.stderr}"
         assert sorted(l for l in proc.stdout.splitlines() if l.startswith("DONE")) == ["DONE 0", "DONE 1"], proc.stdout
         assert "Abort" not in proc.stderr and "terminate called" not in proc.stderr
+
+
+def test_ddp_spawn_brings_the_trained_weights_back(tmp_path):
+    out = tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, os.path.join(os.path.dirname(SCRIPT), "spawned.py"), str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    assert result["changed"] and result["global_step"] == 3 * 2  # 100 samples / (2 x 32) per step
+    assert len(result["history"]["accuracy"]) == 3
+    assert result["evaluate"]["accuracy"] == pytest.approx(result["local_accuracy"], abs=1e-6)
+    torch.testing.assert_close(torch.tensor(result["predict"]), torch.tensor(result["local"]), rtol=1e-5, atol=1e-5)
+
+
+def test_trackers_write_only_from_the_world_zero_process(tmp_path):
+    _, results = _run("--strategy", "ddp", "--output", str(tmp_path), "--save-steps", "1000", "--report-to", "csv")
+    import csv
+
+    with open(tmp_path / "logs.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    records = results[0]["log_history"]  # every record but the closing summary
+    assert [int(r["step"]) for r in rows] == [r["step"] for r in records] + [records[-1]["step"]]  # each once

@@ -61,6 +61,8 @@ def train(opts):
                        resume_from_checkpoint=opts.resume)
     if opts.max_steps:
         options["max_steps"] = opts.max_steps
+    if opts.report_to:
+        options["report_to"] = opts.report_to
     history = model.fit(x, y, epochs=3, batch_size=16, validation_split=0.2, verbose=2, seed=1,
                         logging_strategy="steps", logging_steps=2, callbacks=[Prints(opts.sleep)], **options)
     fabric = model._fabric
@@ -119,6 +121,7 @@ if __name__ == "__main__":
     parser.add_argument("--max-steps", type=int, default=None)
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--full-checkpoint", action="store_true")
+    parser.add_argument("--report-to", default=None)
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds to sleep after each step")
     parser.add_argument("--results", required=True, help="directory for each process's rank-N.json")
     opts = parser.parse_args()
