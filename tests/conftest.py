@@ -1,10 +1,15 @@
 import os
+import tempfile
 import warnings
 
 import pytest
 import torch
 
 os.environ.setdefault("PYTHONHASHSEED", "0")
+# comet_ml, once imported, hooks other libraries (mlflow runs become Comet experiments) and
+# writes offline archives into the working directory: keep it quiet and out of the checkout.
+os.environ.setdefault("COMET_DISABLE_AUTO_LOGGING", "1")
+os.environ.setdefault("COMET_OFFLINE_DIRECTORY", tempfile.mkdtemp(prefix="fitkit-comet-"))
 torch.set_num_threads(1)
 
 
