@@ -1,13 +1,15 @@
 """Digits: scikit-learn's bundled 8x8 digit images (1,797 samples, no download).
 
 A small network, `compile("adam", "cross_entropy", ["accuracy"])`, `fit` with a validation
-split, early stopping and a progress bar, then a short Optuna search.
+split, early stopping and a progress bar, the training curves saved as a PNG
+(`fitkit_output/digits_history.png`), then a short Optuna search.
 
     python examples/digits.py            # what `make demo` runs
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -45,7 +47,18 @@ def main() -> float:
     val = model.evaluate(x[int(len(x) * 0.8):], y[int(len(y) * 0.8):])
     print(f"epochs run: {len(history.epoch)}")
     print(f"final validation accuracy: {val['accuracy']:.4f} (loss {val['loss']:.4f})")
+    save_curves(history)
     return val["accuracy"]
+
+
+def save_curves(history, path: str = os.path.join("fitkit_output", "digits_history.png")) -> None:
+    """Loss and accuracy per epoch, training and validation, as a PNG (needs matplotlib)."""
+    try:
+        history.plot(path)
+    except ImportError as error:  # the `plot` extra is optional
+        print(f"training curves not drawn: {error}")
+        return
+    print(f"training curves: {os.path.abspath(path)}")
 
 
 def short_search(n_trials: int = 4) -> None:

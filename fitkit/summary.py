@@ -1,4 +1,8 @@
-"""`Model.summary()`: layers, output shapes (when an example input is known), parameter counts."""
+"""`Model.summary()`: layers, output shapes (when an example input is known), parameter counts.
+
+The table is drawn with rich and returned as plain text (no colour codes); rich is imported
+only when a summary is made.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +12,24 @@ import torch
 
 
 class Summary(str):
-    """The summary text; shown as the table itself when echoed in a REPL or notebook."""
+    """The summary text; shown as the table itself when echoed in a REPL or notebook.
+
+    `rich.print(summary)` (or any rich console) draws the coloured table instead of the text.
+    """
+
+    def __new__(cls, text: str, renderable: Any = None) -> "Summary":
+        self = super().__new__(cls, text)
+        self._renderable = renderable
+        return self
 
     def __repr__(self) -> str:
         return str(self)
+
+    def __reduce__(self):  # pickles and copies as the text
+        return (Summary, (str(self),))
+
+    def __rich__(self) -> Any:
+        return self._renderable if self._renderable is not None else str(self)
 
 
 def _shape(out: Any) -> str:
@@ -67,7 +85,7 @@ def summarize(module: torch.nn.Module, example: Any = None) -> Summary:
             for h in hooks:
                 h.remove()
 
-    rows = [("Layer (type)", "Output shape", "Params", "Trainable")]
+    rows = []
     for name, sub in module.named_modules():
         if name == "":
             continue
@@ -75,12 +93,43 @@ def summarize(module: torch.nn.Module, example: Any = None) -> Summary:
         count = sum(p.numel() for p in own)
         trainable = sum(p.numel() for p in own if p.requires_grad)
         depth = name.count(".")
-        rows.append(("  " * depth + f"{name} ({type(sub).__name__})", shapes.get(name, "-"), f"{count:,}", f"{trainable:,}"))
+        layer = "  " * depth + f"{name} ({type(sub).__name__})"
+        rows.append((layer, shapes.get(name, "-"), f"{count:,}", f"{trainable:,}"))
     total = sum(p.numel() for p in module.parameters())
     trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    line = "-" * (sum(widths) + 6)
-    fmt = lambda r: "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
-    body = [f'Model: "{type(module).__name__}"', line, fmt(rows[0]), line, *(fmt(r) for r in rows[1:]), line,
-            f"Total params: {total:,}", f"Trainable params: {trainable:,}", f"Non-trainable params: {total - trainable:,}"]
-    return Summary("\n".join(body))
+    totals = [f"Total params: {total:,}", f"Trainable params: {trainable:,}",
+              f"Non-trainable params: {total - trainable:,}"]
+    title = f'Model: "{type(module).__name__}"'
+    table = _table(title, rows, totals)
+    return Summary(_plain_text(table), renderable=table)
+
+
+def _table(title: str, rows: list[tuple[str, str, str, str]], totals: list[str]) -> Any:
+    """The rich renderable: a title, the layer table, then the totals (rich imported here only)."""
+    from rich import box
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(box=box.HEAVY_HEAD, show_lines=False, header_style="bold", pad_edge=True)
+    table.add_column("Layer (type)", style="cyan", no_wrap=True)
+    table.add_column("Output shape", style="green", no_wrap=True)
+    table.add_column("Params", justify="right", no_wrap=True)
+    table.add_column("Trainable", justify="right", no_wrap=True)
+    for layer, shape, count, trainable in rows:
+        table.add_row(Text(layer), Text(shape), count, trainable)  # Text: no markup in layer names
+    return Group(Text(title, style="bold"), table, *(Text(line) for line in totals))
+
+
+def _plain_text(renderable: Any) -> str:
+    """Render to text with no colour or control codes, as wide as the table needs."""
+    import io
+
+    from rich.console import Console
+
+    console = Console(file=io.StringIO(), width=10_000, color_system=None, force_terminal=False,
+                      force_jupyter=False, force_interactive=False, no_color=True, highlight=False,
+                      emoji=False, markup=False, legacy_windows=False, soft_wrap=False)
+    console.print(renderable)
+    lines = console.file.getvalue().splitlines()
+    return "\n".join(line.rstrip() for line in lines)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Iterable
 from typing import Any
 
 from fitkit.callbacks.base import TrainerCallback
@@ -54,6 +56,25 @@ class History(TrainerCallback):
         for i in self.epoch:
             names.extend(k for k in self._rows[i] if k not in names)
         self.history = {k: [self._rows[i].get(k, math.nan) for i in self.epoch] for k in names}
+
+    def plot(self, path: str | os.PathLike | None = None, metrics: str | Iterable[str] | None = None):
+        """Draw the loss and every metric per epoch; training and `val_` values share a subplot.
+
+        Needs matplotlib (`pip install "fitkit[plot]"`), imported only here. Returns the
+        matplotlib `Figure`; with `path`, also saves it there as a PNG (drawn with the Agg
+        backend, no window opens)::
+
+            history = model.fit(x, y, epochs=10, validation_split=0.2)
+            history.plot("curves.png")                 # loss and accuracy, train and val
+            history.plot(metrics=["accuracy"])         # one subplot
+
+        Args:
+            path: file to write (parent folders are created); `None` draws only.
+            metrics: names to draw (`"loss"`, `"accuracy"`, ...); default: all logged ones.
+        """
+        from fitkit.plotting import plot_history
+
+        return plot_history(self.history, self.epoch, path=path, metrics=metrics)
 
     def __repr__(self) -> str:
         return f"History(epochs={len(self.epoch)}, keys={list(self.history)})"

@@ -1,30 +1,181 @@
-"""`ProgressBar`: a rich progress bar per epoch (verbose=1) or one line per epoch (verbose=2)."""
+"""`ProgressBar`: a rich progress bar per epoch (verbose=1) or one line per epoch (verbose=2).
+
+Per training step the callback adds one to a counter and compares the clock with the next
+refresh time; the display itself is redrawn on that timer, never per step, and it only shows
+values that were already logged (it never reads a tensor).
+"""
 
 from __future__ import annotations
 
+import atexit
+import math
+import sys
 import time
+from typing import Any
 
 from fitkit.callbacks.base import TrainerCallback
 
-_HIDDEN = {"epoch", "step", "total_flos", "learning_rate"}
+#: Logged values the display leaves out: positions and the optimizer's rate.
+_HIDDEN = frozenset({"epoch", "step", "total_flos", "learning_rate"})
+
+
+def _number(value: float) -> str:
+    if value == 0 or not math.isfinite(value) or 1e-3 <= abs(value) < 1e5:
+        return f"{value:.4f}"
+    return f"{value:.4e}"
 
 
 def format_logs(logs: dict) -> str:
-    """Keras' epoch line: `loss: 0.1234 - accuracy: 0.9612 - val_loss: ...`."""
+    """Keras' epoch values: `loss: 0.1234 - accuracy: 0.9612 - val_loss: ...`.
+
+    Numbers only, in the order they were logged; positions (`epoch`, `step`) and the
+    learning rate are left out.
+    """
     parts = []
     for key, value in logs.items():
-        if key in _HIDDEN or not isinstance(value, (int, float)):
+        if key in _HIDDEN or isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
-        parts.append(f"{key}: {value:.4f}")
+        parts.append(f"{key}: {_number(float(value))}")
     return " - ".join(parts)
+
+
+def format_duration(seconds: float) -> str:
+    """`850ms`, `1.2s`, `2m 05s`, `1h 02m`."""
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m {secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m"
+
+
+def format_per_step(seconds: float) -> str:
+    """Time per step the Keras way: `4.1ms/step`, `120ms/step`, `1.5s/step`."""
+    ms = seconds * 1000
+    if ms < 100:
+        return f"{ms:.1f}ms/step"
+    if ms < 1000:
+        return f"{ms:.0f}ms/step"
+    return f"{seconds:.1f}s/step"
+
+
+def epoch_line(epoch: int, epochs: int | None, seconds: float, per_step: float | None, logs: dict) -> str:
+    """`Epoch 3/10 - 1.2s - 4.1ms/step - loss: 0.1234 - accuracy: 0.9612 - val_loss: ...`."""
+    parts = [_epoch_title(epoch, epochs), format_duration(seconds)]
+    if per_step is not None:
+        parts.append(format_per_step(per_step))
+    values = format_logs(logs)
+    if values:
+        parts.append(values)
+    return " - ".join(parts)
+
+
+def _epoch_title(epoch: int, epochs: int | None) -> str:
+    # `max_steps` without a known epoch count leaves `num_train_epochs` at sys.maxsize.
+    if epochs and epochs < 10**9:
+        return f"Epoch {epoch}/{epochs}"
+    return f"Epoch {epoch}"
+
+
+def _live_console() -> Any:
+    """A rich console when stdout can show a live display (a terminal, a notebook), else None.
+
+    A pipe, a file, `TERM=dumb` or `TTY_COMPATIBLE=0` get plain lines instead: no cursor
+    movement and no colour codes in logs.
+    """
+    from rich.console import Console
+
+    console = Console()
+    if console.is_jupyter:
+        return console
+    try:
+        tty = sys.stdout.isatty()
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        tty = False
+    if tty and console.is_terminal and not console.is_dumb_terminal:
+        return console
+    return None
+
+
+#: Live displays started and not yet stopped. A run that raised leaves its display open (no
+#: event follows an exception); the next run, or the interpreter's exit, stops it, which gives
+#: the terminal back its cursor and sys.stdout / sys.stderr back their streams.
+_OPEN_DISPLAYS: list = []
+
+
+def _stop_open_displays() -> None:
+    while _OPEN_DISPLAYS:
+        progress = _OPEN_DISPLAYS.pop()
+        try:
+            progress.stop()
+        except Exception:  # noqa: BLE001 - best effort on a display left by a failed run
+            pass
+
+
+atexit.register(_stop_open_displays)
+
+
+def _new_progress(console: Any) -> Any:
+    """The rich `Progress` the bar draws with (rich is imported only here)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
+    from rich.table import Column
+    from rich.text import Text
+
+    class RateColumn(ProgressColumn):
+        """Steps per second over the task so far (`12.3 steps/s`, or `2.1s/step` when slow)."""
+
+        def render(self, task) -> Text:
+            elapsed = task.elapsed
+            done = task.completed - task.fields.get("resumed_at", 0)  # a resumed epoch starts part-way
+            if not elapsed or done <= 0:
+                return Text("- steps/s", style="progress.data.speed")
+            rate = done / elapsed
+            text = f"{rate:.1f} steps/s" if rate >= 1 else f"{1 / rate:.1f}s/step"
+            return Text(text, style="progress.data.speed")
+
+    class EtaColumn(TimeRemainingColumn):
+        """`ETA 0:00:03`; nothing for a bar whose total is unknown."""
+
+        def render(self, task) -> Text:
+            if task.total is None:
+                return Text("")
+            remaining = super().render(task)
+            return Text.assemble("ETA ", remaining)
+
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(bar_width=30),
+        MofNCompleteColumn(),
+        RateColumn(),
+        EtaColumn(),
+        TextColumn("{task.fields[values]}", table_column=Column(no_wrap=True, overflow="ellipsis")),
+        console=console,
+        auto_refresh=False,  # redrawn from the callback's own timer, never from a thread
+        transient=True,  # the bars go; each epoch leaves its summary line
+    )
 
 
 class ProgressBar(TrainerCallback):
     """Shows training progress on the world-zero process.
 
-    `bar=True` draws a rich bar per epoch (steps, rate, ETA, the latest logged loss and
-    metrics), refreshed on a timer rather than per step; `bar=False` prints one Keras-style
-    line per epoch. `fit(verbose=1)` and `fit(verbose=2)` add one for you.
+    With `bar=True` (`fit(verbose=1)`), in a terminal or a notebook, each epoch draws a rich
+    bar with the step count, the rate (steps/s), the ETA and the latest logged loss and
+    metrics; validation during `fit` shows a transient bar of its own; each epoch ends with a
+    Keras-style line::
+
+        Epoch 3/10 - 1.2s - 4.1ms/step - loss: 0.1234 - accuracy: 0.9612 - val_loss: 0.1502 - val_accuracy: 0.9555
+
+    When stdout is not a terminal (a pipe, a log file), and with `bar=False`
+    (`fit(verbose=2)`), only that line is printed, once per epoch, with no control
+    characters.
+
+    The bar is redrawn at most every `refresh_seconds`; a training step costs a counter
+    increment and a clock read. Values come from `on_log` records only: the live loss appears
+    as often as `logging_steps` logs it (with the default `logging_strategy="epoch"`, at the
+    epoch's end).
 
     Example::
 
@@ -36,84 +187,182 @@ class ProgressBar(TrainerCallback):
     def __init__(self, bar: bool = True, refresh_seconds: float = 0.1):
         self.bar = bar
         self.refresh_seconds = refresh_seconds
-        self._progress = None
-        self._task = None
-        self._epoch_logs: dict = {}
-        self._epoch_index = 0
-        self._steps = 0
+        self._progress: Any = None
         self._active = False
+        self._reset_epoch()
+        self._epochs: int | None = None
+        self._steps_per_epoch: int | None = None
 
-    # -- helpers ---------------------------------------------------------------------------
-    def _steps_per_epoch(self, state) -> int | None:
-        if state.max_steps and state.num_train_epochs:
-            return max(1, -(-state.max_steps // state.num_train_epochs))
-        return None
+    def _reset_epoch(self) -> None:
+        self._epoch_index = 0  # 1-based; 0: no epoch on display
+        self._epoch_logs: dict = {}
+        self._steps = self._steps_before = 0
+        self._epoch_started = self._train_ended = 0.0
+        self._ending = False  # on_epoch_end has fired: the next closing record ends the line
+        self._task = self._val_task = None
+        self._total: int | None = None  # the epoch's steps, when known up front
+        self._val_steps = 0
+        self._next_refresh = 0.0
+
+    # -- display ---------------------------------------------------------------------------
+    def _start_display(self) -> None:
+        self._progress = None
+        _stop_open_displays()  # a run that died with an exception may have left one behind
+        console = _live_console() if self.bar else None
+        if console is not None:
+            self._progress = _new_progress(console)
+            _OPEN_DISPLAYS.append(self._progress)
+            self._progress.start()
+
+    def _stop_display(self) -> None:
+        progress, self._progress = self._progress, None
+        if progress is not None:
+            if progress in _OPEN_DISPLAYS:
+                _OPEN_DISPLAYS.remove(progress)
+            progress.stop()
+
+    def _refresh(self, now: float) -> None:
+        self._next_refresh = now + self.refresh_seconds
+        progress = self._progress
+        if self._task is not None:
+            progress.update(self._task, completed=self._steps)
+        if self._val_task is not None:
+            progress.update(self._val_task, completed=self._val_steps)
+        progress.refresh()
+
+    def _print(self, line: str) -> None:
+        if self._progress is not None:  # above the live bars
+            self._progress.console.print(line, markup=False, highlight=False, emoji=False, soft_wrap=True)
+        else:
+            print(line, flush=True)
+
+    def _epoch_total(self, state, epoch: int) -> int | None:
+        """Optimizer steps in this epoch, when they can be known."""
+        per_epoch = self._steps_per_epoch
+        if per_epoch is None:
+            return None
+        if state.max_steps:
+            left = state.max_steps - epoch * per_epoch
+            return max(1, min(per_epoch, left))
+        return per_epoch
 
     def _finish_epoch(self) -> None:
-        if self._epoch_index == 0:
+        """Print the epoch's line (and drop its bars)."""
+        if not self._epoch_index:
             return
-        elapsed = time.monotonic() - self._epoch_started
-        text = format_logs(self._epoch_logs)
-        head = f"Epoch {self._epoch_index}/{self._epochs}"
-        if self.bar and self._progress is not None:
-            self._progress.update(self._task, completed=self._steps, description=head, metrics=text)
-        else:
-            took = f"{elapsed:.1f}s" if elapsed >= 1 else f"{elapsed * 1000:.0f}ms"
-            per_step = f"{elapsed * 1000 / self._steps:.1f}ms/step" if self._steps else ""
-            line = " - ".join(p for p in (head, took, per_step) if p)
-            print(f"{line} - {text}" if text else line, flush=True)
-        self._epoch_index = 0
+        now = time.monotonic()
+        train_seconds = (self._train_ended or now) - self._epoch_started
+        run = self._steps - self._steps_before
+        per_step = train_seconds / run if run > 0 else None
+        line = epoch_line(self._epoch_index, self._epochs, now - self._epoch_started, per_step, self._epoch_logs)
+        if self._progress is not None:  # drop the bars first, so the line is not followed by a stale frame
+            for task in (self._val_task, self._task):
+                if task is not None:
+                    self._progress.remove_task(task)
+            self._progress.refresh()
+        self._print(line)
+        self._reset_epoch()
 
     # -- events --------------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, **kwargs):
-        self._active = state.is_world_process_zero
+        self._active = bool(state.is_world_process_zero)
+        self._reset_epoch()
+        self._steps_per_epoch = None
         if not self._active:
             return
         self._epochs = state.num_train_epochs
-        self._epoch_index = 0
-        if self.bar:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-            self._progress = Progress(
-                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TimeRemainingColumn(),
-                TextColumn("{task.fields[metrics]}"), refresh_per_second=8,
-            )
-            self._progress.start()
+        if state.max_steps and state.num_train_epochs and args.max_steps <= 0:  # epochs x steps per epoch
+            self._steps_per_epoch = max(1, state.max_steps // state.num_train_epochs)
+        else:
+            loader = kwargs.get("train_dataloader")
+            try:
+                self._steps_per_epoch = max(1, -(-len(loader) // args.gradient_accumulation_steps))
+            except TypeError:  # no loader, or one without a length: learned after the first epoch
+                pass
+        self._start_display()
 
     def on_epoch_begin(self, args, state, control, **kwargs):
         if not self._active:
             return
         self._finish_epoch()
-        self._epoch_index = int(state.epoch or 0) + 1
-        self._epoch_logs = {}
-        self._steps = 0
-        self._epoch_started = self._last = time.monotonic()
+        self._reset_epoch()
+        epoch = int(state.epoch or 0)
+        self._epoch_index = epoch + 1
+        self._epoch_started = self._next_refresh = time.monotonic()
+        total = self._total = self._epoch_total(state, epoch)
+        if self._steps_per_epoch and total and state.global_step > epoch * self._steps_per_epoch:
+            self._steps = min(state.global_step - epoch * self._steps_per_epoch, total)  # resumed mid-epoch
+        self._steps_before = self._steps
         if self._progress is not None:
-            self._task = self._progress.add_task(
-                f"Epoch {self._epoch_index}/{self._epochs}", total=self._steps_per_epoch(state), metrics=""
-            )
+            self._task = self._progress.add_task(_epoch_title(self._epoch_index, self._epochs), total=total,
+                                                 completed=self._steps, resumed_at=self._steps, values="")
+            self._refresh(self._epoch_started)
 
     def on_step_end(self, args, state, control, **kwargs):
         self._steps += 1
+        if self._progress is not None:
+            now = time.monotonic()
+            if now >= self._next_refresh:
+                self._refresh(now)
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if not self._active or not self._epoch_index:
+            return
+        self._train_ended = time.monotonic()
+        self._ending = True
+        if self._steps_per_epoch is None and not control.should_epoch_stop and not control.should_training_stop:
+            self._steps_per_epoch = self._steps  # a full epoch of an unsized loader
+        if self._task is not None:
+            if self._total is None:  # now it is known
+                self._progress.update(self._task, total=self._steps)
+            self._refresh(self._train_ended)
+
+    def on_prediction_step(self, args, state, control, **kwargs):
+        if not self._active or not self._epoch_index:  # evaluate() / predict() outside fit
+            return
+        self._val_steps += 1
         if self._progress is None:
             return
+        if self._val_task is None:
+            try:
+                total = len(kwargs.get("eval_dataloader"))
+            except TypeError:  # unknown up front: an indeterminate bar that counts
+                total = None
+            self._val_task = self._progress.add_task("  validation", total=total, completed=0, values="")
         now = time.monotonic()
-        if now - self._last >= self.refresh_seconds:
-            self._last = now
-            self._progress.update(self._task, completed=self._steps)
+        if now >= self._next_refresh:
+            self._refresh(now)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not self._active or not logs or "train_runtime" in logs:  # the run's summary is not an epoch's
+        if not self._active or not logs:
+            return
+        if "train_runtime" in logs:  # the run's closing summary is not an epoch's
+            self._finish_epoch()
             return
         self._epoch_logs.update(logs)
-        if self._progress is not None and self._task is not None:
-            self._progress.update(self._task, metrics=format_logs(self._epoch_logs))
+        if self._task is not None:
+            self._progress.update(self._task, values=format_logs(self._epoch_logs))
+            now = time.monotonic()
+            if self._ending or now >= self._next_refresh:  # per-step logging still redraws on the timer
+                self._refresh(now)
+        validated = any(key.startswith("val_") for key in logs)
+        if self._ending and (validated or not control.should_evaluate):
+            self._finish_epoch()  # the epoch's last record: its line goes out now, as in Keras
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        if not self._active:
+            return
+        if self._val_task is not None:
+            self._progress.remove_task(self._val_task)
+            self._val_task = None
+            self._refresh(time.monotonic())
+        self._val_steps = 0
 
     def on_train_end(self, args, state, control, **kwargs):
         if not self._active:
             return
-        self._finish_epoch()
-        if self._progress is not None:
-            self._progress.stop()
-            self._progress = None
+        try:
+            self._finish_epoch()
+        finally:
+            self._stop_display()
+            self._active = False

@@ -1,0 +1,271 @@
+"""What a run shows: the rich progress bar on a terminal, plain lines on a pipe, the summary table."""
+
+import io
+import os
+import pty
+import re
+import select
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from helpers import blobs, mlp
+
+from fitkit import Model, TrainerCallback
+from fitkit.callbacks import ProgressBar
+from fitkit.callbacks import progress as progress_module
+from fitkit.callbacks.progress import epoch_line
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
+#: The Keras epoch line: `Epoch 2/3 - 1.2s - 4.1ms/step - loss: 0.1234 - ... - val_accuracy: 0.9612`.
+EPOCH_LINE = re.compile(
+    r"^Epoch (\d+)/(\d+) - \d+(\.\d)?(ms|s) - \d+(\.\d)?(ms|s)/step - loss: \d+\.\d{4} - accuracy: \d\.\d{4}"
+    r" - val_loss: \d+\.\d{4} - val_accuracy: \d\.\d{4}$"
+)
+
+# One child process runs three fits, each with its stdout on another stream (so torch and
+# Fabric are imported once): verbose=1 on a pipe (its real stdout), verbose=1 on a
+# pseudo-terminal, verbose=2 on a second pseudo-terminal. 96 training samples in batches of 8
+# make 12 steps an epoch; 32 validation samples make 4 validation batches.
+SCRIPT = """
+import os, sys, time, torch
+sys.path.insert(0, {tests!r})
+from helpers import blobs, mlp
+from fitkit import Model, TrainerCallback
+
+class Slow(TrainerCallback):  # a few ms a step, so the bar is seen mid-epoch
+    def on_step_end(self, args, state, control, **kwargs):
+        time.sleep(0.004)
+
+def run(stream, verbose):
+    sys.stdout = stream
+    print("start", flush=True)
+    x, y = blobs(128)
+    Model(mlp()).compile("adam", "cross_entropy", ["accuracy"]).fit(
+        x, y, epochs=3, batch_size=8, validation_split=0.25, verbose=verbose, callbacks=[Slow()])
+    print("end", flush=True)
+
+pipe = sys.stdout
+run(pipe, 1)
+for fd, verbose in ((int(sys.argv[1]), 1), (int(sys.argv[2]), 2)):
+    terminal = os.fdopen(fd, "w", encoding="utf-8", buffering=1)
+    run(terminal, verbose)
+    terminal.close()
+sys.stdout = pipe
+"""
+
+
+def _clean_env() -> dict:
+    unset = ("FORCE_COLOR", "NO_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    env.update(TERM="xterm-256color", COLUMNS="160", LINES="40", PYTHONUNBUFFERED="1")
+    return env
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory):
+    """{"pipe": text, "terminal": text, "terminal_v2": text} written by the child process."""
+    folder = tmp_path_factory.mktemp("display")
+    script = folder / "run_fits.py"
+    script.write_text(SCRIPT.format(tests=os.path.join(ROOT, "tests")))
+    terminals = [pty.openpty() for _ in range(2)]
+    proc = subprocess.Popen([sys.executable, str(script), str(terminals[0][1]), str(terminals[1][1])],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            env=_clean_env(), cwd=folder, pass_fds=[t[1] for t in terminals])
+    for _, secondary in terminals:
+        os.close(secondary)
+    names = {proc.stdout.fileno(): "pipe", proc.stderr.fileno(): "stderr",
+             terminals[0][0]: "terminal", terminals[1][0]: "terminal_v2"}
+    chunks = {name: [] for name in names.values()}
+    open_fds, deadline = set(names), time.monotonic() + 240
+    try:
+        while open_fds and time.monotonic() < deadline:
+            ready, _, _ = select.select(list(open_fds), [], [], 1.0)
+            for fd in ready:
+                try:
+                    data = os.read(fd, 65536)
+                except OSError:  # EIO: the terminal's last writer closed it
+                    data = b""
+                if data:
+                    chunks[names[fd]].append(data)
+                else:
+                    open_fds.discard(fd)
+    finally:
+        for primary, _ in terminals:
+            os.close(primary)
+        proc.wait(timeout=60)
+    texts = {name: b"".join(parts).decode("utf-8", "replace") for name, parts in chunks.items()}
+    assert proc.returncode == 0, texts
+    return texts
+
+
+def test_terminal_draws_live_bars_then_one_keras_line_per_epoch(outputs):
+    raw = outputs["terminal"]
+    assert "\x1b[" in raw and "\r" in raw  # a live display: cursor movement, redraws
+    frames = ANSI.sub("", raw).replace("\r\n", "\n").replace("\r", "\n")
+    # the bar's pieces: title, steps done / total, rate, ETA, and the live logged values
+    assert re.search(r"Epoch 2/3\s+━+\s+12/12 \d+\.\d steps/s\s+ETA", frames), frames
+    assert re.search(r"━ \d+/12 ", frames)  # mid-epoch frames exist too (redrawn on the timer)
+    assert re.search(r"12/12 .*loss: \d\.\d{4} - accuracy: \d\.\d{4}", frames)
+    # validation: a transient bar counting the 4 batches (their number is not known up front)
+    assert re.search(r"validation\s+━+\s+4/\?", frames), frames
+    # each epoch leaves its Keras line
+    lines = [l.strip() for l in frames.splitlines() if re.match(r"\s*Epoch \d/3 - ", l)]
+    assert [EPOCH_LINE.match(l).group(1) for l in lines] == ["1", "2", "3"], lines
+    assert "\x1b[?25h" in raw  # the cursor is shown again at the end
+    assert frames.strip().startswith("start") and frames.strip().endswith("end")
+
+
+def test_pipe_gets_one_plain_line_per_epoch_and_no_control_characters(outputs):
+    out = outputs["pipe"]
+    assert "\x1b" not in out and "\r" not in out
+    lines = out.splitlines()
+    assert lines[0] == "start" and lines[-1] == "end"
+    epochs = lines[1:-1]
+    assert len(epochs) == 3, out
+    assert [EPOCH_LINE.match(l).groups()[:2] for l in epochs] == [("1", "3"), ("2", "3"), ("3", "3")], out
+
+
+def test_verbose_two_prints_plain_lines_even_on_a_terminal(outputs):
+    raw = outputs["terminal_v2"]
+    assert "\x1b" not in raw  # no rich display at all
+    lines = [l for l in raw.replace("\r\n", "\n").splitlines() if l]
+    assert lines[0] == "start" and lines[-1] == "end"
+    assert [EPOCH_LINE.match(l).group(1) for l in lines[1:-1]] == ["1", "2", "3"], raw
+
+
+def test_epoch_line_format():
+    logs = {"loss": 0.12344, "accuracy": 0.96123, "learning_rate": 0.001, "epoch": 3.0,
+            "val_loss": 0.2, "val_accuracy": 0.95, "stopped": "why", "flag": True}
+    assert epoch_line(3, 10, 1.234, 0.0041, logs) == (
+        "Epoch 3/10 - 1.2s - 4.1ms/step - loss: 0.1234 - accuracy: 0.9612 - val_loss: 0.2000 - val_accuracy: 0.9500")
+    assert epoch_line(1, 2, 0.25, 0.25, {"loss": 1e-6}) == "Epoch 1/2 - 250ms - 250ms/step - loss: 1.0000e-06"
+    assert epoch_line(4, None, 75, 1.5, {}) == "Epoch 4 - 1m 15s - 1.5s/step"
+
+
+class _FakeTerminal:
+    """Makes the bar draw on a rich console that writes to a buffer as a terminal would."""
+
+    def __init__(self, monkeypatch):
+        from rich.console import Console
+        from rich.progress import Progress
+
+        self.buffer = io.StringIO()
+        self.refreshes = 0
+        console = Console(file=self.buffer, force_terminal=True, width=160, color_system=None)
+        monkeypatch.setattr(progress_module, "_live_console", lambda: console)
+        original = Progress.refresh
+
+        def counting(progress):
+            self.refreshes += 1
+            return original(progress)
+
+        monkeypatch.setattr(Progress, "refresh", counting)
+
+
+def test_bar_redraws_on_a_timer_not_per_step(monkeypatch):
+    terminal = _FakeTerminal(monkeypatch)
+    x, y = blobs(256)
+    model = Model(mlp()).compile("adam", "cross_entropy")
+    started = time.monotonic()
+    model.fit(x, y, epochs=2, batch_size=2, verbose=0, callbacks=[ProgressBar(refresh_seconds=0.5)])
+    elapsed = time.monotonic() - started
+    # 256 steps: at most one redraw per 0.5 s, plus the fixed ones at epoch begin / end / log
+    assert terminal.refreshes <= elapsed / 0.5 + 12, (terminal.refreshes, elapsed)
+    text = terminal.buffer.getvalue()
+    assert "128/128" in text and "steps/s" in text
+    assert len(re.findall(r"Epoch \d/2 - ", ANSI.sub("", text))) == 2
+
+
+def test_bar_reads_no_tensor_per_step(monkeypatch):
+    _FakeTerminal(monkeypatch)
+    reads = []
+    for name in ("item", "tolist", "__float__"):
+        original = getattr(torch.Tensor, name)
+
+        def wrapper(t, *a, _original=original, **k):
+            if f"{os.sep}torch{os.sep}" not in sys._getframe(1).f_code.co_filename:
+                reads.append(1)
+            return _original(t, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, wrapper)
+    counts = []
+    for n in (64, 512):  # 8 and 64 steps: the display must not add reads that grow with steps
+        x, y = blobs(n)
+        model = Model(mlp()).compile("adam", "cross_entropy")
+        reads.clear()
+        model.fit(x, y, epochs=1, batch_size=8, verbose=0, callbacks=[ProgressBar(refresh_seconds=0.0)])
+        counts.append(len(reads))
+    assert counts[0] == counts[1], counts
+
+
+def test_only_the_world_zero_process_displays(blobs, capsys):
+    class NotZero(TrainerCallback):  # order 0: runs before the display (order 100)
+        def on_train_begin(self, args, state, control, **kwargs):
+            state.is_world_process_zero = False
+
+    x, y = blobs
+    Model(mlp()).compile("adam", "cross_entropy").fit(x, y, epochs=2, verbose=2, callbacks=[NotZero()])
+    assert capsys.readouterr().out == ""
+
+
+def test_summary_is_a_rich_table_captured_as_plain_text():
+    net = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(),
+                              torch.nn.Sequential(torch.nn.Linear(128, 10)))
+    net[0].bias.requires_grad_(False)
+    text = Model(net).summary(torch.randn(2, 64))
+    assert isinstance(text, str) and repr(text) == str(text)
+    assert "\x1b" not in text
+    lines = text.splitlines()
+    assert lines[0] == 'Model: "Sequential"'
+    table = [l for l in lines if l[:1] in "┏┃┡│└"]
+    assert len({len(l) for l in table}) == 1  # one width: a drawn table
+    header = [c.strip() for c in table[1].strip("┃").split("┃")]
+    assert header == ["Layer (type)", "Output shape", "Params", "Trainable"]
+    rows = [[c.strip() for c in l.strip("│").split("│")] for l in table if l.startswith("│")]
+    assert rows == [
+        ["0 (Linear)", "(None, 128)", "8,320", "8,192"],
+        ["1 (ReLU)", "(None, 128)", "0", "0"],
+        ["2 (Sequential)", "(None, 10)", "0", "0"],
+        ["2.0 (Linear)", "(None, 10)", "1,290", "1,290"],
+    ]
+    assert "│   2.0 (Linear)" in text  # nested modules are indented
+    assert lines[-3:] == ["Total params: 9,610", "Trainable params: 9,482", "Non-trainable params: 128"]
+
+
+def test_summary_draws_in_colour_on_a_rich_console():
+    from rich.console import Console
+
+    summary = Model(mlp()).summary()
+    console = Console(file=io.StringIO(), force_terminal=True, color_system="truecolor", width=200)
+    console.print(summary)
+    coloured = console.file.getvalue()
+    assert "\x1b[" in coloured  # styles
+    assert ANSI.sub("", coloured).rstrip("\n").splitlines() == str(summary).splitlines()
+
+
+def test_a_display_left_open_by_a_failed_run_is_closed_by_the_next(monkeypatch):
+    from rich.file_proxy import FileProxy
+
+    terminal = _FakeTerminal(monkeypatch)
+
+    class Boom(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 3:
+                raise RuntimeError("boom")
+
+    x, y = blobs(64)
+    model = Model(mlp()).compile("adam", "cross_entropy")
+    try:
+        with pytest.raises(RuntimeError, match="boom"):
+            model.fit(x, y, epochs=2, batch_size=8, verbose=0, callbacks=[ProgressBar(), Boom()])
+        assert isinstance(sys.stdout, FileProxy)  # no event follows an exception: the live display is still up
+        model.fit(x, y, epochs=1, batch_size=8, verbose=0, callbacks=[ProgressBar()])
+        assert not isinstance(sys.stdout, FileProxy) and not isinstance(sys.stderr, FileProxy)
+        assert progress_module._OPEN_DISPLAYS == []
+        assert terminal.buffer.getvalue().count("\x1b[?25h") == 2  # each display gave the cursor back
+    finally:
+        progress_module._stop_open_displays()
