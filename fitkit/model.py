@@ -341,7 +341,7 @@ class Model:
 
         verbose = args.verbose
         if verbose == "auto":
-            verbose = 1 if sys.stdout.isatty() else 2
+            verbose = 1 if sys.stdout.isatty() or _in_notebook() else 2
         if verbose == 0 or any(isinstance(cb, ProgressBar) for cb in self.callback_handler.callbacks):
             return []
         return [ProgressBar(bar=verbose == 1)]
@@ -540,6 +540,12 @@ def _run_in_child(fabric, model: Model, key: tuple, method: str, call: dict) -> 
     history = model.history
     return {"tensors": buffer.getvalue(), "state": dataclasses.asdict(model.state),
             "history": None if history is None else (history.history, history.epoch, history.params)}
+
+
+def _in_notebook() -> bool:
+    """True inside a Jupyter kernel, where a rich bar renders although stdout is not a tty."""
+    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
+    return type(shell).__name__ == "ZMQInteractiveShell"
 
 
 def _backup_to_resume(callbacks: Sequence, args: TrainingArguments) -> str | None:

@@ -9,7 +9,8 @@ from helpers import mlp
 
 from fitkit import Model
 
-HEAVY = ("optuna", "rich", "tensorboard", "mlflow", "sklearn", "lightning_fabric", "torchmetrics", "wandb")
+HEAVY = ("optuna", "rich", "tensorboard", "mlflow", "sklearn", "lightning_fabric", "torchmetrics", "wandb",
+         "comet_ml", "codecarbon", "matplotlib")
 
 
 def test_import_fitkit_loads_no_heavy_dependency():
