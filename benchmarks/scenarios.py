@@ -1,0 +1,284 @@
+"""Scenarios beyond the bare loop, each timed in-process by interleaved repetitions (`compare`).
+
+* `display` (compute-bound workload): `fit(verbose=1, validation_data=...)` against
+  `fit(verbose=0)`, with `verbose=0` plus validation and a raw loop with the same hand-written
+  validation pass in between, so the progress bar's cost and validation's cost show apart.
+  The bar draws into a stand-in terminal (`FakeTTY`: `isatty()` is true, output dropped), so
+  rich renders and refreshes as it would in a terminal, whatever the harness's stdout is.
+* `callbacks` (tiny workload): ten callbacks against none. Three kinds of "no-op": plain
+  `TrainerCallback` subclasses that override nothing (Keras' and HF's idea of an empty
+  callback), ten that override `on_step_end` with an empty body, and ten that override every
+  event with an empty body (each called at every step).
+* `dataloader` (DataLoader-bound): a map-style Dataset whose items cost real work (an
+  augmentation: shift, blur, normalise), `num_workers` 0 and 2; fitkit gets the same
+  DataLoader as the raw loop, and at 0 workers also the Dataset itself (fitkit builds the loader).
+  A second, identical raw loop runs as a control: its ratio to the first is the noise floor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from benchmarks.common import Contender, Env, Workload, compare, data, import_fitkit, mlp, ratio, verdict, workload
+from benchmarks.peers import build_fabric, build_fitkit, build_raw
+
+# -- progress bar and validation ---------------------------------------------------------------------
+
+
+class FakeTTY(io.TextIOBase):
+    """A terminal that shows nothing: rich sees a TTY and draws its live display into it."""
+
+    def isatty(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:
+        return len(s)
+
+
+def _raw_with_validation(net, x, y, xv, yv, w: Workload, env: Env) -> Contender:
+    train = build_raw(net, x, y, w, env)
+    val_loader = DataLoader(TensorDataset(xv, yv), batch_size=w.batch)
+
+    def run() -> float:
+        train.run()
+        net.eval()
+        total, count = torch.zeros(()), 0
+        with torch.no_grad():
+            for xb, yb in val_loader:
+                total += F.cross_entropy(net(xb), yb, reduction="sum")
+                count += len(yb)
+        net.train()
+        return float(total) / count
+
+    return Contender(run)
+
+
+def display(w: Workload, *, val_batches: int = 2, clock: str = "wall", log=lambda s: None) -> dict:
+    env = Env()
+    torch.manual_seed(0)
+    initial = mlp(w.dims)
+    x, y = data(w)
+    g = torch.Generator().manual_seed(1)
+    xv = torch.randn(val_batches * w.batch, w.dims[0], generator=g)
+    yv = torch.randint(0, w.dims[-1], (val_batches * w.batch,), generator=g)
+
+    def fitkit_with(**options):
+        def build() -> Contender:
+            c = build_fitkit(copy.deepcopy(initial), x, y, w, env, **options)
+            if options.get("verbose", 0) == 0:
+                return c
+            inner = c.run
+
+            def run():
+                with contextlib.redirect_stdout(FakeTTY()):
+                    return inner()
+
+            c.run = run
+            return c
+
+        return build
+
+    builders = {
+        "raw": lambda: build_raw(copy.deepcopy(initial), x, y, w, env),
+        "raw+val": lambda: _raw_with_validation(copy.deepcopy(initial), x, y, xv, yv, w, env),
+        "fitkit": fitkit_with(),
+        "fitkit (again)": fitkit_with(),  # the control: its ratio to "fitkit" is the noise floor
+        "fitkit+val": fitkit_with(validation_data=(xv, yv)),
+        "fitkit+val+bar": fitkit_with(verbose=1, validation_data=(xv, yv)),
+    }
+    r = compare(builders, steps=w.steps, reps=w.reps, clock=clock, log=log, label=f"display ({w.name})")
+    r["scenario"] = "display"
+    r["workload"] = w.label
+    r["rows"] = [
+        _row("fitkit verbose=1 + validation / fitkit verbose=0", ratio(r, "fitkit+val+bar", "fitkit"), 1.03),
+        _row("  of which: validation (verbose=0 + validation / verbose=0)", ratio(r, "fitkit+val", "fitkit")),
+        _row("  of which: progress bar (verbose=1 / verbose=0, both with validation)",
+             ratio(r, "fitkit+val+bar", "fitkit+val")),
+        _row("fitkit verbose=1 + validation / raw loop + the same validation", ratio(r, "fitkit+val+bar", "raw+val")),
+        _row("raw loop + validation / raw loop", ratio(r, "raw+val", "raw")),
+        _row("control: fitkit verbose=0, a second instance / the first", ratio(r, "fitkit (again)", "fitkit")),
+    ]
+    return r
+
+
+# -- callbacks ----------------------------------------------------------------------------------------
+
+
+def _noop_callbacks(kind: str, n: int = 10) -> list:
+    """`n` callbacks of distinct classes (fitkit warns about two of one class)."""
+    from fitkit import TrainerCallback
+    from fitkit.callbacks.base import EVENTS
+
+    def empty(self, args, state, control, **kwargs):
+        return None
+
+    if kind == "bare":
+        methods = {}
+    elif kind == "step_end":
+        methods = {"on_step_end": empty}
+    else:  # every event
+        methods = {event: empty for event in EVENTS}
+    return [type(f"NoOp{kind.title()}{i}", (TrainerCallback,), dict(methods))() for i in range(n)]
+
+
+def callbacks(w: Workload, *, clock: str = "wall", log=lambda s: None) -> dict:
+    env = Env()
+    import_fitkit()
+    torch.manual_seed(0)
+    initial = mlp(w.dims)
+    x, y = data(w)
+
+    def fitkit_with(kind: str | None):
+        return lambda: build_fitkit(copy.deepcopy(initial), x, y, w, env,
+                                    callbacks=_noop_callbacks(kind) if kind else None)
+
+    builders = {
+        "raw": lambda: build_raw(copy.deepcopy(initial), x, y, w, env),
+        "fitkit": fitkit_with(None),
+        "fitkit (again)": fitkit_with(None),  # the control
+        "fitkit+10 bare": fitkit_with("bare"),
+        "fitkit+10 on_step_end": fitkit_with("step_end"),
+        "fitkit+10 every event": fitkit_with("all"),
+    }
+    r = compare(builders, steps=w.steps, reps=w.reps, clock=clock, log=log, label=f"callbacks ({w.name})")
+    r["scenario"] = "callbacks"
+    r["workload"] = w.label
+    r["rows"] = [
+        _row("10 callbacks overriding nothing / none", ratio(r, "fitkit+10 bare", "fitkit"), 1.02),
+        _row("10 callbacks with an empty on_step_end / none", ratio(r, "fitkit+10 on_step_end", "fitkit"), 1.02),
+        _row("10 callbacks with every event empty / none", ratio(r, "fitkit+10 every event", "fitkit"), 1.02),
+        _row("fitkit + 10 callbacks with every event empty / raw loop", ratio(r, "fitkit+10 every event", "raw")),
+        _row("control: fitkit, a second instance / the first", ratio(r, "fitkit (again)", "fitkit")),
+    ]
+    return r
+
+
+# -- DataLoader-bound ------------------------------------------------------------------------------------
+
+
+class AugmentedImages(Dataset):
+    """28x28 uint8 images; each item is shifted, blurred and normalised on the fly (about
+    as much work per item as light image augmentation), so loading dominates the step."""
+
+    def __init__(self, n: int, seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        self.images = torch.randint(0, 256, (n, 28, 28), dtype=torch.uint8, generator=g)
+        self.labels = torch.randint(0, 10, (n,), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int):
+        img = self.images[i].float().div_(255.0)
+        img = torch.roll(img, shifts=(i % 5 - 2, (i // 5) % 5 - 2), dims=(0, 1))
+        img = F.avg_pool2d(img[None, None], 3, stride=1, padding=1)[0, 0]
+        img = (img - 0.1307) / 0.3081
+        return img.flatten(), self.labels[i]
+
+
+LOADER_WORKLOAD = Workload("dataloader", "DataLoader-bound", (784, 256, 10), batch=64, steps=40, reps=12, target=1.0)
+
+
+def _loader_contender(kind: str, net, ds: Dataset, w: Workload, workers: int) -> Contender:
+    loader = DataLoader(ds, batch_size=w.batch, shuffle=True, num_workers=workers)
+    if kind == "raw":
+        optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
+
+        def run() -> float:
+            net.train()
+            for xb, yb in loader:
+                optimizer.zero_grad()
+                loss = F.cross_entropy(net(xb), yb)
+                loss.backward()
+                optimizer.step()
+            return loss.item()
+
+        return Contender(run)
+    if kind == "fabric":
+        from lightning_fabric import Fabric
+
+        fabric = Fabric(accelerator="cpu", devices=1)
+        fabric.launch()
+        module, optimizer = fabric.setup(net, torch.optim.Adam(net.parameters(), lr=1e-3))
+        loader = fabric.setup_dataloaders(loader)
+
+        def run() -> float:
+            module.train()
+            for xb, yb in loader:
+                optimizer.zero_grad()
+                loss = F.cross_entropy(module(xb), yb)
+                fabric.backward(loss)
+                optimizer.step()
+            return loss.item()
+
+        return Contender(run)
+    model = import_fitkit().Model(net).compile("adam", "cross_entropy", accelerator="cpu", devices=1)
+    source = ds if kind == "fitkit(Dataset)" else loader
+
+    def run() -> float:
+        return model.fit(source, batch_size=w.batch, epochs=1, verbose=0, shuffle=True).history["loss"][-1]
+
+    return Contender(run, last_steps=lambda: model.state.global_step)
+
+
+def dataloader(w: Workload = LOADER_WORKLOAD, *, workers: tuple[int, ...] = (0, 2), clock: str = "wall",
+               log=lambda s: None) -> dict:
+    if clock == "cpu" and any(workers):
+        log("  dataloader: worker processes' time is not this process's CPU time; timing by the wall clock")
+        clock = "wall"
+    torch.manual_seed(0)
+    initial = mlp(w.dims)
+    ds = AugmentedImages(w.steps * w.batch)
+    out = {"scenario": "dataloader", "workload": w.label, "by_workers": {}, "rows": []}
+    for n in workers:
+        # "raw (again)": a second raw loop, the control: its ratio to the first shows the noise floor
+        kinds = ["raw", "fitkit(DataLoader)"] + (["fitkit(Dataset)"] if n == 0 else []) + ["fabric", "raw (again)"]
+        builders = {k: (lambda k=k: _loader_contender("raw" if k == "raw (again)" else k, copy.deepcopy(initial), ds,
+                                                      w, n)) for k in kinds}
+        r = compare(builders, steps=w.steps, reps=w.reps, clock=clock, log=log,
+                    label=f"dataloader (num_workers={n})")
+        out["by_workers"][str(n)] = r
+        for k in kinds[1:]:
+            target = w.target if k.startswith("fitkit") else None
+            what = (f"num_workers={n}: control: raw loop, a second instance / the first" if k == "raw (again)"
+                    else f"num_workers={n}: {k} / raw loop")
+            out["rows"].append(_row(what, r["ratio"][k], target, s_per_step=r["s_per_step"][k],
+                                    raw_s_per_step=r["s_per_step"]["raw"]))
+    return out
+
+
+def _row(what: str, r: dict, target: float | None = None, **extra) -> dict:
+    row = {"what": what, "ratio": r, "target": target, **extra}
+    if target is not None:
+        row["pass"] = r["median"] <= target
+        row["verdict"] = verdict(r, target)
+    return row
+
+
+SCENARIOS = ("display", "callbacks", "dataloader")
+
+
+def run_scenario(name: str, *, quick: bool, clock: str, log, reps: int | None = None) -> dict:
+    if name == "display":
+        return display(workload("compute", quick, reps=reps), clock=clock, log=log)
+    if name == "callbacks":
+        return callbacks(workload("tiny", quick, reps=reps), clock=clock, log=log)
+    if name == "dataloader":
+        import dataclasses
+
+        w = LOADER_WORKLOAD
+        if quick:
+            w = dataclasses.replace(w, steps=10, reps=3)
+        if reps is not None:
+            w = dataclasses.replace(w, reps=reps)
+        return dataloader(w, clock=clock, log=log)
+    raise ValueError(f"unknown scenario {name!r}; choose from {', '.join(SCENARIOS)}")
