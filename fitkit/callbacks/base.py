@@ -287,19 +287,17 @@ class CallbackHandler(TrainerCallback):
             handlers = self.listeners(event)
         if not handlers:
             return control
+        kwargs = dict(
+            model=self.model,
+            optimizer=self.optimizer,
+            lr_scheduler=self.lr_scheduler,
+            train_dataloader=self.train_dataloader,
+            eval_dataloader=self.eval_dataloader,
+            save_checkpoint=self.save_checkpoint,
+            **kwargs,
+        )  # built once per event, not once per listener
         for handler in handlers:
-            result = handler(
-                args,
-                state,
-                control,
-                model=self.model,
-                optimizer=self.optimizer,
-                lr_scheduler=self.lr_scheduler,
-                train_dataloader=self.train_dataloader,
-                eval_dataloader=self.eval_dataloader,
-                save_checkpoint=self.save_checkpoint,
-                **kwargs,
-            )
+            result = handler(args, state, control, **kwargs)
             if result is not None:
                 control = result
         return control
