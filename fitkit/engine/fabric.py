@@ -74,11 +74,13 @@ def build_fabric(args: TrainingArguments):
         fabric.launch()
         if fabric.world_size > 1:
             _watch_for_crash()
+            _children.extend(getattr(getattr(fabric.strategy, "launcher", None), "procs", None) or ())
             atexit.register(_teardown)
     return fabric
 
 
 _crashed = False
+_children: list = []  # processes Fabric's launcher started from this one
 
 
 def _watch_for_crash() -> None:
@@ -115,6 +117,13 @@ def _teardown() -> None:
         pass
     finally:
         dist.destroy_process_group()
+    # This process hosts the rendezvous store its children talk to: let them exit first, or the
+    # store can be torn down under a connected client and abort ("terminate called ...").
+    for proc in _children:
+        try:
+            proc.wait(timeout=60)
+        except Exception:  # noqa: BLE001 - a child that hangs is the launcher's to kill
+            pass
 
 
 def _launched_by_cli() -> bool:
