@@ -19,6 +19,19 @@ def blobs(n=32, seed=0):
     return centers[y] + torch.randn(n, 8, generator=g), y
 
 
+class Pairs(torch.utils.data.Dataset):
+    """A map-style dataset of `(x[i], y[i])` pairs."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+
 class Recorder(TrainerCallback):
     """Records every documented event it receives, with the global step."""
 

@@ -5,22 +5,10 @@ import os
 
 import pytest
 import torch
-from helpers import training_records
-from torch.utils.data import Dataset
+from helpers import Pairs, training_records
 
 from fitkit import Model, TrainerCallback
 from fitkit.engine import checkpoint as ckpt
-
-
-class _Pairs(Dataset):
-    def __init__(self, x, y):
-        self.x, self.y = x, y
-
-    def __len__(self):
-        return len(self.x)
-
-    def __getitem__(self, i):
-        return self.x[i], self.y[i]
 
 
 def _net(seed):
@@ -61,9 +49,9 @@ def _fit(out, form, seed=0, callbacks=(), **options):
     if form == "tensors":
         data = dict(x=x, y=y)
     elif form == "dataset":
-        data = dict(x=_Pairs(x, y))
+        data = dict(x=Pairs(x, y))
     else:  # a user's shuffling DataLoader: its order comes from the global RNG
-        data = dict(x=torch.utils.data.DataLoader(_Pairs(x, y), batch_size=8, shuffle=True))
+        data = dict(x=torch.utils.data.DataLoader(Pairs(x, y), batch_size=8, shuffle=True))
     model.fit(**data, batch_size=8, epochs=3, seed=7, verbose=0, output_dir=str(out), logging_strategy="steps",
               logging_steps=1, validation_data=(x[:20], y[:20]), callbacks=list(callbacks), **options)
     return model

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 import torch
-from helpers import mlp
-from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
+from helpers import Pairs, mlp
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from fitkit import History, Model
 
@@ -86,18 +86,7 @@ def test_numpy_arrays_are_accepted(blobs):
     assert isinstance(model.predict(x.numpy()), torch.Tensor)
 
 
-class _MapDataset(Dataset):
-    def __init__(self, x, y):
-        self.x, self.y = x, y
-
-    def __len__(self):
-        return len(self.x)
-
-    def __getitem__(self, i):
-        return self.x[i], self.y[i]
-
-
-class _DictDataset(_MapDataset):
+class _DictDataset(Pairs):
     def __getitem__(self, i):
         return {"features": self.x[i], "labels": self.y[i]}
 
@@ -125,7 +114,7 @@ def test_input_forms_train_the_same_problem(blobs, kind):
     if kind == "tuple":
         data = (x, y)
     elif kind == "dataset":
-        data = _MapDataset(x, y)
+        data = Pairs(x, y)
     elif kind == "iterable":
         data = _Stream(x, y)
     elif kind == "dataloader":

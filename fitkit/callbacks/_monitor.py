@@ -213,10 +213,9 @@ class MonitorCallback(TrainerCallback):
         value = as_number(values.get(self.monitor)) if self.monitor in values else None
         if value is None and not self._warned:
             self._warned = True
-            names = ", ".join(sorted(k for k in values if as_number(values[k]) is not None)) or "none"
             warnings.warn(
                 f"{type(self).__name__}: the monitored value {self.monitor!r} is not available, so this check is "
-                f"skipped (training goes on). Values available: {names}.",
+                f"skipped (training goes on). Values available: {available_names(values)}.",
                 UserWarning,
                 stacklevel=2,
             )
@@ -301,3 +300,8 @@ def set_learning_rates(optimizer, lr_scheduler, new_lr: Callable[[int, float], f
     if changes and hasattr(lr_scheduler, "_last_lr"):
         lr_scheduler._last_lr = [float(g["lr"]) for g in groups]
     return changes
+
+
+def available_names(values: dict) -> str:
+    """The numeric values' names, for a warning about a missing monitor."""
+    return ", ".join(sorted(k for k in values if as_number(values[k]) is not None)) or "none"

@@ -7,7 +7,7 @@ import tempfile
 import warnings
 from typing import Any
 
-from fitkit.callbacks._monitor import EpochRecords, as_number, direction_from_name, epoch_index, improves, resolve_mode
+from fitkit.callbacks._monitor import EpochRecords, available_names, as_number, direction_from_name, epoch_index, improves, resolve_mode
 from fitkit.callbacks.base import TrainerCallback
 from fitkit.io import atomic_torch_save
 from fitkit.tensors import to_cpu
@@ -148,10 +148,9 @@ class ModelCheckpoint(TrainerCallback):
             if current is None:
                 if not self._warned:
                     self._warned = True
-                    names = ", ".join(sorted(k for k in values if as_number(values[k]) is not None)) or "none"
                     warnings.warn(
                         f"ModelCheckpoint: can save the best model only with {self.monitor!r} available, skipping. "
-                        f"Values available: {names}.",
+                        f"Values available: {available_names(values)}.",
                         UserWarning,
                         stacklevel=3,
                     )
