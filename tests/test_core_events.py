@@ -141,12 +141,52 @@ def test_callbacks_fire_in_list_order_and_order_attribute(blobs):
 def test_handler_only_calls_callbacks_that_override_an_event():
     class OnlyLog(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
-            pass
+            self.logs = logs
 
     handler = CallbackHandler([DefaultFlowCallback(), OnlyLog(), TrainerCallback()])
     assert handler.listeners("on_step_begin") == []
     assert [m.__self__.__class__ for m in handler.listeners("on_step_end")] == [DefaultFlowCallback]
     assert [m.__self__.__class__ for m in handler.listeners("on_log")] == [OnlyLog]
+
+
+def test_handler_skips_overrides_whose_body_is_empty(blobs):
+    calls = []
+
+    class Empty(TrainerCallback):  # every way of writing "nothing"
+        def on_step_begin(self, args, state, control, **kwargs):
+            pass
+
+        def on_step_end(self, args, state, control, **kwargs):
+            """Nothing yet."""
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            ...
+
+        def on_epoch_end(self, args, state, control, **kwargs):
+            return None
+
+    class Busy(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            calls.append(state.global_step)
+
+        def on_epoch_end(self, args, state, control, **kwargs):
+            return control  # not empty: it returns something
+
+    empty, busy = Empty(), Busy()
+    handler = CallbackHandler([empty, busy])
+    for event in ("on_step_begin", "on_log"):
+        assert handler.listeners(event) == []
+    assert [m.__self__ for m in handler.listeners("on_step_end")] == [busy]
+    assert [m.__self__ for m in handler.listeners("on_epoch_end")] == [busy]
+    # an empty lambda set as an instance attribute is skipped too; one that does something is not
+    empty.on_train_begin = lambda args, state, control, **kwargs: None
+    empty.on_train_end = lambda args, state, control, **kwargs: calls.append("end")
+    handler.invalidate()
+    assert handler.listeners("on_train_begin") == [] and len(handler.listeners("on_train_end")) == 1
+    x, y = blobs
+    Model(mlp()).compile("adam", "cross_entropy").fit(x, y, epochs=1, batch_size=32, verbose=0,
+                                                       callbacks=[empty, busy])
+    assert calls == list(range(1, -(-len(x) // 32) + 1)) + ["end"]
 
 
 def test_add_pop_remove_callback_by_class_and_instance():

@@ -151,19 +151,20 @@ class _FakeTerminal:
 
     def __init__(self, monkeypatch):
         from rich.console import Console
-        from rich.progress import Progress
+
+        from fitkit.callbacks._bar import BarDisplay
 
         self.buffer = io.StringIO()
         self.refreshes = 0
         console = Console(file=self.buffer, force_terminal=True, width=160, color_system=None)
         monkeypatch.setattr(progress_module, "_live_console", lambda: console)
-        original = Progress.refresh
+        original = BarDisplay.refresh
 
-        def counting(progress):
+        def counting(display):
             self.refreshes += 1
-            return original(progress)
+            return original(display)
 
-        monkeypatch.setattr(Progress, "refresh", counting)
+        monkeypatch.setattr(BarDisplay, "refresh", counting)
 
 
 def test_bar_redraws_on_a_timer_not_per_step(monkeypatch):
@@ -269,3 +270,29 @@ def test_a_display_left_open_by_a_failed_run_is_closed_by_the_next(monkeypatch):
         assert terminal.buffer.getvalue().count("\x1b[?25h") == 2  # each display gave the cursor back
     finally:
         progress_module._stop_open_displays()
+
+
+def test_bar_frame_layout():
+    from rich.console import Console
+
+    from fitkit.callbacks._bar import BAR_WIDTH, BarDisplay
+
+    console = Console(file=io.StringIO(), force_terminal=True, width=200, color_system=None)
+    display = BarDisplay(console)
+    epoch = display.add_row("Epoch 2/10", total=300, completed=20)  # resumed at step 20
+    epoch.started -= 2.0
+    epoch.update(completed=137)
+    epoch.values = "loss: 0.1234"
+    validation = display.add_row("  validation", total=None)
+    validation.update(completed=3)
+    first, second = display.render().plain.split("\n")
+    bar = first[len("Epoch 2/10   "):][:BAR_WIDTH]
+    assert first.startswith("Epoch 2/10   ") and second.startswith("  validation ")  # titles aligned
+    assert bar == "━" * 13 + "╸" + "━" * 16  # 137/300 of 30 cells: 13 full, one half
+    rate = re.search(r" 137/300 (\d+\.\d) steps/s ETA 0:00:(\d\d) loss: 0\.1234$", first)
+    assert rate and abs(float(rate.group(1)) - 58.5) < 3 and rate.group(2) == "03", first  # 117 steps in 2 s
+    assert " 3/? " in second and "ETA" not in second
+    epoch.update(completed=300)
+    assert epoch.finished is not None and "━" * BAR_WIDTH + " 300/300 " in display.render().plain
+    display.remove_row(validation)
+    assert "\n" not in display.render().plain

@@ -15,8 +15,11 @@ keyword arguments runs unchanged::
 from __future__ import annotations
 
 import dataclasses
+import dis
+import functools
 import json
 import logging
+import types
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -203,11 +206,30 @@ def _is_noop(cls: type, name: str) -> bool:
     return True  # nothing defines it
 
 
+_TRIVIAL_OPS = frozenset({"RESUME", "NOP", "CACHE"})
+
+
+@functools.lru_cache(maxsize=None)
+def _code_does_nothing(code: types.CodeType) -> bool:
+    ops = [(i.opname, i.argval) for i in dis.get_instructions(code) if i.opname not in _TRIVIAL_OPS]
+    return ops in ([("LOAD_CONST", None), ("RETURN_VALUE", None)], [("RETURN_CONST", None)])
+
+
+def _does_nothing(handler: Any) -> bool:
+    """True for a plain function or method whose body is empty (`pass`, `...`, a docstring,
+    `return None`): calling it has no effect, so the handler skips it."""
+    func = handler.__func__ if isinstance(handler, types.MethodType) else handler
+    if not isinstance(func, types.FunctionType):
+        return False
+    return _code_does_nothing(func.__code__)
+
+
 class CallbackHandler(TrainerCallback):
     """Holds the callbacks of a run and fires events on them, in order.
 
     For each event it keeps the list of callbacks that really override it, so an event no
-    callback listens to costs one dictionary look-up. `call_event` also fires custom events:
+    callback listens to costs one dictionary look-up; an override whose body is empty
+    (`pass`, `...`, a docstring) is not called either. `call_event` also fires custom events:
     every callback with a method of that name receives it.
     """
 
@@ -272,6 +294,7 @@ class CallbackHandler(TrainerCallback):
                 for cb in self.callbacks
                 if callable(getattr(cb, event, None))
                 and (event in getattr(cb, "__dict__", {}) or not _is_noop(type(cb), event))
+                and not _does_nothing(getattr(cb, event))
             ]
             self._listeners[event] = found
         return found

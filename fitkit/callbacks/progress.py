@@ -118,46 +118,6 @@ def _stop_open_displays() -> None:
 atexit.register(_stop_open_displays)
 
 
-def _new_progress(console: Any) -> Any:
-    """The rich `Progress` the bar draws with (rich is imported only here)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
-    from rich.table import Column
-    from rich.text import Text
-
-    class RateColumn(ProgressColumn):
-        """Steps per second over the task so far (`12.3 steps/s`, or `2.1s/step` when slow)."""
-
-        def render(self, task) -> Text:
-            elapsed = task.elapsed
-            done = task.completed - task.fields.get("resumed_at", 0)  # a resumed epoch starts part-way
-            if not elapsed or done <= 0:
-                return Text("- steps/s", style="progress.data.speed")
-            rate = done / elapsed
-            text = f"{rate:.1f} steps/s" if rate >= 1 else f"{1 / rate:.1f}s/step"
-            return Text(text, style="progress.data.speed")
-
-    class EtaColumn(TimeRemainingColumn):
-        """`ETA 0:00:03`; nothing for a bar whose total is unknown."""
-
-        def render(self, task) -> Text:
-            if task.total is None:
-                return Text("")
-            remaining = super().render(task)
-            return Text.assemble("ETA ", remaining)
-
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(bar_width=30),
-        MofNCompleteColumn(),
-        RateColumn(),
-        EtaColumn(),
-        TextColumn("{task.fields[values]}", table_column=Column(no_wrap=True, overflow="ellipsis")),
-        console=console,
-        auto_refresh=False,  # redrawn from the callback's own timer, never from a thread
-        transient=True,  # the bars go; each epoch leaves its summary line
-    )
-
-
 class ProgressBar(TrainerCallback):
     """Shows training progress on the world-zero process.
 
@@ -210,7 +170,9 @@ class ProgressBar(TrainerCallback):
         _stop_open_displays()  # a run that died with an exception may have left one behind
         console = _live_console() if self.bar else None
         if console is not None:
-            self._progress = _new_progress(console)
+            from fitkit.callbacks._bar import BarDisplay
+
+            self._progress = BarDisplay(console)
             _OPEN_DISPLAYS.append(self._progress)
             self._progress.start()
 
@@ -223,16 +185,15 @@ class ProgressBar(TrainerCallback):
 
     def _refresh(self, now: float) -> None:
         self._next_refresh = now + self.refresh_seconds
-        progress = self._progress
         if self._task is not None:
-            progress.update(self._task, completed=self._steps)
+            self._task.update(completed=self._steps)
         if self._val_task is not None:
-            progress.update(self._val_task, completed=self._val_steps)
-        progress.refresh()
+            self._val_task.update(completed=self._val_steps)
+        self._progress.refresh()
 
     def _print(self, line: str) -> None:
         if self._progress is not None:  # above the live bars
-            self._progress.console.print(line, markup=False, highlight=False, emoji=False, soft_wrap=True)
+            self._progress.print(line)
         else:
             print(line, flush=True)
 
@@ -258,7 +219,7 @@ class ProgressBar(TrainerCallback):
         if self._progress is not None:  # drop the bars first, so the line is not followed by a stale frame
             for task in (self._val_task, self._task):
                 if task is not None:
-                    self._progress.remove_task(task)
+                    self._progress.remove_row(task)
             self._progress.refresh()
         self._print(line)
         self._reset_epoch()
@@ -294,8 +255,7 @@ class ProgressBar(TrainerCallback):
             self._steps = min(state.global_step - epoch * self._steps_per_epoch, total)  # resumed mid-epoch
         self._steps_before = self._steps
         if self._progress is not None:
-            self._task = self._progress.add_task(_epoch_title(self._epoch_index, self._epochs), total=total,
-                                                 completed=self._steps, resumed_at=self._steps, values="")
+            self._task = self._progress.add_row(_epoch_title(self._epoch_index, self._epochs), total, self._steps)
             self._refresh(self._epoch_started)
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -314,7 +274,7 @@ class ProgressBar(TrainerCallback):
             self._steps_per_epoch = self._steps  # a full epoch of an unsized loader
         if self._task is not None:
             if self._total is None:  # now it is known
-                self._progress.update(self._task, total=self._steps)
+                self._task.update(total=self._steps)
             self._refresh(self._train_ended)
 
     def on_prediction_step(self, args, state, control, **kwargs):
@@ -328,7 +288,7 @@ class ProgressBar(TrainerCallback):
                 total = len(kwargs.get("eval_dataloader"))
             except TypeError:  # unknown up front: an indeterminate bar that counts
                 total = None
-            self._val_task = self._progress.add_task("  validation", total=total, completed=0, values="")
+            self._val_task = self._progress.add_row("  validation", total)
         now = time.monotonic()
         if now >= self._next_refresh:
             self._refresh(now)
@@ -341,7 +301,7 @@ class ProgressBar(TrainerCallback):
             return
         self._epoch_logs.update(logs)
         if self._task is not None:
-            self._progress.update(self._task, values=format_logs(self._epoch_logs))
+            self._task.values = format_logs(self._epoch_logs)
             now = time.monotonic()
             if self._ending or now >= self._next_refresh:  # per-step logging still redraws on the timer
                 self._refresh(now)
@@ -353,7 +313,7 @@ class ProgressBar(TrainerCallback):
         if not self._active:
             return
         if self._val_task is not None:
-            self._progress.remove_task(self._val_task)
+            self._progress.remove_row(self._val_task)
             self._val_task = None
             self._refresh(time.monotonic())
         self._val_steps = 0
