@@ -131,6 +131,46 @@ def test_input_forms_train_the_same_problem(blobs, kind):
     assert model.state.global_step == 4 * 8
 
 
+def test_a_dataloader_sampler_with_set_epoch_gets_each_epoch(blobs):
+    """On one CPU process fitkit iterates the user's DataLoader itself (no per-batch device
+    walk); a sampler with `set_epoch` (DistributedSampler-like) still gets the epoch number."""
+    x, y = blobs
+
+    class EpochAware(torch.utils.data.Sampler):
+        def __init__(self, n):
+            self.n, self.epochs = n, []
+
+        def set_epoch(self, epoch):
+            self.epochs.append(epoch)
+
+        def __len__(self):
+            return self.n
+
+        def __iter__(self):
+            g = torch.Generator().manual_seed(self.epochs[-1] if self.epochs else -1)
+            return iter(torch.randperm(self.n, generator=g).tolist())
+
+    sampler = EpochAware(len(x))
+    loader = DataLoader(TensorDataset(x, y), batch_size=48, sampler=sampler)
+    seen = []
+
+    class Spy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = mlp()
+
+        def forward(self, features):
+            seen.append(features)
+            return self.net(features)
+
+    model = Model(Spy()).compile("adam", "cross_entropy")
+    model.fit(loader, epochs=3, verbose=0)
+    assert sampler.epochs == [0, 1, 2]
+    epochs = [torch.cat(seen[i * 5:(i + 1) * 5]) for i in range(3)]
+    assert not torch.equal(epochs[0], epochs[1])  # a new order each epoch
+    assert torch.allclose(epochs[2].sum(0), x.sum(0), atol=1e-3)  # every sample once an epoch
+
+
 def test_validation_split_takes_the_last_fraction_before_shuffling():
     x = torch.arange(100, dtype=torch.float32).unsqueeze(1)
     y = torch.zeros(100)

@@ -72,6 +72,8 @@ def batch_size_of(tree) -> int:
 
 def split_batch(batch: Any) -> Batch:
     """Normalise one batch from a loader or iterable into `Batch`."""
+    if type(batch) in (tuple, list) and len(batch) == 2 and type(batch[0]) is torch.Tensor and batch[0].dim():
+        return Batch((batch[0],), batch[1], None, batch[0].shape[0])  # the common (x, y) case, first
     if isinstance(batch, dict):
         inputs = dict(batch)
         sw = inputs.pop("sample_weight", None)
@@ -307,6 +309,12 @@ class LoaderSource(DataSource):
 
     def _split(self, iterator: Iterator) -> Iterator[Batch]:
         cw = self.class_weight
+        if cw is None:
+            return map(split_batch, iterator)
+        return self._weighted(iterator, cw)
+
+    @staticmethod
+    def _weighted(iterator: Iterator, cw: torch.Tensor) -> Iterator[Batch]:
         for raw in iterator:
             batch = split_batch(raw)
             if cw is not None and batch.target is not None:

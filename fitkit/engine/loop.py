@@ -111,6 +111,14 @@ class Loop:
             return None, out
         return self._check(loss_fn(primary_output(out), target, batch.sample_weight)), out
 
+    def _forward_backward(self, batch: Batch, cycle: int) -> tuple[torch.Tensor, Any]:
+        loss, out = self.forward(batch)
+        if loss is None:
+            raise ValueError("training needs targets: pass `y`, or batches of (x, y), or a module that returns its loss")
+        scaled = loss / cycle if cycle > 1 else loss
+        scaled.backward() if self.direct else self.p.fabric.backward(scaled)
+        return loss, out
+
     def _check(self, loss: torch.Tensor) -> torch.Tensor:
         if loss.dim() != 0:
             raise ValueError(
@@ -212,15 +220,10 @@ class Loop:
             micro += 1
             last = micro == cycle
             if cycle > 1 and not self.direct:  # one device has no gradient sync to skip
-                sync = fabric.no_backward_sync(module, enabled=not last)
+                with fabric.no_backward_sync(module, enabled=not last):
+                    loss, out = self._forward_backward(batch, cycle)
             else:
-                sync = contextlib.nullcontext()
-            with sync:
-                loss, out = self.forward(batch)
-                if loss is None:
-                    raise ValueError("training needs targets: pass `y`, or batches of (x, y), or a module that returns its loss")
-                scaled = loss / cycle if cycle > 1 else loss
-                scaled.backward() if self.direct else fabric.backward(scaled)
+                loss, out = self._forward_backward(batch, cycle)
             self.epoch_loss.add_(loss.detach(), alpha=batch.size)
             self.epoch_count += batch.size
             if metrics is not None and batch.target is not None:
