@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 from helpers import mlp
 
@@ -68,3 +69,23 @@ def test_host_reads_do_not_grow_with_steps(monkeypatch):
 def test_host_reads_with_step_logging_are_per_logging_step(monkeypatch):
     reads = _fit_counting(monkeypatch, epochs=1, logging_strategy="steps", logging_steps=16)  # 4 logs
     assert reads <= 4 * 2 + 4, reads
+
+
+def test_running_loss_folds_steps_into_an_exact_weighted_sum():
+    from fitkit.engine.running_loss import FOLD_EVERY, RunningLoss
+
+    g = torch.Generator().manual_seed(0)
+    losses = torch.rand(3 * FOLD_EVERY + 5, generator=g, dtype=torch.float64)
+    sizes = [32] * (len(losses) - 1) + [7]  # a short last batch
+    running = RunningLoss(torch.device("cpu"))
+    for i, (loss, size) in enumerate(zip(losses, sizes)):
+        running.add(loss.float().requires_grad_(), size)
+        if i == FOLD_EVERY + 3:  # a read mid-way folds what is pending and changes nothing
+            assert running.total.item() == pytest.approx(float((losses[: i + 1] * 32).sum()), rel=1e-6)
+    expected = float((losses * torch.tensor(sizes, dtype=torch.float64)).sum())
+    assert not running.total.requires_grad
+    assert running.total.item() == pytest.approx(expected, rel=1e-6) and running.count == sum(sizes)
+    assert len(running._pending) == 0
+    running.set(10.0, 4)  # a resumed epoch starts from its saved sums
+    running.add(torch.tensor(0.5), 2)
+    assert running.total.item() == pytest.approx(11.0) and running.count == 6
