@@ -201,21 +201,24 @@ class TrainingArguments:
 
         An unknown option raises `TypeError` naming it and listing the valid ones.
         """
-        known = set(cls.names())
+        return cls(**cls._canonical(options))
+
+    @classmethod
+    def _canonical(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """Options by field name (aliases resolved); an unknown one raises `TypeError` listing the valid ones."""
+        known = cls.__dataclass_fields__
         values: dict[str, Any] = {}
         for key, value in options.items():
             name = ALIASES.get(key, key)
             if name not in known:
-                valid = sorted(known | set(ALIASES))
+                valid = sorted(set(known) | set(ALIASES))
                 raise TypeError(f"unknown option {key!r}; valid options are: {', '.join(valid)}")
             values[name] = value
-        return cls(**values)
+        return values
 
     def replace(self, **options: Any) -> "TrainingArguments":
-        """A copy with some options changed (aliases accepted)."""
-        merged = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        merged.update({ALIASES.get(k, k): v for k, v in options.items()})
-        return type(self).from_options(**merged)
+        """A copy with some options changed (aliases accepted), validated again."""
+        return dataclasses.replace(self, **self._canonical(options))
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict (callables and objects by name)."""
