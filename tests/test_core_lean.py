@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers import mlp
 
-from fitkit import Model
+from fitkit import Model, TrainerCallback
 
 HEAVY = ("optuna", "rich", "tensorboard", "mlflow", "sklearn", "lightning_fabric", "torchmetrics", "wandb",
          "comet_ml", "codecarbon", "matplotlib")
@@ -89,3 +89,23 @@ def test_running_loss_folds_steps_into_an_exact_weighted_sum():
     running.set(10.0, 4)  # a resumed epoch starts from its saved sums
     running.add(torch.tensor(0.5), 2)
     assert running.total.item() == pytest.approx(11.0) and running.count == 6
+
+
+def test_gradients_are_cleared_each_step_and_a_custom_zero_grad_is_honoured(blobs):
+    x, y = blobs
+    calls = []
+
+    class CountingSGD(torch.optim.SGD):
+        def zero_grad(self, set_to_none: bool = True):
+            calls.append(set_to_none)
+            super().zero_grad(set_to_none)
+
+    class GradsAtStepBegin(TrainerCallback):  # every step starts with no gradient left over
+        def on_step_begin(self, args, state, control, model=None, **kwargs):
+            assert all(p.grad is None for p in model.parameters())
+
+    model = Model(mlp()).compile("sgd", "cross_entropy")
+    model.fit(x, y, epochs=2, batch_size=48, verbose=0, callbacks=[GradsAtStepBegin()])
+    custom = Model(mlp()).compile(lambda params: CountingSGD(params, lr=0.1), "cross_entropy")
+    custom.fit(x, y, epochs=1, batch_size=48, verbose=0, callbacks=[GradsAtStepBegin()])
+    assert calls == [True] * 5  # the optimizer's own zero_grad, once per step

@@ -225,6 +225,7 @@ class Loop:
         scheduler = p.lr_scheduler
         micro, cycle = 0, 1
         running = self.running
+        zero_grad = _grad_clearer(optimizer) if self.direct else lambda: optimizer.zero_grad(set_to_none=True)
         for i, batch in enumerate(batches, start):
             if micro == 0:
                 cycle = accum if n_batches is None else min(accum, n_batches - i)
@@ -253,7 +254,7 @@ class Loop:
             p.control = cb.on_optimizer_step(args, state, p.control)
             if scheduler is not None:
                 scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            zero_grad()
             state.global_step += 1
             state.epoch = epoch + (i + 1) / n_batches if n_batches else float(epoch)
             self.position = (epoch, i + 1)  # where a checkpoint written from here resumes
@@ -440,6 +441,21 @@ class Loop:
         if p.fabric.world_size > 1:
             out = _gather_blocks(p.fabric, out)
         return to_cpu(out)
+
+
+def _grad_clearer(optimizer: Any) -> Callable[[], None]:
+    """`optimizer.zero_grad(set_to_none=True)`. For a torch optimizer that keeps torch's own
+    `zero_grad`, the same loop without its profiler annotation and compiler guard (about 10 us
+    a step on a small network)."""
+    if not isinstance(optimizer, torch.optim.Optimizer) or type(optimizer).zero_grad is not torch.optim.Optimizer.zero_grad:
+        return lambda: optimizer.zero_grad(set_to_none=True)
+
+    def clear() -> None:
+        for group in optimizer.param_groups:  # read each time: a callback may add a group
+            for param in group["params"]:
+                param.grad = None
+
+    return clear
 
 
 def _plain_single_device(fabric) -> bool:
