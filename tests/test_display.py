@@ -152,19 +152,19 @@ class _FakeTerminal:
     def __init__(self, monkeypatch):
         from rich.console import Console
 
-        from fitkit.callbacks._bar import BarDisplay
+        from fitkit.callbacks._bar import TerminalBars
 
         self.buffer = io.StringIO()
         self.refreshes = 0
         console = Console(file=self.buffer, force_terminal=True, width=160, color_system=None)
         monkeypatch.setattr(progress_module, "_live_console", lambda: console)
-        original = BarDisplay.refresh
+        original = TerminalBars.refresh
 
         def counting(display):
             self.refreshes += 1
             return original(display)
 
-        monkeypatch.setattr(BarDisplay, "refresh", counting)
+        monkeypatch.setattr(TerminalBars, "refresh", counting)
 
 
 def test_bar_redraws_on_a_timer_not_per_step(monkeypatch):
@@ -249,7 +249,7 @@ def test_summary_draws_in_colour_on_a_rich_console():
 
 
 def test_a_display_left_open_by_a_failed_run_is_closed_by_the_next(monkeypatch):
-    from rich.file_proxy import FileProxy
+    from fitkit.callbacks._bar import _Above as FileProxy
 
     terminal = _FakeTerminal(monkeypatch)
 
@@ -275,10 +275,10 @@ def test_a_display_left_open_by_a_failed_run_is_closed_by_the_next(monkeypatch):
 def test_bar_frame_layout():
     from rich.console import Console
 
-    from fitkit.callbacks._bar import BAR_WIDTH, BarDisplay
+    from fitkit.callbacks._bar import BAR_WIDTH, TerminalBars
 
     console = Console(file=io.StringIO(), force_terminal=True, width=200, color_system=None)
-    display = BarDisplay(console)
+    display = TerminalBars(console)
     epoch = display.add_row("Epoch 2/10", total=300, completed=20)  # resumed at step 20
     epoch.started -= 2.0
     epoch.update(completed=137)
@@ -296,3 +296,35 @@ def test_bar_frame_layout():
     assert epoch.finished is not None and "━" * BAR_WIDTH + " 300/300 " in display.render().plain
     display.remove_row(validation)
     assert "\n" not in display.render().plain
+
+
+def test_lines_printed_while_the_bars_are_up_go_above_them():
+    from rich.console import Console
+
+    from fitkit.callbacks._bar import TerminalBars
+
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=True, width=120, color_system=None)
+    bars = TerminalBars(console)
+    streams = (sys.stdout, sys.stderr)
+    bars.start()
+    try:
+        row = bars.add_row("Epoch 1/1", total=4)
+        row.update(completed=1)
+        bars.refresh()
+        print("first", end="")  # a line in two writes
+        print(" line")
+        kept = sys.stdout
+        sys.stdout.write("no newline yet")
+    finally:
+        bars.stop()
+    assert (sys.stdout, sys.stderr) == streams
+    kept.write("after\n")  # a proxy kept past the end writes straight through
+    screen = ANSI.sub("", buffer.getvalue())
+    assert buffer.getvalue().startswith("\x1b[?25l") and buffer.getvalue().endswith("\x1b[?25h")
+    assert screen.count("first line\n") == 1 and screen.count("no newline yet\n") == 1
+    # each write erases the bar ("\r" + erase line), prints the text, draws the bar again below it
+    lines = [line for line in screen.replace("\r", "\n").split("\n") if line]
+    first = lines.index("first line")
+    assert re.match(r"Epoch 1/1 [━╸]+ 1/4 ", lines[first + 1]), lines
+    assert lines[-1] == "no newline yet"  # the bar is gone at the end (transient)

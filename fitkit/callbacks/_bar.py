@@ -1,18 +1,25 @@
-"""`BarDisplay`: the live bars `ProgressBar` draws, one rich `Text` per frame.
+"""The live bars `ProgressBar` draws: `TerminalBars` in a terminal, `NotebookBars` in Jupyter.
 
-rich's `Progress` lays its columns out as a table on every redraw (about 0.5 ms a frame
-here); the bars fitkit shows have a fixed layout, so a frame is composed as one styled `Text`
-instead (about 0.1 ms) and handed to a rich `Live` that only redraws when asked.
-rich is imported only when a display is created.
+A frame is a few lines of styled pieces with a fixed layout. In a terminal it is written
+as one string with precomputed colour codes (a redraw costs tens of microseconds; rich's
+general-purpose `Progress` / `Live` pipeline cost 0.1-0.4 ms a redraw here, between
+training steps). rich still provides the console (colour system, width) and, in notebooks,
+the live widget. rich is imported only when a display is created.
 """
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
 from typing import Any
 
 BAR_WIDTH = 30
 _PULSE = 6  # cells of the moving segment on a bar whose total is unknown
+_STYLES = ("bar.complete", "bar.finished", "bar.back", "bar.pulse", "progress.download", "progress.data.speed",
+           "progress.remaining")
+
+HIDE_CURSOR, SHOW_CURSOR, ERASE_LINE, UP = "\x1b[?25l", "\x1b[?25h", "\x1b[2K", "\x1b[1A"
 
 
 class Row:
@@ -49,33 +56,49 @@ def _clock(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}"
 
 
-class BarDisplay:
-    """Rows of bars on a rich console, redrawn only by `refresh()` (no thread, no timer).
+def frame(rows: list[Row], now: float) -> list[list[tuple[str, str | None]]]:
+    """The lines to draw, each a list of `(text, rich style name or None)` pieces."""
+    width = max((len(row.title) for row in rows), default=0)
+    lines = []
+    for row in rows:
+        pieces: list[tuple[str, str | None]] = [(row.title.ljust(width) + " ", None)]
+        pieces += _bar(row, now)
+        total = "?" if row.total is None else str(row.total)
+        pieces.append((f" {row.completed}/{total} ", "progress.download"))
+        rate = row.rate(now)
+        if rate is None:
+            pieces.append(("- steps/s", "progress.data.speed"))
+        elif rate >= 1:
+            pieces.append((f"{rate:.1f} steps/s", "progress.data.speed"))
+        else:
+            pieces.append((f"{1 / rate:.1f}s/step", "progress.data.speed"))
+        if row.total is not None:
+            left = max(row.total - row.completed, 0)
+            pieces.append((" ETA ", None))
+            pieces.append((_clock(left / rate) if rate else "-:--:--", "progress.remaining"))
+        if row.values:
+            pieces.append((" " + row.values, None))
+        lines.append(pieces)
+    return lines
 
-    Example::
 
-        from rich.console import Console
-        display = BarDisplay(Console())
-        display.start()
-        row = display.add_row("Epoch 1/3", total=100)
-        row.update(completed=40); display.refresh()
-        display.stop()
-    """
+def _bar(row: Row, now: float) -> list[tuple[str, str]]:
+    if row.total is None:  # unknown length: a segment that moves as time passes
+        start = int(now * 10) % (BAR_WIDTH + _PULSE) - _PULSE
+        lead, pulse = max(start, 0), min(start + _PULSE, BAR_WIDTH) - max(start, 0)
+        return [("━" * lead, "bar.back"), ("━" * pulse, "bar.pulse"), ("━" * (BAR_WIDTH - lead - pulse), "bar.back")]
+    fraction = min(row.completed / row.total, 1.0) if row.total > 0 else 1.0
+    full, half = divmod(int(BAR_WIDTH * 2 * fraction), 2)
+    style = "bar.finished" if fraction >= 1.0 else "bar.complete"
+    return [("━" * full + "╸" * half, style), ("━" * (BAR_WIDTH - full - half), "bar.back")]
+
+
+class _Bars:
+    """Rows and the frame they make; subclasses draw it."""
 
     def __init__(self, console: Any):
-        from rich.live import Live
-        from rich.text import Text
-
-        self._text = Text
         self.console = console
         self.rows: list[Row] = []
-        self._live = Live(console=console, auto_refresh=False, transient=True)
-
-    def start(self) -> None:
-        self._live.start()
-
-    def stop(self) -> None:
-        self._live.stop()
 
     def add_row(self, title: str, total: int | None, completed: int = 0, values: str = "") -> Row:
         row = Row(title, total, completed, values)
@@ -86,57 +109,180 @@ class BarDisplay:
         if row in self.rows:
             self.rows.remove(row)
 
+    def render(self) -> Any:
+        """The current frame as a rich `Text` (what a notebook shows; also handy in tests)."""
+        from rich.text import Text
+
+        text = Text(no_wrap=True, overflow="ellipsis", end="")
+        for i, pieces in enumerate(frame(self.rows, time.monotonic())):
+            if i:
+                text.append("\n")
+            for piece, style in pieces:
+                text.append(piece, style)
+        return text
+
+
+#: Escape codes of the styles, by colour system (rich's default theme).
+_CODES: dict[str | None, dict[str, tuple[str, str]]] = {}
+
+
+class TerminalBars(_Bars):
+    """Bars at the bottom of a terminal, redrawn only by `refresh()` (no thread, no timer).
+
+    While the bars are up, `sys.stdout` / `sys.stderr` go through a proxy that writes each
+    complete line above them. `stop()` erases them and gives the streams and cursor back.
+
+    Example::
+
+        from rich.console import Console
+        bars = TerminalBars(Console())
+        bars.start()
+        row = bars.add_row("Epoch 1/3", total=100)
+        row.update(completed=40); bars.refresh()
+        bars.stop()
+    """
+
+    def __init__(self, console: Any):
+        super().__init__(console)
+        system = console.color_system
+        if system not in _CODES:
+            _CODES[system] = {name: self._code(name) for name in _STYLES}
+        self._codes = _CODES[system]
+        self._width, self._width_read = 80, -1.0
+        self._out: Any = None
+        self._shown = 0  # lines of the frame now on screen
+        self._saved: tuple[Any, Any] | None = None
+        self._lock = threading.Lock()
+
+    def _code(self, name: str) -> tuple[str, str]:
+        """The escape codes that open and close a rich theme style on this console."""
+        with self.console.capture() as capture:
+            self.console.print("\0", style=name, end="", markup=False, highlight=False)
+        before, _, after = capture.get().partition("\0")
+        return before, after
+
+    def start(self) -> None:
+        self._out = self.console.file
+        self._saved = (sys.stdout, sys.stderr)
+        sys.stdout = _Above(self, sys.stdout)
+        sys.stderr = _Above(self, sys.stderr)
+        self._write(HIDE_CURSOR)
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._out is None:
+                return
+            for stream in (sys.stdout, sys.stderr):
+                if isinstance(stream, _Above) and stream._pending:  # a last line without its newline
+                    self._write(self._erase() + stream._pending + "\n")
+                    stream._pending = ""
+            self._write(self._erase() + SHOW_CURSOR)
+            if self._saved is not None:
+                sys.stdout, sys.stderr = self._saved
+                self._saved = None
+            self._out = None
+
     def print(self, line: str) -> None:
         """A line above the bars (they are drawn again below it)."""
+        self.write_above(line + "\n")
+
+    def write_above(self, text: str) -> None:
+        with self._lock:  # a thread may print while the loop redraws
+            if self._out is not None:
+                self._write(self._erase() + text + self._draw())
+
+    def refresh(self) -> None:
+        with self._lock:
+            if self._out is not None:
+                self._write(self._erase() + self._draw())
+
+    def _erase(self) -> str:
+        shown, self._shown = self._shown, 0
+        if not shown:
+            return ""
+        return "\r" + ERASE_LINE + (UP + ERASE_LINE) * (shown - 1)
+
+    def _draw(self) -> str:
+        if not self.rows:
+            return ""
+        now = time.monotonic()
+        if now - self._width_read > 1.0:  # a resized terminal is seen within a second
+            self._width, self._width_read = max(self.console.width - 1, 10), now  # the last column would wrap
+        width = self._width
+        codes = self._codes
+        lines = []
+        for pieces in frame(self.rows, now):
+            out, used = [], 0
+            for piece, style in pieces:
+                if not piece:
+                    continue
+                if used + len(piece) > width:
+                    piece = piece[: max(width - used - 1, 0)] + "…"
+                if style is None:
+                    out.append(piece)
+                else:
+                    before, after = codes[style]
+                    out.append(before + piece + after)
+                used += len(piece)
+                if used >= width:
+                    break
+            lines.append("".join(out))
+        self._shown = len(lines)
+        return "\n".join(lines)
+
+    def _write(self, text: str) -> None:
+        if text:
+            self._out.write(text)
+            self._out.flush()
+
+
+class _Above:
+    """A stream proxy: complete lines written while the bars are up go above them."""
+
+    def __init__(self, bars: TerminalBars, stream: Any):
+        self._bars, self.rich_proxied_file = bars, stream
+        self._pending = ""
+
+    def write(self, text: str) -> int:
+        if self._bars._out is None:  # kept past the display's end: plain writes again
+            return self.rich_proxied_file.write(text)
+        head, newline, tail = (self._pending + text).rpartition("\n")
+        self._pending = tail
+        if newline:
+            self._bars.write_above(head + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        if self._pending:
+            self._bars.write_above(self._pending + "\n")
+            self._pending = ""
+
+    def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding, ...
+        return getattr(self.rich_proxied_file, name)
+
+
+class NotebookBars(_Bars):
+    """Bars in a Jupyter output cell, through rich's `Live` (which shows a widget there)."""
+
+    def __init__(self, console: Any):
+        from rich.live import Live
+
+        super().__init__(console)
+        self._live = Live(console=console, auto_refresh=False, transient=True)
+
+    def start(self) -> None:
+        self._live.start()
+
+    def stop(self) -> None:
+        self._live.stop()
+
+    def print(self, line: str) -> None:
         self.console.print(line, markup=False, highlight=False, emoji=False, soft_wrap=True)
 
     def refresh(self) -> None:
         self._live.update(self.render(), refresh=True)
 
-    def render(self) -> Any:
-        """The current frame: one line per row, cut with an ellipsis at the console's width."""
-        now = time.monotonic()
-        text = self._text(no_wrap=True, overflow="ellipsis", end="")
-        width = max((len(row.title) for row in self.rows), default=0)
-        for i, row in enumerate(self.rows):
-            if i:
-                text.append("\n")
-            text.append(row.title.ljust(width) + " ")
-            self._bar(text, row, now)
-            total = "?" if row.total is None else str(row.total)
-            text.append(f" {row.completed}/{total} ", "progress.download")
-            rate = row.rate(now)
-            if rate is None:
-                text.append("- steps/s", "progress.data.speed")
-            elif rate >= 1:
-                text.append(f"{rate:.1f} steps/s", "progress.data.speed")
-            else:
-                text.append(f"{1 / rate:.1f}s/step", "progress.data.speed")
-            if row.total is not None:
-                left = max(row.total - row.completed, 0)
-                eta = _clock(left / rate) if rate else "-:--:--"
-                text.append(" ETA ")
-                text.append(eta, "progress.remaining")
-            if row.values:
-                text.append(" " + row.values)
-        return text
 
-    @staticmethod
-    def _bar(text: Any, row: Row, now: float) -> None:
-        if row.total is None:  # unknown length: a segment that moves as time passes
-            start = int(now * 10) % (BAR_WIDTH + _PULSE) - _PULSE
-            lead, pulse = max(start, 0), min(start + _PULSE, BAR_WIDTH) - max(start, 0)
-            text.append("━" * lead, "bar.back")
-            text.append("━" * pulse, "bar.pulse")
-            text.append("━" * (BAR_WIDTH - lead - pulse), "bar.back")
-            return
-        fraction = min(row.completed / row.total, 1.0) if row.total > 0 else 1.0
-        halves = int(BAR_WIDTH * 2 * fraction)
-        full, half = divmod(halves, 2)
-        style = "bar.finished" if fraction >= 1.0 else "bar.complete"
-        text.append("━" * full, style)
-        if half:
-            text.append("╸", style)
-        rest = BAR_WIDTH - full - half
-        if rest:
-            text.append("━" * rest, "bar.back")
+def bars_for(console: Any) -> TerminalBars | NotebookBars:
+    """The display that suits `console`."""
+    return NotebookBars(console) if console.is_jupyter else TerminalBars(console)

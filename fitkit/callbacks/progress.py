@@ -1,4 +1,4 @@
-"""`ProgressBar`: a rich progress bar per epoch (verbose=1) or one line per epoch (verbose=2).
+"""`ProgressBar`: a live progress bar per epoch (verbose=1) or one line per epoch (verbose=2).
 
 Per training step the callback adds one to a counter and compares the clock with the next
 refresh time; the display itself is redrawn on that timer, never per step, and it only shows
@@ -121,7 +121,7 @@ atexit.register(_stop_open_displays)
 class ProgressBar(TrainerCallback):
     """Shows training progress on the world-zero process.
 
-    With `bar=True` (`fit(verbose=1)`), in a terminal or a notebook, each epoch draws a rich
+    With `bar=True` (`fit(verbose=1)`), in a terminal or a notebook, each epoch draws a
     bar with the step count, the rate (steps/s), the ETA and the latest logged loss and
     metrics; validation during `fit` shows a transient bar of its own; each epoch ends with a
     Keras-style line::
@@ -170,9 +170,9 @@ class ProgressBar(TrainerCallback):
         _stop_open_displays()  # a run that died with an exception may have left one behind
         console = _live_console() if self.bar else None
         if console is not None:
-            from fitkit.callbacks._bar import BarDisplay
+            from fitkit.callbacks._bar import bars_for
 
-            self._progress = BarDisplay(console)
+            self._progress = bars_for(console)
             _OPEN_DISPLAYS.append(self._progress)
             self._progress.start()
 
@@ -216,11 +216,10 @@ class ProgressBar(TrainerCallback):
         run = self._steps - self._steps_before
         per_step = train_seconds / run if run > 0 else None
         line = epoch_line(self._epoch_index, self._epochs, now - self._epoch_started, per_step, self._epoch_logs)
-        if self._progress is not None:  # drop the bars first, so the line is not followed by a stale frame
+        if self._progress is not None:  # drop the bars: printing the line redraws what is left (nothing)
             for task in (self._val_task, self._task):
                 if task is not None:
                     self._progress.remove_row(task)
-            self._progress.refresh()
         self._print(line)
         self._reset_epoch()
 
