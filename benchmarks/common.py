@@ -394,6 +394,29 @@ def ratio(result: dict, a: str, b: str) -> dict:
     return summary([x / y for x, y in zip(times[a], times[b])])
 
 
+def marginal_ratios(result: dict, names: Iterable[str], steps: int, baseline: str = "raw") -> dict:
+    """Per-step figures from runs of `steps` steps (`name`) and of one step (`name@1`).
+
+    Per repetition, `t(steps) - t(1)` is what `steps - 1` steps cost with the fixed cost of a
+    call taken out; divided by the baseline's, it is the per-step ratio. The fixed cost of a
+    call is `t(1) - (t(steps) - t(1)) / (steps - 1)`. Returns `{"step_ratio", "fixed_seconds",
+    "marginal_s_per_step"}`, each by name (names without one-step runs are left out).
+    """
+    times = result["run_seconds"] if result["clock"] == "wall" else result["run_cpu_seconds"]
+    out: dict[str, dict] = {"step_ratio": {}, "fixed_seconds": {}, "marginal_s_per_step": {}}
+    if f"{baseline}@1" not in times:
+        return out
+    base = [t - t1 for t, t1 in zip(times[baseline], times[f"{baseline}@1"])]
+    for n in names:
+        if n not in times or f"{n}@1" not in times:
+            continue
+        extra = [t - t1 for t, t1 in zip(times[n], times[f"{n}@1"])]
+        out["step_ratio"][n] = summary([e / b for e, b in zip(extra, base)])
+        out["marginal_s_per_step"][n] = statistics.median(extra) / (steps - 1)
+        out["fixed_seconds"][n] = statistics.median(t1 - e / (steps - 1) for t1, e in zip(times[f"{n}@1"], extra))
+    return out
+
+
 def _float(value: Any) -> float:
     try:
         return float(value)

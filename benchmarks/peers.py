@@ -29,7 +29,6 @@ import dataclasses
 import importlib.util
 import os
 import shutil
-import statistics
 import tempfile
 from typing import Callable
 
@@ -37,8 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from benchmarks.common import (Contender, Env, Skip, Workload, compare, data, import_fitkit, mlp, quiet_loggers,
-                               summary)
+from benchmarks.common import (Contender, Env, Skip, Workload, compare, data, import_fitkit, marginal_ratios, mlp,
+                               quiet_loggers)
 
 #: name -> what the tables call it, in the issue's column order.
 TITLES = {
@@ -417,16 +416,7 @@ def measure(w: Workload, env: Env, names=ALL, *, clock: str = "wall", log=lambda
     result["frameworks"] = ran
     result["whole_fit_ratio"] = {n: result["ratio"][n] for n in ran}
     if fixed_cost and "raw@1" in times:
-        base = [t - t1 for t, t1 in zip(times["raw"], times["raw@1"])]
-        marginal, fixed, per_step = {}, {}, {}
-        for n in ran:
-            if f"{n}@1" not in times:
-                continue
-            extra = [t - t1 for t, t1 in zip(times[n], times[f"{n}@1"])]
-            marginal[n] = summary([e / b for e, b in zip(extra, base)])
-            per_step[n] = statistics.median(extra) / (w.steps - 1)
-            fixed[n] = statistics.median(t1 - e / (w.steps - 1) for t1, e in zip(times[f"{n}@1"], extra))
-        result["step_ratio"], result["fixed_seconds"], result["marginal_s_per_step"] = marginal, fixed, per_step
+        result.update(marginal_ratios(result, ran, w.steps))
     for n in list(result["skipped"]):  # a framework skipped twice is reported once
         if n.endswith("@1") and n[:-2] in result["skipped"]:
             del result["skipped"][n]

@@ -13,6 +13,8 @@
   augmentation: shift, blur, normalise), `num_workers` 0 and 2; fitkit gets the same
   DataLoader as the raw loop, and at 0 workers also the Dataset itself (fitkit builds the loader).
   A second, identical raw loop runs as a control: its ratio to the first is the noise floor.
+  As in the peers table, every contender also runs one-step fits, so the rows give the cost
+  per step with a call's fixed cost taken out (the target applies there), and whole runs.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from benchmarks.common import Contender, Env, Workload, compare, data, import_fitkit, mlp, ratio, verdict, workload
+from benchmarks.common import (Contender, Env, Workload, compare, data, import_fitkit, marginal_ratios, mlp, ratio,
+                               verdict, workload)
 from benchmarks.peers import build_fabric, build_fitkit, build_raw
 
 # -- progress bar and validation ---------------------------------------------------------------------
@@ -238,20 +241,30 @@ def dataloader(w: Workload = LOADER_WORKLOAD, *, workers: tuple[int, ...] = (0, 
     torch.manual_seed(0)
     initial = mlp(w.dims)
     ds = AugmentedImages(w.steps * w.batch)
+    one = AugmentedImages(w.batch, seed=1)  # one batch: the one-step runs that measure a call's fixed cost
     out = {"scenario": "dataloader", "workload": w.label, "by_workers": {}, "rows": []}
     for n in workers:
         # "raw (again)": a second raw loop, the control: its ratio to the first shows the noise floor
         kinds = ["raw", "fitkit(DataLoader)"] + (["fitkit(Dataset)"] if n == 0 else []) + ["fabric", "raw (again)"]
-        builders = {k: (lambda k=k: _loader_contender("raw" if k == "raw (again)" else k, copy.deepcopy(initial), ds,
-                                                      w, n)) for k in kinds}
-        r = compare(builders, steps=w.steps, reps=w.reps, clock=clock, log=log,
+        builders, expected = {}, {}
+        for k in kinds:
+            kind = "raw" if k == "raw (again)" else k
+            builders[k] = lambda kind=kind: _loader_contender(kind, copy.deepcopy(initial), ds, w, n)
+            builders[f"{k}@1"] = lambda kind=kind: _loader_contender(kind, copy.deepcopy(initial), one, w, n)
+            expected[f"{k}@1"] = 1
+        r = compare(builders, steps=w.steps, reps=w.reps, clock=clock, log=log, expected=expected,
                     label=f"dataloader (num_workers={n})")
+        r.update(marginal_ratios(r, kinds, w.steps))
         out["by_workers"][str(n)] = r
         for k in kinds[1:]:
             target = w.target if k.startswith("fitkit") else None
             what = (f"num_workers={n}: control: raw loop, a second instance / the first" if k == "raw (again)"
                     else f"num_workers={n}: {k} / raw loop")
-            out["rows"].append(_row(what, r["ratio"][k], target, s_per_step=r["s_per_step"][k],
+            out["rows"].append(_row(f"{what}, per step", r["step_ratio"][k], target,
+                                    s_per_step=r["marginal_s_per_step"][k],
+                                    raw_s_per_step=r["marginal_s_per_step"]["raw"],
+                                    fixed_seconds=r["fixed_seconds"][k]))
+            out["rows"].append(_row(f"{what}, whole runs", r["ratio"][k], s_per_step=r["s_per_step"][k],
                                     raw_s_per_step=r["s_per_step"]["raw"]))
     return out
 
