@@ -328,3 +328,20 @@ def test_lines_printed_while_the_bars_are_up_go_above_them():
     first = lines.index("first line")
     assert re.match(r"Epoch 1/1 [━╸]+ 1/4 ", lines[first + 1]), lines
     assert lines[-1] == "no newline yet"  # the bar is gone at the end (transient)
+
+
+def test_bars_shrink_to_fit_a_narrow_terminal():
+    from fitkit.callbacks._bar import BAR_WIDTH, frame
+    from fitkit.callbacks._bar import Row as BarRow
+
+    row = BarRow("Epoch 13/20", total=45)
+    row.update(completed=20)
+    row.values = "loss: 0.0258 - accuracy: 0.9930"
+
+    def bar_cells(width):
+        (line,) = frame([row], time.monotonic(), width)
+        return sum(len(text) for text, style in line if style and style.startswith("bar."))
+
+    assert bar_cells(None) == bar_cells(200) == BAR_WIDTH
+    assert 10 <= bar_cells(100) < BAR_WIDTH  # made room for the values
+    assert bar_cells(60) == 10  # never narrower than 10 cells; the caller cuts the rest

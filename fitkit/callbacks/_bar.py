@@ -56,41 +56,51 @@ def _clock(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}"
 
 
-def frame(rows: list[Row], now: float) -> list[list[tuple[str, str | None]]]:
-    """The lines to draw, each a list of `(text, rich style name or None)` pieces."""
-    width = max((len(row.title) for row in rows), default=0)
-    lines = []
-    for row in rows:
-        pieces: list[tuple[str, str | None]] = [(row.title.ljust(width) + " ", None)]
-        pieces += _bar(row, now)
-        total = "?" if row.total is None else str(row.total)
-        pieces.append((f" {row.completed}/{total} ", "progress.download"))
-        rate = row.rate(now)
-        if rate is None:
-            pieces.append(("- steps/s", "progress.data.speed"))
-        elif rate >= 1:
-            pieces.append((f"{rate:.1f} steps/s", "progress.data.speed"))
-        else:
-            pieces.append((f"{1 / rate:.1f}s/step", "progress.data.speed"))
-        if row.total is not None:
-            left = max(row.total - row.completed, 0)
-            pieces.append((" ETA ", None))
-            pieces.append((_clock(left / rate) if rate else "-:--:--", "progress.remaining"))
-        if row.values:
-            pieces.append((" " + row.values, None))
-        lines.append(pieces)
-    return lines
+def frame(rows: list[Row], now: float, width: int | None = None) -> list[list[tuple[str, str | None]]]:
+    """The lines to draw, each a list of `(text, rich style name or None)` pieces.
+
+    With `width` (the terminal's), the bars shrink (down to 10 cells) so that the values
+    after them fit; what still does not fit is cut by the caller.
+    """
+    title = max((len(row.title) for row in rows), default=0)
+    tails = [_tail(row, now) for row in rows]
+    bar = BAR_WIDTH
+    if width is not None and tails:
+        longest = max(sum(len(piece) for piece, _ in tail) for tail in tails)
+        bar = max(10, min(BAR_WIDTH, width - title - 1 - longest))
+    return [[(row.title.ljust(title) + " ", None)] + _bar(row, now, bar) + tail for row, tail in zip(rows, tails)]
 
 
-def _bar(row: Row, now: float) -> list[tuple[str, str]]:
+def _tail(row: Row, now: float) -> list[tuple[str, str | None]]:
+    """What follows the bar: steps, rate, ETA, values."""
+    pieces: list[tuple[str, str | None]] = []
+    total = "?" if row.total is None else str(row.total)
+    pieces.append((f" {row.completed}/{total} ", "progress.download"))
+    rate = row.rate(now)
+    if rate is None:
+        pieces.append(("- steps/s", "progress.data.speed"))
+    elif rate >= 1:
+        pieces.append((f"{rate:.1f} steps/s", "progress.data.speed"))
+    else:
+        pieces.append((f"{1 / rate:.1f}s/step", "progress.data.speed"))
+    if row.total is not None:
+        left = max(row.total - row.completed, 0)
+        pieces.append((" ETA ", None))
+        pieces.append((_clock(left / rate) if rate else "-:--:--", "progress.remaining"))
+    if row.values:
+        pieces.append((" " + row.values, None))
+    return pieces
+
+
+def _bar(row: Row, now: float, width: int = BAR_WIDTH) -> list[tuple[str, str]]:
     if row.total is None:  # unknown length: a segment that moves as time passes
-        start = int(now * 10) % (BAR_WIDTH + _PULSE) - _PULSE
-        lead, pulse = max(start, 0), min(start + _PULSE, BAR_WIDTH) - max(start, 0)
-        return [("━" * lead, "bar.back"), ("━" * pulse, "bar.pulse"), ("━" * (BAR_WIDTH - lead - pulse), "bar.back")]
+        start = int(now * 10) % (width + _PULSE) - _PULSE
+        lead, pulse = max(start, 0), min(start + _PULSE, width) - max(start, 0)
+        return [("━" * lead, "bar.back"), ("━" * pulse, "bar.pulse"), ("━" * (width - lead - pulse), "bar.back")]
     fraction = min(row.completed / row.total, 1.0) if row.total > 0 else 1.0
-    full, half = divmod(int(BAR_WIDTH * 2 * fraction), 2)
+    full, half = divmod(int(width * 2 * fraction), 2)
     style = "bar.finished" if fraction >= 1.0 else "bar.complete"
-    return [("━" * full + "╸" * half, style), ("━" * (BAR_WIDTH - full - half), "bar.back")]
+    return [("━" * full + "╸" * half, style), ("━" * (width - full - half), "bar.back")]
 
 
 class _Bars:
@@ -211,7 +221,7 @@ class TerminalBars(_Bars):
         width = self._width
         codes = self._codes
         lines = []
-        for pieces in frame(self.rows, now):
+        for pieces in frame(self.rows, now, width):
             out, used = [], 0
             for piece, style in pieces:
                 if not piece:
