@@ -309,6 +309,7 @@ def test_lines_printed_while_the_bars_are_up_go_above_them():
     streams = (sys.stdout, sys.stderr)
     bars.start()
     try:
+        assert sys.stderr is streams[1]  # not a terminal here (captured): left alone
         row = bars.add_row("Epoch 1/1", total=4)
         row.update(completed=1)
         bars.refresh()

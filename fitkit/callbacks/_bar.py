@@ -139,8 +139,8 @@ _CODES: dict[str | None, dict[str, tuple[str, str]]] = {}
 class TerminalBars(_Bars):
     """Bars at the bottom of a terminal, redrawn only by `refresh()` (no thread, no timer).
 
-    While the bars are up, `sys.stdout` / `sys.stderr` go through a proxy that writes each
-    complete line above them. `stop()` erases them and gives the streams and cursor back.
+    While the bars are up, `sys.stdout` (and `sys.stderr` when it is a terminal too) go
+    through a proxy that writes each complete line above them. `stop()` erases them and gives the streams and cursor back.
 
     Example::
 
@@ -175,7 +175,8 @@ class TerminalBars(_Bars):
         self._out = self.console.file
         self._saved = (sys.stdout, sys.stderr)
         sys.stdout = _Above(self, sys.stdout)
-        sys.stderr = _Above(self, sys.stderr)
+        if _isatty(sys.stderr):  # stderr sent to a file or a pipe stays there
+            sys.stderr = _Above(self, sys.stderr)
         self._write(HIDE_CURSOR)
 
     def stop(self) -> None:
@@ -244,6 +245,13 @@ class TerminalBars(_Bars):
         if text:
             self._out.write(text)
             self._out.flush()
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
 
 
 class _Above:
