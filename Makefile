@@ -8,11 +8,17 @@ DOCS_STAMP := $(VENV)/.fitkit-docs-installed
 
 .PHONY: demo test bench docs clean
 
-$(STAMP): pyproject.toml constraints.txt
+# Creates .venv when missing and installs fitkit with the extra $(1) (torch pinned by
+# constraints.txt), then touches the target stamp; each extra has its own stamp.
+define install
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
-	touch $(STAMP)
+	$(PY) -m pip install -q -c constraints.txt -e ".[$(1)]"
+	touch $@
+endef
+
+$(STAMP): pyproject.toml constraints.txt
+	$(call install,dev)
 
 demo: $(STAMP)
 	$(PY) examples/digits.py
@@ -25,19 +31,13 @@ BENCH_STAMP := $(VENV)/.fitkit-bench-installed
 BENCH_ARGS ?= --plot docs/img/benchmarks.png
 
 $(BENCH_STAMP): pyproject.toml constraints.txt
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e ".[bench]"
-	touch $(BENCH_STAMP)
+	$(call install,bench)
 
 bench: $(BENCH_STAMP)
 	$(PY) -m benchmarks $(BENCH_ARGS)
 
 $(DOCS_STAMP): pyproject.toml constraints.txt
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c constraints.txt -e ".[docs]"
-	touch $(DOCS_STAMP)
+	$(call install,docs)
 
 # The MkDocs site (material theme, API reference from the docstrings) into site/; --strict
 # turns every warning (a broken link, an API name that does not resolve) into a failure.

@@ -91,9 +91,13 @@ def _loader(x, y, w: Workload, env: Env, **kw) -> DataLoader:
 
 
 def build_raw(net, x, y, w: Workload, env: Env) -> Contender:
+    return raw_loop(net, _loader(x, y, w, env), env)
+
+
+def raw_loop(net, loader, env: Env) -> Contender:
+    """The hand-written loop over `loader`: zero_grad, forward, backward, step."""
     net.to(env.device)
     optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
-    loader = _loader(x, y, w, env)
 
     if env.device == "cpu" and not env.bf16:
         def run() -> float:
@@ -135,12 +139,17 @@ def build_fitkit(net, x, y, w: Workload, env: Env, **fit_options) -> Contender:
 
 
 def build_fabric(net, x, y, w: Workload, env: Env) -> Contender:
+    return fabric_loop(net, _loader(x, y, w, env), env)
+
+
+def fabric_loop(net, loader, env: Env) -> Contender:
+    """The same loop written against Lightning Fabric (its module, optimizer and loader wrappers)."""
     from lightning_fabric import Fabric
 
     fabric = Fabric(accelerator=env.device, devices=1, precision=env.precision)
     fabric.launch()
     module, optimizer = fabric.setup(net, torch.optim.Adam(net.parameters(), lr=1e-3))
-    loader = fabric.setup_dataloaders(_loader(x, y, w, env))
+    loader = fabric.setup_dataloaders(loader)
 
     def run() -> float:
         module.train()

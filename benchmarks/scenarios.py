@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from benchmarks.common import (Contender, Env, Workload, compare, data, import_fitkit, marginal_ratios, mlp, ratio,
                                verdict, workload)
-from benchmarks.peers import build_fabric, build_fitkit, build_raw
+from benchmarks.peers import build_fitkit, build_raw, fabric_loop, raw_loop
 
 # -- progress bar and validation ---------------------------------------------------------------------
 
@@ -194,36 +194,9 @@ LOADER_WORKLOAD = Workload("dataloader", "DataLoader-bound", (784, 256, 10), bat
 def _loader_contender(kind: str, net, ds: Dataset, w: Workload, workers: int) -> Contender:
     loader = DataLoader(ds, batch_size=w.batch, shuffle=True, num_workers=workers)
     if kind == "raw":
-        optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
-
-        def run() -> float:
-            net.train()
-            for xb, yb in loader:
-                optimizer.zero_grad()
-                loss = F.cross_entropy(net(xb), yb)
-                loss.backward()
-                optimizer.step()
-            return loss.item()
-
-        return Contender(run)
+        return raw_loop(net, loader, Env())
     if kind == "fabric":
-        from lightning_fabric import Fabric
-
-        fabric = Fabric(accelerator="cpu", devices=1)
-        fabric.launch()
-        module, optimizer = fabric.setup(net, torch.optim.Adam(net.parameters(), lr=1e-3))
-        loader = fabric.setup_dataloaders(loader)
-
-        def run() -> float:
-            module.train()
-            for xb, yb in loader:
-                optimizer.zero_grad()
-                loss = F.cross_entropy(module(xb), yb)
-                fabric.backward(loss)
-                optimizer.step()
-            return loss.item()
-
-        return Contender(run)
+        return fabric_loop(net, loader, Env())
     model = import_fitkit().Model(net).compile("adam", "cross_entropy", accelerator="cpu", devices=1)
     source = ds if kind == "fitkit(Dataset)" else loader
 

@@ -68,6 +68,13 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _medians(wall: dict, cpu: dict, clock: str) -> tuple[dict, dict, dict]:
+    """Medians per contender of wall and CPU seconds, and the ones `clock` picks."""
+    med = {n: statistics.median(v) for n, v in wall.items()}
+    med_cpu = {n: statistics.median(v) for n, v in cpu.items()}
+    return med, med_cpu, med if clock == "wall" else med_cpu
+
+
 def import_times(reps: int = 7, log=lambda s: None, clock: str = "wall") -> dict:
     """Whole-process and in-process import times; the `fitkit` figures are differences to `torch`."""
     env = _child_env()
@@ -89,9 +96,7 @@ def import_times(reps: int = 7, log=lambda s: None, clock: str = "wall") -> dict
             inner[name].append(json.loads(out.stdout.strip().splitlines()[-1])["rest"])
         log(f"  imports rep {rep + 1}/{reps} (wall / cpu): " + "  ".join(
             f"{n} {wall[n][-1]:.2f}/{cpu[n][-1]:.2f}s" for n in names))
-    med = {n: statistics.median(v) for n, v in wall.items()}
-    med_cpu = {n: statistics.median(v) for n, v in cpu.items()}
-    chosen = med if clock == "wall" else med_cpu
+    med, med_cpu, chosen = _medians(wall, cpu, clock)
     return {
         "reps": reps,
         "clock": clock,
@@ -146,9 +151,7 @@ def first_step_times(names=FIRST_STEP, reps: int = 5, log=lambda s: None, timeou
             imported[name].append(marks["imported"] - t0)
         log(f"  first step rep {rep + 1}/{reps} (wall / cpu): " + "  ".join(
             f"{n} {v[-1]:.2f}/{cpu[n][-1]:.2f}s" for n, v in seconds.items()))
-    med = {n: statistics.median(v) for n, v in seconds.items()}
-    med_cpu = {n: statistics.median(v) for n, v in cpu.items()}
-    chosen = med if clock == "wall" else med_cpu
+    med, med_cpu, chosen = _medians(seconds, cpu, clock)
     return {
         "reps": reps,
         "clock": clock,
