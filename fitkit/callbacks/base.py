@@ -196,16 +196,6 @@ class TrainerCallback:
         """Called after each evaluation or prediction batch."""
 
 
-def _is_noop(cls: type, name: str) -> bool:
-    """True when `cls.name` is only a base class's empty hook (ours or transformers')."""
-    for klass in cls.__mro__:
-        if name in klass.__dict__:
-            return klass is TrainerCallback or (
-                klass.__name__ == "TrainerCallback" and klass.__module__.startswith("transformers.")
-            )
-    return True  # nothing defines it
-
-
 _TRIVIAL_OPS = frozenset({"RESUME", "NOP", "CACHE"})
 
 
@@ -217,7 +207,9 @@ def _code_does_nothing(code: types.CodeType) -> bool:
 
 def _does_nothing(handler: Any) -> bool:
     """True for a plain function or method whose body is empty (`pass`, `...`, a docstring,
-    `return None`): calling it has no effect, so the handler skips it."""
+    `return None`): calling it has no effect, so the handler skips it. The base hooks of
+    `TrainerCallback` (ours and transformers') are such bodies, so a callback that does not
+    override an event is skipped by the same test."""
     func = handler.__func__ if isinstance(handler, types.MethodType) else handler
     if not isinstance(func, types.FunctionType):
         return False
@@ -292,9 +284,7 @@ class CallbackHandler(TrainerCallback):
             found = [
                 getattr(cb, event)
                 for cb in self.callbacks
-                if callable(getattr(cb, event, None))
-                and (event in getattr(cb, "__dict__", {}) or not _is_noop(type(cb), event))
-                and not _does_nothing(getattr(cb, event))
+                if callable(getattr(cb, event, None)) and not _does_nothing(getattr(cb, event))
             ]
             self._listeners[event] = found
         return found
