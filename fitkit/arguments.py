@@ -16,6 +16,8 @@ import dataclasses
 import json
 import logging
 import math
+import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -50,6 +52,15 @@ def _jsonable(value: Any) -> Any:
     if callable(value):
         return getattr(value, "__qualname__", None) or type(value).__name__
     return repr(value)
+
+
+def _distributed(getter: str, variable: str, default: int) -> int:
+    """A figure of the process group when one is running, else what the launcher's environment
+    variable says, else `default` (torch is imported only when it already is)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return int(getattr(dist, getter)())
+    return int(os.environ.get(variable, default))
 
 
 @dataclass(frozen=True)
@@ -100,8 +111,6 @@ class TrainingArguments:
     num_nodes: int = 1
     fsdp_wrap: Any = None  # strategy="fsdp": module classes (or a predicate) to shard as units
     fsdp_full_checkpoint: bool = False  # strategy="fsdp": one full checkpoint file instead of shards
-    # -- search
-    hp_name: Callable | None = None
 
     def __post_init__(self) -> None:
         def need(cond: bool, name: str, fix: str) -> None:
@@ -180,7 +189,18 @@ class TrainingArguments:
 
     @property
     def process_index(self) -> int:
-        return 0
+        """This process's global rank (HF's name): 0 on one process."""
+        return _distributed("get_rank", "RANK", 0)
+
+    @property
+    def local_process_index(self) -> int:
+        """This process's rank on its machine (HF's name): 0 on one process."""
+        return int(os.environ.get("LOCAL_RANK", 0))
+
+    @property
+    def world_size(self) -> int:
+        """The number of processes of the run (HF's name): 1 on one process."""
+        return _distributed("get_world_size", "WORLD_SIZE", 1)
 
     def get_process_log_level(self, global_rank: int = 0, local_rank: int = 0) -> int | None:
         """The level for the "fitkit" logger in this process (HF): `log_level` on the main

@@ -23,13 +23,11 @@ from __future__ import annotations
 
 import gc
 import os
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from fitkit.arguments import ALIASES, TrainingArguments
-from fitkit.callbacks.base import TrainerCallback
-
-if TYPE_CHECKING:  # pragma: no cover
-    from fitkit.model import Model
+from fitkit.callbacks.base import Order, TrainerCallback
+from fitkit.engine.rng import seed_everything
 
 STUDY_OPTIONS = ("storage", "study_name", "sampler", "pruner", "load_if_exists")
 OPTIMIZE_OPTIONS = ("timeout", "n_jobs", "gc_after_trial", "catch", "optuna_callbacks")
@@ -74,7 +72,7 @@ def default_compute_objective(metrics: dict[str, float]) -> float:
 class _TrialReporter(TrainerCallback):
     """Reports each evaluation's objective to the trial; stops training when it should be pruned."""
 
-    order = 50
+    order = Order.LOGGER
 
     def __init__(self, trial, compute_objective: Callable, multi: bool, fabric):
         self.trial, self.compute_objective, self.multi, self.fabric = trial, compute_objective, multi, fabric
@@ -125,115 +123,133 @@ def _check_params(params: dict[str, Any]) -> None:
         )
 
 
-def run_search(model: "Model", x: Any, y: Any, *, hp_space: Callable | None, compute_objective: Callable | None,
+def run_search(model: Any, x: Any, y: Any, *, hp_space: Callable | None, compute_objective: Callable | None,
                n_trials: int, direction: str | list[str], hp_name: Callable | None, backend: str,
                study: Any = None, **options: Any) -> BestRun | list[BestRun]:
-    """`Model.hyperparameter_search`: see the module docstring."""
+    """`Model.hyperparameter_search` (`model`: a compiled `fitkit.Model` built with `model_init`):
+    see the module docstring."""
     if backend != "optuna":
         raise ValueError(f"unknown backend {backend!r} for `backend`; valid names are: optuna")
     if model.model_init is None:
         raise ValueError("hyperparameter_search needs `model_init`: build the model with Model(model_init=fn), "
                          "fn(trial) returning a fresh nn.Module, so that every trial starts from new weights")
-    compiled = model._require_compiled("hyperparameter_search")
+    if model.config is None:
+        raise RuntimeError("call `compile(optimizer, loss, metrics)` before `hyperparameter_search()`")
     import torch
 
-    if isinstance(compiled["optimizer"], torch.optim.Optimizer):
+    if isinstance(model.config.optimizer, torch.optim.Optimizer):
         raise ValueError("`optimizer` is an Optimizer instance, bound to one module's parameters; for a search "
                          "pass a name, an Optimizer class or a callable params -> optimizer")
     if not isinstance(n_trials, int) or n_trials <= 0:
         raise ValueError(f"`n_trials`={n_trials!r} is invalid: pass an integer > 0")
-    import optuna
+    search = _Search(model, x, y, hp_space=hp_space or default_hp_space,
+                     compute_objective=compute_objective or default_compute_objective, direction=direction,
+                     hp_name=hp_name, options=options)
+    if search.fabric.is_global_zero:
+        return search.lead(n_trials, study)
+    return search.follow()
 
-    from fitkit.model import seed_everything
 
-    hp_space = hp_space or default_hp_space
-    compute_objective = compute_objective or default_compute_objective
-    multi = isinstance(direction, (list, tuple))
-    study_kwargs, optimize_kwargs, fit_options = _split_options(dict(options))
-    names = set(TrainingArguments.names()) | set(ALIASES)
-    args = model._fit_args(None, **{k: v for k, v in fit_options.items() if k in names})
-    fabric = model._launch(args)
-    rank0 = fabric.is_global_zero
-    distributed = fabric.world_size > 1
-    base_dir = args.output_dir
+class _Search:
+    """One search over Optuna. Rank 0 leads: it runs the study, samples every trial
+    (`hp_space` and `model_init`) and broadcasts the trial's parameters; under several processes
+    the others follow with the same parameters fixed, so every process trains the same trial."""
 
-    def _fresh(trial, params):
-        seed_everything(params.get("seed", args.seed))  # before model_init, as HF
-        return model._trial_copy(trial)
+    def __init__(self, model: Any, x: Any, y: Any, *, hp_space: Callable, compute_objective: Callable,
+                 direction: str | list[str], hp_name: Callable | None, options: dict[str, Any]):
+        self.model, self.x, self.y = model, x, y
+        self.hp_space, self.compute_objective, self.hp_name = hp_space, compute_objective, hp_name
+        self.direction = direction
+        self.multi = isinstance(direction, (list, tuple))
+        self.study_kwargs, self.optimize_kwargs, self.fit_options = _split_options(dict(options))
+        names = set(TrainingArguments.names()) | set(ALIASES)
+        self.args = model.training_arguments(**{k: v for k, v in self.fit_options.items() if k in names})
+        self.fabric = model.launch(self.args)
+        self.distributed = self.fabric.world_size > 1
 
-    def objective(trial) -> float | tuple:
-        params = dict(hp_space(trial))
+    # -- the two roles ------------------------------------------------------------------------
+    def lead(self, n_trials: int, study: Any) -> BestRun | list[BestRun]:
+        import optuna
+
+        if study is None:
+            kwargs = dict(self.study_kwargs)
+            kwargs["directions" if self.multi else "direction"] = list(self.direction) if self.multi else self.direction
+            study = optuna.create_study(**kwargs)
+        optimize = dict(self.optimize_kwargs)
+        callbacks = list(optimize.pop("optuna_callbacks", None) or ())
+        finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+        # n_trials counts the study's finished trials: a rerun continues an interrupted search and
+        # several processes sharing one storage split the trials between them.
+        callbacks.append(optuna.study.MaxTrialsCallback(n_trials, states=finished))
+        if len(study.get_trials(deepcopy=False, states=finished)) < n_trials:
+            study.optimize(self.objective, n_trials=n_trials, callbacks=callbacks, **optimize)
+        if self.distributed:
+            self.fabric.broadcast(None, src=0)  # no more trials
+        best = _best(study, self.multi)
+        return self.fabric.broadcast(best, src=0) if self.distributed else best
+
+    def follow(self) -> BestRun | list[BestRun]:
+        import optuna
+
+        number = 0
+        while True:
+            sampled = self.fabric.broadcast(None, src=0)
+            if sampled is None:
+                break
+            trial = optuna.trial.FixedTrial(sampled, number=number)
+            params = dict(self.hp_space(trial))
+            try:
+                self.train_trial(self.fresh_model(trial, params), trial, params)
+            except optuna.TrialPruned:
+                pass
+            number += 1
+        return self.fabric.broadcast(None, src=0)
+
+    # -- one trial ----------------------------------------------------------------------------
+    def objective(self, trial: Any) -> float | tuple:
+        params = dict(self.hp_space(trial))
         _check_params(params)
-        trial_model = _fresh(trial, params)
-        if distributed:  # rank 0 sampled everything (hp_space and model_init); the others follow
-            fabric.broadcast(dict(trial.params), src=0)
-        return _train_trial(trial_model, trial, params)
+        trial_model = self.fresh_model(trial, params)
+        if self.distributed:  # rank 0 sampled everything (hp_space and model_init); the others follow
+            self.fabric.broadcast(dict(trial.params), src=0)
+        return self.train_trial(trial_model, trial, params)
 
-    def _train_trial(trial_model, trial, params):
-        reporter = _TrialReporter(trial, compute_objective, multi, fabric)
-        trial_options = {**fit_options, **params}
+    def fresh_model(self, trial: Any, params: dict[str, Any]) -> Any:
+        seed_everything(params.get("seed", self.args.seed))  # before model_init, as HF
+        return self.model.for_trial(trial, hp_name=self.hp_name)
+
+    def train_trial(self, trial_model: Any, trial: Any, params: dict[str, Any]) -> float | tuple:
+        import optuna
+        import torch
+
+        reporter = _TrialReporter(trial, self.compute_objective, self.multi, self.fabric)
+        trial_options = {**self.fit_options, **params}
         extra_callbacks = list(trial_options.pop("callbacks", None) or ())
-        trial_model._search_context = {
-            "trial_name": hp_name(trial) if hp_name else None,
-            "trial_params": dict(trial.params),
-        }
-        trial_options["output_dir"] = os.path.join(base_dir, f"run-{trial.number}")
+        trial_options["output_dir"] = os.path.join(self.args.output_dir, f"run-{trial.number}")
         try:
-            history = trial_model.fit(x, y, callbacks=extra_callbacks + [reporter], **trial_options)
-            metrics = dict(reporter.metrics)
-            if not metrics:
-                metrics = {k: v[-1] for k, v in history.history.items()}
+            history = trial_model.fit(self.x, self.y, callbacks=extra_callbacks + [reporter], **trial_options)
+            metrics = dict(reporter.metrics) or {k: v[-1] for k, v in history.history.items()}
         finally:
-            trial_model._release()
+            trial_model.release()
             del trial_model
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
         if reporter.pruned:
             raise optuna.TrialPruned(f"pruned at {trial.number}")
-        value = compute_objective(metrics)
-        if multi:
+        return self._objective_value(metrics)
+
+    def _objective_value(self, metrics: dict[str, float]) -> float | tuple:
+        value = self.compute_objective(metrics)
+        if self.multi:
             value = tuple(float(v) for v in value)
-            if len(value) != len(direction):
-                raise ValueError(f"compute_objective returned {len(value)} values for {len(direction)} directions")
+            if len(value) != len(self.direction):
+                raise ValueError(f"compute_objective returned {len(value)} values for {len(self.direction)} directions")
             return value
         if isinstance(value, (tuple, list)):
             raise ValueError("compute_objective returned several values: pass `direction` as a list for a "
                              "multi-objective search")
         return float(value)
-
-    if rank0:
-        if study is None:
-            kwargs = dict(study_kwargs)
-            kwargs["directions" if multi else "direction"] = list(direction) if multi else direction
-            study = optuna.create_study(**kwargs)
-        callbacks = list(optimize_kwargs.pop("optuna_callbacks", None) or ())
-        finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
-        # n_trials counts the study's finished trials: a rerun continues an interrupted search and
-        # several processes sharing one storage split the trials between them.
-        callbacks.append(optuna.study.MaxTrialsCallback(n_trials, states=finished))
-        done = len(study.get_trials(deepcopy=False, states=finished))
-        if done < n_trials:
-            study.optimize(objective, n_trials=n_trials, callbacks=callbacks, **optimize_kwargs)
-        if distributed:
-            fabric.broadcast(None, src=0)  # no more trials
-        best = _best(study, multi)
-        return fabric.broadcast(best, src=0) if distributed else best
-    # other ranks: run the trials rank 0 samples, with its parameters fixed
-    number = 0
-    while True:
-        sampled = fabric.broadcast(None, src=0)
-        if sampled is None:
-            break
-        trial = optuna.trial.FixedTrial(sampled, number=number)
-        params = dict(hp_space(trial))
-        trial_model = _fresh(trial, params)
-        try:
-            _train_trial(trial_model, trial, params)
-        except optuna.TrialPruned:
-            pass
-        number += 1
-    return fabric.broadcast(None, src=0)
 
 
 def _best(study, multi: bool) -> BestRun | list[BestRun]:

@@ -318,12 +318,12 @@ def test_fit_continues_training_and_compile_resets_the_optimizer(blobs):
     x, y = blobs
     model = Model(mlp()).compile("adam", "cross_entropy")
     model.fit(x, y, verbose=0)
-    first = model._optimizer
+    first = model.optimizer
     model.fit(x, y, verbose=0)
-    assert model._optimizer is first  # Keras: a second fit keeps the optimizer state
+    assert model.optimizer is first  # Keras: a second fit keeps the optimizer state
     model.compile("adam", "cross_entropy")
     model.fit(x, y, verbose=0)
-    assert model._optimizer is not first
+    assert model.optimizer is not first
 
 
 def test_model_init_builds_the_module(blobs):

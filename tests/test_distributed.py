@@ -172,7 +172,7 @@ def test_twenty_consecutive_runs_end_cleanly(tmp_path):
         "x, y = torch.randn(64, 4), torch.randint(0, 2, (64,))\n"
         "m = Model(torch.nn.Linear(4, 2)).compile('sgd', 'cross_entropy', strategy='ddp', devices=2, accelerator='cpu')\n"
         "m.fit(x, y, max_steps=2, verbose=0)\n"
-        "import os\nos.write(1, f'DONE {m._fabric.global_rank}\\n'.encode())  # one write: lines cannot interleave\n"
+        "import os\nos.write(1, f'DONE {m.fabric.global_rank}\\n'.encode())  # one write: lines cannot interleave\n"
     )
     for i in range(20):
         proc = subprocess.run([sys.executable, str(tiny)], capture_output=True, text=True, timeout=120)

@@ -32,7 +32,7 @@ def test_16_mixed_on_cpu_becomes_bf16_mixed_with_a_warning():
     model = Model(mlp()).compile("adam", "cross_entropy", precision="16-mixed")
     with pytest.warns(UserWarning, match="using 'bf16-mixed' instead"):
         model.fit(x, y, verbose=0)
-    assert "bf16" in type(model._fabric._precision).__name__.lower() or model._fabric._precision.precision == "bf16-mixed"
+    assert "bf16" in type(model.fabric._precision).__name__.lower() or model.fabric._precision.precision == "bf16-mixed"
 
 
 @pytest.mark.parametrize("strategy", ["deepspeed", "deepspeed_stage_2", "deepspeed_stage_3_offload", {"train_batch_size": 8}])
@@ -62,7 +62,7 @@ def test_a_ready_fabric_strategy_instance_passes_through():
     strategy = SingleDeviceStrategy(device="cpu")
     model = Model(mlp()).compile("adam", "cross_entropy", strategy=strategy)
     model.fit(x, y, verbose=0)
-    assert model._fabric.strategy is strategy
+    assert model.fabric.strategy is strategy
 
 
 def test_missing_deepspeed_config_file_is_named():

@@ -61,6 +61,65 @@ def _is_metric(obj: Any) -> bool:
     return type(obj).__module__.startswith("torchmetrics") or hasattr(obj, "compute") and hasattr(obj, "update")
 
 
+def metric_name(spec: Any) -> str:
+    """The name a metric spec is logged under (without `val_`): a name as given, a metric
+    object's class in snake case (`MeanAbsoluteError` -> `mean_absolute_error`), a callable's
+    `__name__`."""
+    if isinstance(spec, str):
+        return spec
+    if _is_metric(spec):
+        return _snake(type(spec).__name__)
+    return getattr(spec, "__name__", type(spec).__name__)
+
+
+# The torchmetrics class each metric name becomes (every task's class of a name improves the
+# same way; these are read for `higher_is_better` only): module, class.
+_NAME_CLASSES = {
+    "accuracy": ("torchmetrics.classification", "BinaryAccuracy"),
+    "f1": ("torchmetrics.classification", "BinaryF1Score"),
+    "precision": ("torchmetrics.classification", "BinaryPrecision"),
+    "recall": ("torchmetrics.classification", "BinaryRecall"),
+    "auroc": ("torchmetrics.classification", "BinaryAUROC"),
+    "mae": ("torchmetrics.regression", "MeanAbsoluteError"),
+    "mse": ("torchmetrics.regression", "MeanSquaredError"),
+}
+
+
+def _higher_is_better(spec: Any) -> bool | None:
+    """`higher_is_better` of a metric spec without building it: a named metric's torchmetrics
+    class, a metric object's own; None for a callable (nothing says)."""
+    if isinstance(spec, str):
+        import importlib
+
+        module, cls = _NAME_CLASSES[_ALIASES.get(spec.lower(), spec.lower())]
+        return getattr(getattr(importlib.import_module(module), cls), "higher_is_better", None)
+    if _is_metric(spec):
+        better = getattr(spec, "higher_is_better", None)
+        return better if isinstance(better, bool) else None
+    return None
+
+
+def metric_directions(specs: Any) -> dict[str, str]:
+    """Which way each logged value of a run improves, from the metric specs `check_metrics`
+    returned: `{name: "min" | "max"}` under each metric's name and its `val_` name, plus
+    `loss` / `val_loss` ("min"). A metric whose direction nothing tells (a plain callable, a
+    torchmetrics metric with `higher_is_better=None`) is left out. Nothing is built and no data
+    is looked at; torchmetrics is imported only for named metrics::
+
+        metric_directions(["accuracy", torchmetrics.MeanAbsoluteError(), my_fn])
+        # {"accuracy": "max", "val_accuracy": "max", "mean_absolute_error": "min",
+        #  "val_mean_absolute_error": "min", "loss": "min", "val_loss": "min"}
+    """
+    directions: dict[str, str] = {}
+    for spec in check_metrics(specs):
+        better = _higher_is_better(spec)
+        if better is not None:
+            name = metric_name(spec)
+            directions[name] = directions["val_" + name] = "max" if better else "min"
+    directions["loss"] = directions["val_loss"] = "min"
+    return directions
+
+
 def _distributed() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
@@ -175,15 +234,7 @@ class MetricSet:
         return [self.prefix + n for n in self._base_names()]
 
     def _base_names(self) -> list[str]:
-        names = []
-        for spec in self.specs:
-            if isinstance(spec, str):
-                names.append(spec)
-            elif _is_metric(spec):
-                names.append(_snake(type(spec).__name__))
-            else:
-                names.append(getattr(spec, "__name__", type(spec).__name__))
-        return names
+        return [metric_name(spec) for spec in self.specs]
 
     def _build(self, preds: torch.Tensor | None, target: torch.Tensor | None, saved: dict | None = None) -> None:
         """Build the metrics from the first batch, or from a saved state's task and class count."""

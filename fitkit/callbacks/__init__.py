@@ -1,7 +1,9 @@
 """Callbacks: the `TrainerCallback` event system and the built-in callbacks."""
 
 from fitkit.callbacks.backup_and_restore import BackupAndRestore
-from fitkit.callbacks.base import CallbackHandler, StopTraining, TrainerCallback, TrainerControl, TrainerState
+from fitkit.callbacks.base import (
+    CallbackHandler, Order, Stateful, StopTraining, TrainerCallback, TrainerControl, TrainerState,
+)
 from fitkit.callbacks.csv_logger import CSVLogger
 from fitkit.callbacks.early_stopping import EarlyStopping
 from fitkit.callbacks.flow import DefaultFlowCallback
@@ -16,8 +18,8 @@ from fitkit.callbacks.reduce_lr_on_plateau import ReduceLROnPlateau
 from fitkit.callbacks.terminate_on_nan import TerminateOnNaN
 
 __all__ = [
-    "CallbackHandler", "DefaultFlowCallback", "History", "PrinterCallback", "ProgressBar", "StopTraining",
-    "TrainerCallback", "TrainerControl", "TrainerState",
+    "CallbackHandler", "DefaultFlowCallback", "History", "Order", "PrinterCallback", "ProgressBar", "Stateful",
+    "StopTraining", "TrainerCallback", "TrainerControl", "TrainerState",
     # Keras-like callbacks
     "BackupAndRestore", "CSVLogger", "EarlyStopping", "LambdaCallback", "LearningRateScheduler", "ModelCheckpoint",
     "ReduceLROnPlateau", "TerminateOnNaN",

@@ -1,58 +1,25 @@
-"""Shared pieces of the Keras-like callbacks: the direction of a monitored value, the epoch
-records of a run, and changing the learning rate so a scheduler keeps the change.
+"""Shared pieces of the Keras-like callbacks: `MonitorCallback` (the base of the callbacks
+that watch one logged value), the direction of a monitored value, and changing the learning
+rate so a scheduler keeps the change.
 
-Private: the public callbacks (`EarlyStopping`, `ModelCheckpoint`, ...) are built on these.
+Private: the public callbacks (`EarlyStopping`, `ModelCheckpoint`, `ReduceLROnPlateau`, HF's
+`EarlyStoppingCallback`) are built on these.
 """
 
 from __future__ import annotations
 
 import math
-import re
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
-from fitkit.callbacks.base import TrainerCallback
+from fitkit.callbacks._run import EpochRecords, EpochRecordsCallback, RunStateCallback, epoch_index
+from fitkit.callbacks.base import Order
+from fitkit.logs import MAX, MIN, as_number, direction_from_name
 
-#: Keys of a log record that are bookkeeping, not values.
-SKIP_KEYS = frozenset({"epoch", "step", "total_flos"})
-
-# Name parts telling the direction of a monitored value. Long words match anywhere in the name;
-# short ones must be a whole `_`-separated part ("val_mae", not "maestro").
-_MIN_WORDS = ("loss", "error", "crossentropy", "perplexity", "hinge")
-_MIN_PARTS = ("mae", "mse", "rmse", "mape", "msle", "nll")
-_MAX_WORDS = ("accuracy", "precision", "recall", "auroc", "jaccard", "dice")
-_MAX_PARTS = ("acc", "f1", "auc", "iou", "r2", "map")
-
-
-def _torchmetrics_direction(name: str) -> str | None:
-    """`higher_is_better` of the torchmetrics class a metric name was made from, if any.
-
-    fitkit names a `torchmetrics.Metric` instance by its class in snake case
-    (`PearsonCorrCoef` -> `pearson_corr_coef`, logged as `val_pearson_corr_coef`)."""
-    base = name[4:] if name.startswith("val_") else name
-    camel = "".join(part[:1].upper() + part[1:] for part in base.split("_") if part)
-    if not camel.isidentifier():
-        return None
-    try:
-        import torchmetrics
-    except ImportError:  # pragma: no cover - a core dependency
-        return None
-    cls = getattr(torchmetrics, camel, None)
-    better = getattr(cls, "higher_is_better", None) if isinstance(cls, type) else None
-    if better is None:
-        return None
-    return "max" if better else "min"
-
-
-def direction_from_name(name: str) -> str | None:
-    """"min", "max", or None when the name does not tell."""
-    low = name.lower()
-    parts = set(re.split(r"[^a-z0-9]+", low))
-    if any(w in low for w in _MIN_WORDS) or parts & set(_MIN_PARTS):
-        return "min"
-    if any(w in low for w in _MAX_WORDS) or parts & set(_MAX_PARTS):
-        return "max"
-    return _torchmetrics_direction(low)
+__all__ = [
+    "EpochRecords", "EpochRecordsCallback", "MonitorCallback", "RunStateCallback", "available_names", "epoch_index",
+    "improves", "resolve_mode", "set_learning_rates",
+]
 
 
 def resolve_mode(monitor: str, mode: str, who: str) -> str:
@@ -72,22 +39,6 @@ def resolve_mode(monitor: str, mode: str, who: str) -> str:
     return found
 
 
-def as_number(value: Any) -> float | None:
-    """A logged value as a float (Python number, NumPy or one-element tensor), else None."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    try:
-        if hasattr(value, "numel") and value.numel() == 1:
-            return float(value)
-        if hasattr(value, "item") and getattr(value, "size", None) == 1:
-            return float(value.item())
-    except (TypeError, ValueError):
-        return None
-    return None
-
-
 def improves(current: float, reference: float | None, direction: str, min_delta: float = 0.0) -> bool:
     """Keras' test: `current` beats `reference` by more than `min_delta` in `direction`.
 
@@ -102,174 +53,109 @@ def improves(current: float, reference: float | None, direction: str, min_delta:
     return current - delta > reference
 
 
-def epoch_index(state) -> int:
-    """The 0-based index of the epoch `state` is in (or has just completed)."""
-    return max(math.ceil(state.epoch or 0.0) - 1, 0)
+class MonitorCallback(EpochRecordsCallback):
+    """Base of the callbacks that watch one logged value during `fit` (`EarlyStopping`,
+    `ReduceLROnPlateau`, `ModelCheckpoint`, HF's `EarlyStoppingCallback`), as Keras 3's
+    `MonitorCallback`: `check(current, ...)` runs at each *monitoring point*.
 
+    The points are the evaluations during `fit` (`evaluation_done`), where the value is looked
+    up in that evaluation's metrics, then in the latest training logs (so `monitor="loss"`
+    works too). Without evaluation (`eval_strategy="no"`), the point is the end of each epoch,
+    with that epoch's logged values (`epoch_done`). `evaluate()` outside `fit` is ignored.
+    Subclasses with other points override those two hooks (`ModelCheckpoint` saves at each
+    epoch's record, HF's `EarlyStoppingCallback` checks evaluations only).
 
-class EpochRecords:
-    """Follows one `fit` and merges each epoch's `on_log` / `on_evaluate` values.
+    The direction (`"min"` or `"max"`): `mode`, or with `mode="auto"` the name's (resolved at
+    construction: an unknown name raises `ValueError` asking for `mode` when `required`),
+    replaced at each `on_train_begin` by the `metric_directions` keyword's entry for the
+    monitored value when there is one (the compiled metric's own `higher_is_better`).
 
-    An epoch's record is complete at its epoch-end evaluation when one follows `on_epoch_end`,
-    else at its epoch-end training log when one follows, else at `on_epoch_end` itself. The
-    callback using this reads `control` at `on_epoch_end` to know which comes, so it must run
-    after the callbacks that set those switches (`DefaultFlowCallback` always runs first). As a
-    safety net a record still open is completed at the next `on_epoch_begin` or `on_train_end`.
-    Each method returns the completed record (a dict) when it completes one, else None.
+    A missing value gives one warning per run (`missing_message`) naming the values that
+    exist. State is forgotten at each `on_train_begin` (`reset()`) unless `load_state` just
+    restored it (it calls `_mark_restored()`).
     """
 
-    def __init__(self) -> None:
-        self.training = False
-        self.latest: dict[str, Any] = {}
-        self.epoch: dict[str, Any] = {}
-        self.index = 0
-        self._closing = False
-        self._wait_for: str | None = None
+    order = Order.MONITOR
 
-    def train_begin(self, state) -> None:
-        self.__init__()
-        self.training = True
-        self.index = int(state.epoch or 0)
-
-    def epoch_begin(self, state) -> dict | None:
-        done = self._complete()
-        self.index = int(state.epoch or 0)
-        self.epoch = {}
-        return done
-
-    def epoch_end(self, args, state, control) -> dict | None:
-        if not self.training:
-            return None
-        self.index = epoch_index(state)
-        self._closing = True
-        if control.should_evaluate and getattr(args, "eval_strategy", "no") not in (None, "no"):
-            self._wait_for = "evaluate"
-        elif control.should_log:
-            self._wait_for = "log"
-        else:
-            return self._complete()
-        return None
-
-    def log(self, logs: dict | None) -> dict | None:
-        if not self.training or not logs:
-            return None
-        self._merge(logs)
-        return self._complete() if self._wait_for == "log" else None
-
-    def evaluate(self, metrics: dict | None) -> dict | None:
-        if not self.training:
-            return None
-        self._merge(metrics or {})
-        return self._complete() if self._closing else None
-
-    def train_end(self) -> dict | None:
-        done = self._complete()
-        self.training = False
-        return done
-
-    def _merge(self, values: dict) -> None:
-        clean = {k: v for k, v in values.items() if k not in SKIP_KEYS}
-        self.latest.update(clean)
-        self.epoch.update(clean)
-
-    def _complete(self) -> dict | None:
-        if not self._closing:
-            return None
-        self._closing, self._wait_for = False, None
-        return dict(self.epoch)
-
-
-class MonitorCallback(TrainerCallback):
-    """Base of the callbacks that watch one value during training (`EarlyStopping`,
-    `ReduceLROnPlateau`): `check(current, ...)` runs at each *monitoring point*.
-
-    The points are the evaluations during `fit` (`on_evaluate`), where the value is looked up
-    in that evaluation's metrics, then in the latest training logs (so `monitor="loss"` works
-    too). Without evaluation (`eval_strategy="no"`), the point is the end of each epoch, with
-    that epoch's logged values. `evaluate()` outside `fit` is ignored. A missing value gives
-    one warning per run naming the values that exist.
-    """
-
-    order = 10
-
-    def __init__(self, monitor: str, mode: str) -> None:
+    def __init__(self, monitor: str = "val_loss", mode: str = "auto", *, required: bool = True) -> None:
+        super().__init__()
         self.monitor = monitor
         self.mode = mode
-        self._direction = resolve_mode(monitor, mode, type(self).__name__)
-        self._records = EpochRecords()
+        self._name_direction = self._resolve_direction(required)
+        self._direction = self._name_direction
         self._by_evaluation = True
         self._warned = False
-        self._restored = False
+
+    def _resolve_direction(self, required: bool) -> str | None:
+        who = type(self).__name__
+        if required:
+            return resolve_mode(self.monitor, self.mode, who)
+        if self.mode in (MIN, MAX):
+            return self.mode
+        if self.mode == "auto":
+            return direction_from_name(self.monitor) if isinstance(self.monitor, str) else None
+        raise ValueError(f"{who}: `mode`={self.mode!r} is invalid; use 'auto', 'min' or 'max'")
 
     # -- to override -----------------------------------------------------------------
-    def reset(self) -> None:
-        """Forget the previous run (called at `on_train_begin`, unless state was just loaded)."""
-
     def check(self, current: float, args, state, control, **kwargs):
-        """Act on the monitored value; may return a `TrainerControl`."""
+        """Act on the monitored value at a monitoring point; may return a `TrainerControl`."""
+
+    def lookup(self, values: Mapping[str, Any]) -> float | None:
+        """The monitored value in `values` as a number, or None when it is not there."""
+        return as_number(values[self.monitor]) if self.monitor in values else None
+
+    def missing_message(self, values: Mapping[str, Any]) -> str:
+        """The warning given (once per run) when the monitored value is missing."""
+        return (f"{type(self).__name__}: the monitored value {self.monitor!r} is not available, so this check is "
+                f"skipped (training goes on). Values available: {available_names(values)}.")
+
+    def run_direction(self, args, directions: Mapping[str, str]) -> str | None:
+        """The direction for the run starting (at `on_train_begin`)."""
+        if self.mode == "auto" and isinstance(self.monitor, str):
+            found = directions.get(self.monitor)
+            if found in (MIN, MAX):
+                return found
+        return self._name_direction
+
+    def epoch_done(self, record: dict, args, state, control, **kwargs):
+        """An epoch's record completed: the monitoring point when the run does not evaluate."""
+        if self._by_evaluation or not self._training:  # not the safety net at on_train_end either
+            return None
+        return self._point(record, args, state, control, **kwargs)
+
+    def evaluation_done(self, metrics: dict, args, state, control, **kwargs):
+        """An evaluation during `fit` ended: the monitoring point when the run evaluates."""
+        if not self._by_evaluation:
+            return None
+        return self._point({**self._records.latest, **metrics}, args, state, control, **kwargs)
 
     # -- plumbing --------------------------------------------------------------------------
-    def _value(self, values: dict) -> float | None:
-        value = as_number(values.get(self.monitor)) if self.monitor in values else None
+    def _value(self, values: Mapping[str, Any]) -> float | None:
+        """`lookup(values)`; a missing value warns once per run."""
+        value = self.lookup(values)
         if value is None and not self._warned:
             self._warned = True
-            warnings.warn(
-                f"{type(self).__name__}: the monitored value {self.monitor!r} is not available, so this check is "
-                f"skipped (training goes on). Values available: {available_names(values)}.",
-                UserWarning,
-                stacklevel=2,
-            )
+            warnings.warn(self.missing_message(values), UserWarning, stacklevel=2)
         return value
 
-    def _point(self, values: dict, args, state, control, **kwargs):
+    def _point(self, values: Mapping[str, Any], args, state, control, **kwargs):
         current = self._value(values)
         if current is None:
             return None
         return self.check(current, args, state, control, **kwargs)
 
-    def on_train_begin(self, args, state, control, **kwargs):
-        self._records.train_begin(state)
+    def on_train_begin(self, args, state, control, metric_directions=None, **kwargs):
         self._by_evaluation = getattr(args, "eval_strategy", "no") not in (None, "no")
         self._warned = False
-        if self._restored:
-            self._restored = False
-        else:
-            self.reset()
-
-    def on_epoch_begin(self, args, state, control, **kwargs):
-        done = self._records.epoch_begin(state)
-        if done is not None and not self._by_evaluation:
-            return self._point(done, args, state, control, **kwargs)
-        return None
-
-    def on_epoch_end(self, args, state, control, **kwargs):
-        done = self._records.epoch_end(args, state, control)
-        if done is not None and not self._by_evaluation:
-            return self._point(done, args, state, control, **kwargs)
-        return None
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        done = self._records.log(logs)
-        if done is not None and not self._by_evaluation:
-            return self._point(done, args, state, control, **kwargs)
-        return None
+        self._direction = self.run_direction(args, metric_directions or {})
+        return super().on_train_begin(args, state, control, **kwargs)
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
-        if not self._records.training:
+        if not self._training:  # `evaluate()` outside `fit`
             return None
-        self._records.evaluate(metrics)
-        if not self._by_evaluation:
-            return None
-        return self._point({**self._records.latest, **(metrics or {})}, args, state, control, **kwargs)
-
-    def on_train_end(self, args, state, control, **kwargs):
-        self._records.train_end()
-        return None
-
-    def _mark_restored(self) -> None:
-        # Loaded before a run: the coming `on_train_begin` must not reset it. Loaded during a run
-        # (fitkit's resume loads callback states right after `on_train_begin`): nothing to guard.
-        self._restored = not self._records.training
+        result = super().on_evaluate(args, state, control, metrics=metrics, **kwargs)
+        found = self.evaluation_done(metrics or {}, args, state, control, **kwargs)
+        return found if found is not None else result
 
 
 def set_learning_rates(optimizer, lr_scheduler, new_lr: Callable[[int, float], float]) -> list[tuple[float, float]]:

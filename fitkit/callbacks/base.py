@@ -22,7 +22,7 @@ import logging
 import types
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Protocol, runtime_checkable
 
 logger = logging.getLogger("fitkit")
 
@@ -44,6 +44,70 @@ EVENTS: tuple[str, ...] = (
     "on_prediction_step",
     "on_predict",
 )
+
+
+class Order:
+    """Named values of `TrainerCallback.order`: callbacks run in increasing `order`, equal
+    orders in list order. A callback that reads values others add to the logs runs after them::
+
+        class MyMetric(TrainerCallback):
+            order = Order.USER  # the default: before the monitors, which see what it adds
+
+        class MyReport(TrainerCallback):
+            order = Order.LOGGER  # after the monitors, before the trackers and the display
+    """
+
+    #: `DefaultFlowCallback`: first, it sets the `control` switches the others read.
+    FLOW = -(10**9)
+    #: The default of `TrainerCallback.order`: user callbacks that add or change values.
+    USER = 0
+    #: Callbacks that watch a value: `EarlyStopping`, `ModelCheckpoint`, `ReduceLROnPlateau`,
+    #: HF's `EarlyStoppingCallback`, any `MonitorCallback`.
+    MONITOR = 10
+    #: Loggers of the values: `CSVLogger`, the hyperparameter search's trial reporter.
+    LOGGER = 50
+    #: `CodeCarbonCallback`: adds its figures to the final record before the trackers close.
+    EMISSIONS = 55
+    #: The experiment trackers of `fitkit.integrations` (TensorBoard, MLflow, W&B, ...).
+    TRACKER = 60
+    #: The progress display (`ProgressBar`): last, it shows what everything else logged.
+    DISPLAY = 100
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    """What a callback implements to have its state saved in checkpoints and given back on
+    resume: `state()` returns a JSON-able dict, `load_state(state)` takes that dict back.
+
+    `CallbackHandler.export_states` saves `state()` of every callback that has one (HF's
+    `ExportableState` callbacks, which have no `load_state`, included); `load_states` calls
+    `load_state` when the callback has it, else sets the `"attributes"` of HF's
+    `{"args": ..., "attributes": ...}` layout on the callback. Either layout may be returned
+    by `state()`::
+
+        class Counter(TrainerCallback):
+            def __init__(self):
+                self.steps = 0
+
+            def on_step_end(self, args, state, control, **kwargs):
+                self.steps += 1
+
+            def state(self) -> dict:
+                return {"steps": self.steps}
+
+            def load_state(self, state: dict) -> None:
+                self.steps = state["steps"]
+
+        isinstance(Counter(), Stateful)  # True
+    """
+
+    def state(self) -> dict:
+        """The callback's state, as a JSON-able dict."""
+        ...
+
+    def load_state(self, state: dict) -> None:
+        """Take back a dict `state()` returned."""
+        ...
 
 
 class StopTraining(Exception):
@@ -136,8 +200,9 @@ class TrainerCallback:
     """Base class: override any of the events; each is called as
     `event(args, state, control, **kwargs)` and may return a `TrainerControl`.
 
-    `order` (default 0) lets a callback ask to run later than others; equal orders keep
-    list order. `DefaultFlowCallback` always runs first.
+    `order` (default `Order.USER`, 0) lets a callback ask to run later than others; equal
+    orders keep list order. `DefaultFlowCallback` always runs first. See `Order` for the
+    values the built-in callbacks use, and `Stateful` for keeping state in checkpoints.
 
     Example::
 
@@ -148,13 +213,14 @@ class TrainerCallback:
         Model(net).compile("adam", "mse").fit(x, y, callbacks=[MyCallback()])
     """
 
-    order: int = 0
+    order: int = Order.USER
 
     def on_init_end(self, args, state, control, **kwargs):
         """Called once when the model is compiled."""
 
     def on_train_begin(self, args, state, control, **kwargs):
-        """Called at the beginning of training."""
+        """Called at the beginning of training; `metric_directions` maps each logged value
+        whose direction is known to "min" or "max"."""
 
     def on_train_end(self, args, state, control, **kwargs):
         """Called at the end of training (also when training was stopped early)."""
@@ -223,6 +289,11 @@ class CallbackHandler(TrainerCallback):
     callback listens to costs one dictionary look-up; an override whose body is empty
     (`pass`, `...`, a docstring) is not called either. `call_event` also fires custom events:
     every callback with a method of that name receives it.
+
+    `metric_directions` maps logged names (`"val_loss"`, `"accuracy"`, `"val_mae"`, ...) to
+    `"min"` or `"max"`, from the compiled metrics' own `higher_is_better`; the engine sets it
+    before `on_train_begin`, which passes it to its listeners as the `metric_directions`
+    keyword (monitors with `mode="auto"` take their direction from it).
     """
 
     def __init__(
@@ -244,6 +315,8 @@ class CallbackHandler(TrainerCallback):
         #: During fit: `save_checkpoint(directory) -> path` writes a full, resumable checkpoint
         #: (call it on every process). Passed to events as the `save_checkpoint` keyword.
         self.save_checkpoint = None
+        #: "min" / "max" per logged name, set by the engine before `on_train_begin`.
+        self.metric_directions: dict[str, str] = {}
 
     # -- the list ---------------------------------------------------------------------
     def add_callback(self, callback: TrainerCallback | type) -> None:
@@ -274,7 +347,7 @@ class CallbackHandler(TrainerCallback):
 
     def _sort(self) -> None:
         # Stable: equal `order` keeps insertion order.
-        self.callbacks.sort(key=lambda cb: getattr(cb, "order", 0))
+        self.callbacks.sort(key=lambda cb: getattr(cb, "order", Order.USER))
         self._listeners: dict[str, list] = {}
 
     def listeners(self, event: str) -> list:
@@ -317,14 +390,14 @@ class CallbackHandler(TrainerCallback):
 
     # -- state kept in checkpoints ------------------------------------------------------------
     def export_states(self, control: TrainerControl) -> dict[str, Any]:
-        """`state()` of every stateful callback (JSON) by class name (a list when a class repeats),
-        plus the control flags under "TrainerControl"."""
+        """`state()` of every callback that has one (JSON) by class name (a list when a class
+        repeats), plus the control flags under "TrainerControl". A `Stateful` callback is
+        saved, and so is one with `state()` alone (HF's `ExportableState`)."""
         states: dict[str, Any] = {"TrainerControl": control.state()}
         for cb in self.callbacks:
-            export = getattr(cb, "state", None)
-            if not callable(export):
+            if not callable(getattr(cb, "state", None)):
                 continue
-            name, value = type(cb).__name__, export()
+            name, value = type(cb).__name__, cb.state()
             if name in states:
                 states[name] = (states[name] if isinstance(states[name], list) else [states[name]]) + [value]
             else:
@@ -332,9 +405,9 @@ class CallbackHandler(TrainerCallback):
         return states
 
     def load_states(self, states: dict[str, Any], control: TrainerControl) -> None:
-        """Give each stateful callback its saved state back: `load_state(dict)` when it has one,
-        else HF's `{"args": ..., "attributes": ...}` set as attributes. Control flags come back
-        too, except `should_training_stop`: a resumed run decides that anew."""
+        """Give each callback its saved state back: `load_state(dict)` for a `Stateful` one,
+        else the `"attributes"` of HF's `{"args": ..., "attributes": ...}` set on it. Control
+        flags come back too, except `should_training_stop`: a resumed run decides that anew."""
         for key, value in states.get("TrainerControl", {}).get("args", {}).items():
             if key != "should_training_stop":
                 setattr(control, key, value)
@@ -349,7 +422,7 @@ class CallbackHandler(TrainerCallback):
                 if index >= len(saved):
                     continue
                 saved = saved[index]
-            if callable(getattr(cb, "load_state", None)):
+            if isinstance(cb, Stateful) and callable(cb.load_state):
                 cb.load_state(saved)
             elif isinstance(saved, dict):
                 for key, value in saved.get("attributes", {}).items():
@@ -364,7 +437,8 @@ class CallbackHandler(TrainerCallback):
 
     def on_train_begin(self, args, state, control):
         control._new_training()
-        return self.call_event("on_train_begin", args, state, control)
+        return self.call_event("on_train_begin", args, state, control,
+                               metric_directions=dict(self.metric_directions))
 
     def on_train_end(self, args, state, control, **kwargs):
         return self.call_event("on_train_end", args, state, control, **kwargs)

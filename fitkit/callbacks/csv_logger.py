@@ -6,11 +6,12 @@ import csv
 import os
 from typing import Any
 
-from fitkit.callbacks._monitor import EpochRecords, as_number, epoch_index
-from fitkit.callbacks.base import TrainerCallback
+from fitkit.callbacks._run import EpochRecordsCallback, epoch_index
+from fitkit.callbacks.base import Order
+from fitkit.logs import LEARNING_RATE, as_number
 
 
-class CSVLogger(TrainerCallback):
+class CSVLogger(EpochRecordsCallback):
     """Stream each epoch's values to `filename`: one row per epoch, flushed as it is written.
 
     A row merges everything the epoch logged: the training loss and metrics, `learning_rate`,
@@ -45,7 +46,7 @@ class CSVLogger(TrainerCallback):
         # 0,0.53125,0.001,0.71...
     """
 
-    order = 50  # after callbacks that add values to the logs, before the progress display
+    order = Order.LOGGER  # after callbacks that add values to the logs, before the progress display
 
     def __init__(self, filename: str | os.PathLike, separator: str = ",", append: bool = False) -> None:
         self.filename = os.fspath(filename)
@@ -53,16 +54,16 @@ class CSVLogger(TrainerCallback):
             raise ValueError("CSVLogger: `filename` is empty; pass a file name such as 'training.csv'")
         if not isinstance(separator, str) or len(separator) != 1:
             raise ValueError(f"CSVLogger: `separator`={separator!r} is invalid; pass one character such as ',' or ';'")
+        super().__init__()
         self.sep = separator
         self.append = bool(append)
         self.columns: list[str] | None = None
         self.epochs_written = 0
         self._file = None
         self._writer = None
-        self._records = EpochRecords()
         self._evaluates = False
         self._active = False
-        self._restored = False
+        self._continue_file = False  # a loaded state: continue the file after its rows
 
     # -- file ----------------------------------------------------------------------------------
     def _read_existing(self) -> tuple[list[str] | None, list[str]]:
@@ -81,7 +82,7 @@ class CSVLogger(TrainerCallback):
         which comes after `on_train_begin`, is known before the file is touched)."""
         directory = os.path.dirname(os.path.abspath(self.filename))
         os.makedirs(directory, exist_ok=True)
-        if self._restored:
+        if self._continue_file:
             # continue after the rows a checkpoint knew of; drop rows written after it
             header, rows = self._read_existing()
             keep = rows[: self.epochs_written]
@@ -94,7 +95,7 @@ class CSVLogger(TrainerCallback):
             mode = "a"
         else:
             mode = "a" if self.append else "w"  # the columns and row count were read at on_train_begin
-        self._restored = False
+        self._continue_file = False
         self._file = open(self.filename, mode, newline="", encoding="utf-8")
         self._writer = csv.writer(self._file, delimiter=self.sep)
 
@@ -118,7 +119,7 @@ class CSVLogger(TrainerCallback):
         if self.columns is None:
             keys = sorted(record)
             if self._evaluates and not any(k.startswith("val_") for k in keys):
-                keys += [f"val_{k}" for k in keys if k != "learning_rate"]
+                keys += [f"val_{k}" for k in keys if k != LEARNING_RATE]
             self.columns = keys
             self._writer.writerow(["epoch", *keys])
         self._writer.writerow([epoch_index(state), *(self._cell(record.get(k)) for k in self.columns)])
@@ -126,35 +127,28 @@ class CSVLogger(TrainerCallback):
         self.epochs_written += 1
 
     # -- events --------------------------------------------------------------------------------
-    def on_train_begin(self, args, state, control, **kwargs):
-        self._records.train_begin(state)
-        self._evaluates = getattr(args, "eval_strategy", "no") not in (None, "no")
-        self._close()
-        self._active = state.is_world_process_zero
-        if self._restored:
-            return
+    def reset(self) -> None:
+        """A new file (or, with `append`, the end of the existing one) at the start of a run."""
         self.columns, self.epochs_written = None, 0
         if self.append and self._active:
             header, rows = self._read_existing()
             if header is not None:
                 self.columns, self.epochs_written = header, len(rows)
 
-    def on_epoch_begin(self, args, state, control, **kwargs):
-        self._write(self._records.epoch_begin(state), state)
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._evaluates = getattr(args, "eval_strategy", "no") not in (None, "no")
+        self._close()
+        self._active = state.is_world_process_zero
+        super().on_train_begin(args, state, control, **kwargs)  # reset(), unless a state was just loaded
 
-    def on_epoch_end(self, args, state, control, **kwargs):
-        self._write(self._records.epoch_end(args, state, control), state)
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        self._write(self._records.log(logs), state)
-
-    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
-        self._write(self._records.evaluate(metrics), state)
+    def epoch_done(self, record: dict, args, state, control, **kwargs):
+        self._write(record, state)
+        return None
 
     def on_train_end(self, args, state, control, **kwargs):
-        self._write(self._records.train_end(), state)
+        super().on_train_end(args, state, control, **kwargs)  # the last row, if still open
         self._close()
-        self._active = self._restored = False
+        self._active = self._continue_file = False
 
     # -- checkpoint state ---------------------------------------------------------------------------
     def state(self) -> dict:
@@ -166,7 +160,8 @@ class CSVLogger(TrainerCallback):
         self.epochs_written = int(state.get("epochs_written", 0))
         columns = state.get("columns")
         self.columns = list(columns) if columns is not None else None
-        self._restored = True
+        self._continue_file = True
+        self._mark_restored()
 
     def __repr__(self) -> str:
         return f"CSVLogger(filename={self.filename!r}, separator={self.sep!r}, append={self.append})"

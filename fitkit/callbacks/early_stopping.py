@@ -31,7 +31,9 @@ class EarlyStopping(MonitorCallback):
         verbose: 1 prints when training stops and when weights are restored.
 
     Stopping sets `control.should_training_stop`; the current epoch finishes its end-of-epoch
-    work and `on_train_end` fires. The counters reset at each `fit`. `state()` / `load_state()`
+    work and `on_train_end` fires. With `mode="auto"`, a compiled metric's own
+    `higher_is_better` (the run's `metric_directions`) decides over the name. The counters
+    reset at each `fit`. `state()` / `load_state()`
     give and take a JSON-able dict for checkpoints.
 
     Example::
@@ -46,8 +48,6 @@ class EarlyStopping(MonitorCallback):
         history = model.fit(x, y, epochs=100, validation_split=0.2, callbacks=[stop], verbose=0)
         print(len(history.epoch), stop.stopped_epoch, stop.best_epoch)
     """
-
-    order = 10  # after user callbacks (order 0) that add or change metrics
 
     def __init__(
         self,
@@ -111,7 +111,7 @@ class EarlyStopping(MonitorCallback):
         return None
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
-        super().on_train_end(args, state, control, **kwargs)
+        super().on_train_end(args, state, control, model=model, **kwargs)
         speak = self.verbose and state.is_world_process_zero
         if self.stopped and speak:
             print(f"Epoch {self.stopped_epoch + 1}: early stopping", flush=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fitkit.callbacks.base import TrainerCallback
+from fitkit.callbacks.base import Order, TrainerCallback
 
 
 class DefaultFlowCallback(TrainerCallback):
@@ -16,7 +16,7 @@ class DefaultFlowCallback(TrainerCallback):
                   eval_strategy="steps", eval_steps=200, validation_split=0.1)
     """
 
-    order = -(10**9)
+    order = Order.FLOW
 
     def on_step_end(self, args, state, control, **kwargs):
         step = state.global_step

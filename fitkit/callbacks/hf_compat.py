@@ -9,23 +9,25 @@ from __future__ import annotations
 
 import operator
 import warnings
+from typing import Any, Mapping
 
-from fitkit.callbacks._monitor import as_number
-from fitkit.callbacks.base import TrainerCallback
+from fitkit.callbacks._monitor import MonitorCallback
 from fitkit.callbacks.progress import ProgressBar
+from fitkit.logs import MAX, MIN, as_number
 
 #: HF's name for the progress display.
 ProgressCallback = ProgressBar
 
 
-class EarlyStoppingCallback(TrainerCallback):
+class EarlyStoppingCallback(MonitorCallback):
     """Hugging Face's early stopping: stop when `args.metric_for_best_model` has worsened or
     not improved for `early_stopping_patience` evaluations.
 
     The metric is `metric_for_best_model` (fitkit's default `"val_loss"`; an HF-style name
     such as `"eval_accuracy"` or a bare `"accuracy"` is looked up as `"val_accuracy"`). Its
-    direction is `greater_is_better`; when that is None, lower is better for names
-    containing `"loss"` and higher otherwise. An evaluation counts as an improvement when
+    direction is `greater_is_better`; when that is None, the compiled metric's own
+    `higher_is_better` (the run's `metric_directions`) when known, else lower is better for
+    names containing `"loss"` and higher otherwise. An evaluation counts as an improvement when
     the value beats the best so far by more than `early_stopping_threshold`. The counter
     restarts on an improvement; training stops once it reaches `early_stopping_patience`,
     checked after every evaluation (so, as in HF, `early_stopping_patience=0` stops at the
@@ -49,34 +51,68 @@ class EarlyStoppingCallback(TrainerCallback):
                   callbacks=[EarlyStoppingCallback(early_stopping_patience=3)], verbose=0)
     """
 
-    order = 10
-
     def __init__(self, early_stopping_patience: int = 1, early_stopping_threshold: float | None = 0.0) -> None:
         if not isinstance(early_stopping_patience, int) or early_stopping_patience < 0:
             raise ValueError(
                 f"EarlyStoppingCallback: `early_stopping_patience`={early_stopping_patience!r} is invalid; "
                 "pass an integer >= 0"
             )
+        # The metric and its direction come from the run's arguments, at on_train_begin.
+        super().__init__("val_loss", "auto", required=False)
         self.early_stopping_patience = early_stopping_patience
         self.early_stopping_threshold = float(early_stopping_threshold or 0.0)
+        self.reset()
+
+    def reset(self) -> None:
         self.early_stopping_patience_counter = 0
         self.best_metric: float | None = None
-        self._training = False
-        self._warned = False
-        self._restored = False
-        self._metric = "val_loss"
-        self._greater = False
 
-    def _lookup(self, metrics: dict) -> float | None:
-        name = self._metric
-        candidates = [name]
+    @property
+    def _greater(self) -> bool:
+        return self._direction == MAX
+
+    def _candidates(self) -> list[str]:
+        """The metric's name, then fitkit's `val_` name for it."""
+        name = self.monitor
         if name.startswith("eval_"):
-            candidates.append("val_" + name[len("eval_"):])
-        elif not name.startswith("val_"):
-            candidates.append("val_" + name)
-        for key in candidates:
-            if key in metrics:
-                return as_number(metrics[key])
+            return [name, "val_" + name[len("eval_"):]]
+        if not name.startswith("val_"):
+            return [name, "val_" + name]
+        return [name]
+
+    # -- MonitorCallback ---------------------------------------------------------------------
+    def lookup(self, values: Mapping[str, Any]) -> float | None:
+        for key in self._candidates():
+            if key in values:
+                return as_number(values[key])
+        return None
+
+    def missing_message(self, values: Mapping[str, Any]) -> str:
+        names = ", ".join(sorted(values)) or "none"
+        return (f"early stopping required metric_for_best_model, but did not find {self.monitor!r} so early "
+                f"stopping is disabled. Values available: {names}.")
+
+    def run_direction(self, args, directions: Mapping[str, str]) -> str | None:
+        greater = getattr(args, "greater_is_better", None)
+        if greater is not None:
+            return MAX if greater else MIN
+        for key in self._candidates():
+            if directions.get(key) in (MIN, MAX):
+                return directions[key]
+        return MIN if "loss" in self.monitor.lower() else MAX
+
+    def epoch_done(self, record: dict, args, state, control, **kwargs):
+        """Nothing: HF's early stopping looks at evaluations only."""
+        return None
+
+    def evaluation_done(self, metrics: dict, args, state, control, **kwargs):
+        value = self._value(metrics)  # the evaluation's own values only, as HF
+        if value is None:
+            return None
+        self.check_metric_value(args, state, control, value)
+        if self.early_stopping_patience_counter >= self.early_stopping_patience:
+            control.should_training_stop = True
+            return control
         return None
 
     def check_metric_value(self, args, state, control, metric_value: float) -> None:
@@ -93,17 +129,10 @@ class EarlyStoppingCallback(TrainerCallback):
         if self.best_metric is None or better(metric_value, self.best_metric):
             self.best_metric = metric_value
 
+    # -- events ------------------------------------------------------------------------------
     def on_train_begin(self, args, state, control, **kwargs):
-        self._training = True
-        self._warned = False
-        self._metric = getattr(args, "metric_for_best_model", None) or "val_loss"
-        greater = getattr(args, "greater_is_better", None)
-        self._greater = ("loss" not in self._metric.lower()) if greater is None else bool(greater)
-        if self._restored:
-            self._restored = False
-        else:
-            self.early_stopping_patience_counter = 0
-            self.best_metric = None
+        self.monitor = getattr(args, "metric_for_best_model", None) or "val_loss"
+        super().on_train_begin(args, state, control, **kwargs)
         if getattr(args, "eval_strategy", "no") in (None, "no"):
             warnings.warn(
                 "EarlyStoppingCallback needs evaluations: pass validation data (eval_strategy 'epoch' or 'steps'); "
@@ -111,30 +140,6 @@ class EarlyStoppingCallback(TrainerCallback):
                 UserWarning,
                 stacklevel=2,
             )
-
-    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
-        if not self._training:
-            return None
-        value = self._lookup(metrics or {})
-        if value is None:
-            if not self._warned:
-                self._warned = True
-                names = ", ".join(sorted(metrics or {})) or "none"
-                warnings.warn(
-                    f"early stopping required metric_for_best_model, but did not find {self._metric!r} so early "
-                    f"stopping is disabled. Values available: {names}.",
-                    UserWarning,
-                    stacklevel=2,
-                )
-            return None
-        self.check_metric_value(args, state, control, value)
-        if self.early_stopping_patience_counter >= self.early_stopping_patience:
-            control.should_training_stop = True
-            return control
-        return None
-
-    def on_train_end(self, args, state, control, **kwargs):
-        self._training = False
 
     # -- checkpoint state (HF's ExportableState layout) --------------------------------------------
     def state(self) -> dict:
@@ -154,4 +159,4 @@ class EarlyStoppingCallback(TrainerCallback):
         self.early_stopping_patience_counter = int(attributes.get("early_stopping_patience_counter", 0))
         best = attributes.get("best_metric")
         self.best_metric = None if best is None else float(best)
-        self._restored = not self._training  # loaded before a run: the coming on_train_begin keeps it
+        self._mark_restored()

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from fitkit.callbacks.base import TrainerCallback
+from fitkit.logs import NOT_VALUES
 
 
 class History(TrainerCallback):
@@ -21,8 +22,6 @@ class History(TrainerCallback):
         hist.history["loss"]      # [1.9, 1.1, 0.7]
         hist.epoch                # [0, 1, 2]
     """
-
-    _SKIP = frozenset({"epoch", "step", "learning_rate", "total_flos"})
 
     def __init__(self) -> None:
         self.history: dict[str, list[float]] = {}
@@ -47,7 +46,7 @@ class History(TrainerCallback):
             return
         row = self._rows.setdefault(max(math.ceil(epoch or 0.0) - 1, 0), {})
         for key, value in logs.items():
-            if key not in self._SKIP and isinstance(value, (int, float)) and not isinstance(value, bool):
+            if key not in NOT_VALUES and isinstance(value, (int, float)) and not isinstance(value, bool):
                 row[key] = float(value)
 
     def _rebuild(self) -> None:

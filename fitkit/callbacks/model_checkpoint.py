@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import os
-import tempfile
-import warnings
 from typing import Any
 
-from fitkit.callbacks._monitor import EpochRecords, available_names, as_number, direction_from_name, epoch_index, improves, resolve_mode
-from fitkit.callbacks.base import TrainerCallback
+from fitkit.callbacks._monitor import MonitorCallback, available_names, epoch_index, improves
 from fitkit.io import atomic_torch_save
+from fitkit.logs import as_number
 from fitkit.tensors import to_cpu
 
 
-class ModelCheckpoint(TrainerCallback):
+class ModelCheckpoint(MonitorCallback):
     """Save the model to `filepath` at the end of every epoch or every `save_freq` steps.
 
     `filepath` is formatted with `epoch` (1-based), `step` (the global step) and every value
@@ -56,8 +54,6 @@ class ModelCheckpoint(TrainerCallback):
         model.module.load_state_dict(torch.load("ckpt/best.pt", weights_only=True))
     """
 
-    order = 10  # after user callbacks (order 0) that add or change metrics
-
     def __init__(
         self,
         filepath: str | os.PathLike,
@@ -74,60 +70,39 @@ class ModelCheckpoint(TrainerCallback):
             raise ValueError("ModelCheckpoint: `filepath` is empty; pass a file name such as 'ckpt/w-{epoch:02d}.pt'")
         if save_freq != "epoch" and not (isinstance(save_freq, int) and not isinstance(save_freq, bool) and save_freq > 0):
             raise ValueError(f"ModelCheckpoint: `save_freq`={save_freq!r} is invalid; pass 'epoch' or an integer > 0 (steps)")
-        self.monitor = monitor
+        # the monitor matters only with save_best_only: only then must its direction be known
+        super().__init__(monitor, mode, required=bool(save_best_only))
         self.save_best_only = bool(save_best_only)
         self.save_weights_only = bool(save_weights_only)
-        self.mode = mode
         self.save_freq = save_freq
         self.initial_value_threshold = None if initial_value_threshold is None else float(initial_value_threshold)
         self.verbose = verbose
-        if self.save_best_only:
-            self._direction = resolve_mode(monitor, mode, "ModelCheckpoint")
-        elif mode in ("min", "max"):
-            self._direction = mode
-        elif mode == "auto":
-            self._direction = direction_from_name(monitor) if isinstance(monitor, str) else None
-        else:
-            raise ValueError(f"ModelCheckpoint: `mode`={mode!r} is invalid; use 'auto', 'min' or 'max'")
         self.best: float | None = self.initial_value_threshold
         self.last_filepath: str | None = None
-        self._records = EpochRecords()
-        self._warned = False
-        self._restored = False
 
-    # -- events ---------------------------------------------------------------------------------
-    def on_train_begin(self, args, state, control, **kwargs):
-        self._records.train_begin(state)
-        self._warned = False
-        if self._restored:
-            self._restored = False
-        else:
-            self.best = self.initial_value_threshold
+    def reset(self) -> None:
+        self.best = self.initial_value_threshold
 
-    def on_epoch_begin(self, args, state, control, **kwargs):
-        self._epoch_done(self._records.epoch_begin(state), state, kwargs)
+    # -- monitoring points ----------------------------------------------------------------------
+    def epoch_done(self, record: dict, args, state, control, **kwargs):
+        """Each epoch is saved once its record is complete (the safety net at train end too)."""
+        if self.save_freq == "epoch":
+            self._save(record, state, kwargs)
+        return None
 
-    def on_epoch_end(self, args, state, control, **kwargs):
-        self._epoch_done(self._records.epoch_end(args, state, control), state, kwargs)
+    def evaluation_done(self, metrics: dict, args, state, control, **kwargs):
+        """Nothing: an epoch-end evaluation completes the epoch's record, saved by `epoch_done`."""
+        return None
 
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        self._epoch_done(self._records.log(logs), state, kwargs)
-
-    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
-        self._epoch_done(self._records.evaluate(metrics), state, kwargs)
+    def missing_message(self, values: dict) -> str:
+        return (f"ModelCheckpoint: can save the best model only with {self.monitor!r} available, skipping. "
+                f"Values available: {available_names(values)}.")
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.save_freq != "epoch" and state.global_step % self.save_freq == 0:
             self._save(dict(self._records.latest), state, kwargs)
 
-    def on_train_end(self, args, state, control, **kwargs):
-        self._epoch_done(self._records.train_end(), state, kwargs)
-
     # -- saving ---------------------------------------------------------------------------------
-    def _epoch_done(self, record: dict | None, state, kwargs: dict) -> None:
-        if record is not None and self.save_freq == "epoch":
-            self._save(record, state, kwargs)
-
     def _format(self, values: dict, epoch: int, step: int) -> str:
         fields = {k: as_number(v) if as_number(v) is not None else v for k, v in values.items()}
         fields.update(epoch=epoch, step=step)
@@ -144,16 +119,8 @@ class ModelCheckpoint(TrainerCallback):
         speak = bool(self.verbose) and state.is_world_process_zero
         where = f"Epoch {epoch}" if self.save_freq == "epoch" else f"Epoch {epoch}, step {state.global_step}"
         if self.save_best_only:
-            current = as_number(values.get(self.monitor))
+            current = self._value(values)
             if current is None:
-                if not self._warned:
-                    self._warned = True
-                    warnings.warn(
-                        f"ModelCheckpoint: can save the best model only with {self.monitor!r} available, skipping. "
-                        f"Values available: {available_names(values)}.",
-                        UserWarning,
-                        stacklevel=3,
-                    )
                 return
             if not improves(current, self.best, self._direction):
                 if speak:
@@ -195,7 +162,7 @@ class ModelCheckpoint(TrainerCallback):
         """Restore from `state()`; the next `fit` continues from it instead of resetting."""
         best = state.get("best")
         self.best = None if best is None else float(best)
-        self._restored = not self._records.training  # see MonitorCallback._mark_restored
+        self._mark_restored()
 
     def __repr__(self) -> str:
         return (f"ModelCheckpoint(filepath={self.filepath!r}, monitor={self.monitor!r}, "

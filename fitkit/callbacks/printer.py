@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fitkit.callbacks.base import TrainerCallback
+from fitkit.logs import TOTAL_FLOS
 
 
 class PrinterCallback(TrainerCallback):
@@ -16,4 +17,4 @@ class PrinterCallback(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero and logs:
-            print({k: v for k, v in logs.items() if k != "total_flos"}, flush=True)
+            print({k: v for k, v in logs.items() if k != TOTAL_FLOS}, flush=True)

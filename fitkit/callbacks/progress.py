@@ -13,10 +13,9 @@ import sys
 import time
 from typing import Any
 
-from fitkit.callbacks.base import TrainerCallback
-
-#: Logged values the display leaves out: positions and the optimizer's rate.
-_HIDDEN = frozenset({"epoch", "step", "total_flos", "learning_rate"})
+from fitkit.callbacks.base import Order, TrainerCallback
+from fitkit.logs import NOT_VALUES
+from fitkit.schedule import steps_in_epoch, steps_per_epoch
 
 
 def _number(value: float) -> str:
@@ -33,7 +32,7 @@ def format_logs(logs: dict) -> str:
     """
     parts = []
     for key, value in logs.items():
-        if key in _HIDDEN or isinstance(value, bool) or not isinstance(value, (int, float)):
+        if key in NOT_VALUES or isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
         parts.append(f"{key}: {_number(float(value))}")
     return " - ".join(parts)
@@ -142,7 +141,7 @@ class ProgressBar(TrainerCallback):
         model.fit(x, y, epochs=3, verbose=0, callbacks=[ProgressBar()])
     """
 
-    order = 100  # after callbacks that add values to the logs
+    order = Order.DISPLAY  # after callbacks that add values to the logs
 
     def __init__(self, bar: bool = True, refresh_seconds: float = 0.1):
         self.bar = bar
@@ -199,13 +198,9 @@ class ProgressBar(TrainerCallback):
 
     def _epoch_total(self, state, epoch: int) -> int | None:
         """Optimizer steps in this epoch, when they can be known."""
-        per_epoch = self._steps_per_epoch
-        if per_epoch is None:
+        if self._steps_per_epoch is None:
             return None
-        if state.max_steps:
-            left = state.max_steps - epoch * per_epoch
-            return max(1, min(per_epoch, left))
-        return per_epoch
+        return steps_in_epoch(epoch, per_epoch=self._steps_per_epoch, max_steps=state.max_steps)
 
     def _finish_epoch(self) -> None:
         """Print the epoch's line (and drop its bars)."""
@@ -231,12 +226,13 @@ class ProgressBar(TrainerCallback):
         if not self._active:
             return
         self._epochs = state.num_train_epochs
-        if state.max_steps and state.num_train_epochs and args.max_steps <= 0:  # epochs x steps per epoch
+        if state.max_steps and state.num_train_epochs and args.max_steps <= 0:
+            # the engine planned max_steps = epochs x steps per epoch (fitkit.schedule.plan)
             self._steps_per_epoch = max(1, state.max_steps // state.num_train_epochs)
         else:
             loader = kwargs.get("train_dataloader")
             try:
-                self._steps_per_epoch = max(1, -(-len(loader) // args.gradient_accumulation_steps))
+                self._steps_per_epoch = steps_per_epoch(len(loader), args.gradient_accumulation_steps)
             except TypeError:  # no loader, or one without a length: learned after the first epoch
                 pass
         self._start_display()

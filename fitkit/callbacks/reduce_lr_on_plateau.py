@@ -39,8 +39,6 @@ class ReduceLROnPlateau(MonitorCallback):
         print([r["learning_rate"] for r in model.state.log_history if "learning_rate" in r])
     """
 
-    order = 10
-
     def __init__(
         self,
         monitor: str = "val_loss",

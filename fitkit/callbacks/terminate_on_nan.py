@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import math
 
-from fitkit.callbacks._monitor import as_number
 from fitkit.callbacks.base import TrainerCallback
+from fitkit.logs import as_number
 
 logger = logging.getLogger("fitkit")
 

@@ -1,7 +1,12 @@
-"""Checkpoint I/O: atomic writes of `output_dir/checkpoint-{global_step}/` through `fabric.save`.
+"""Checkpoints: `Checkpointer` (one run's save, rotation, best model and resume) over the I/O
+below it (atomic writes of `output_dir/checkpoint-{global_step}/` through `fabric.save`).
 
 A checkpoint is written under a temporary name and renamed when complete, with a manifest
 written last; a directory without a valid manifest is never treated as a checkpoint.
+
+    checkpointer = Checkpointer(fabric, args, state, handler, module=m, optimizer=o, scheduler=s)
+    snapshot = checkpointer.resume(checkpointer.resume_path(callbacks))   # or None: a fresh run
+    path = checkpointer.save(loop.snapshot(), control)                    # when control.should_save
 """
 
 from __future__ import annotations
@@ -11,7 +16,12 @@ import logging
 import os
 import re
 import shutil
-from typing import Any
+from dataclasses import fields
+from typing import Any, Iterable
+
+from fitkit.callbacks.base import TrainerControl, TrainerState
+from fitkit.engine.rng import rng_state, set_rng_state  # noqa: F401 - set_rng_state: part of this module's API
+from fitkit.engine.snapshot import LoopSnapshot
 
 FORMAT_VERSION = 1
 MANIFEST = "fitkit_checkpoint.json"
@@ -20,6 +30,79 @@ ARGS_FILE = "training_args.json"
 WEIGHTS = "state.pt"
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 logger = logging.getLogger("fitkit")
+
+#: `TrainerState` fields a run sets from its own arguments and processes; a resume restores
+#: every other field (the progress: step, epoch, logs, best model, callback states, ...).
+PLAN_FIELDS = frozenset({
+    "max_steps", "num_train_epochs", "logging_steps", "eval_steps", "save_steps", "train_batch_size",
+    "is_local_process_zero", "is_world_process_zero", "is_hyper_param_search", "trial_name", "trial_params",
+})
+
+
+class Checkpointer:
+    """One run's checkpoints: writes them (into `output_dir`, or another directory for a
+    callback such as `BackupAndRestore`), rotates them without losing the best one, resumes
+    from one and loads the best model at the end when asked."""
+
+    def __init__(self, fabric: Any, args: Any, state: TrainerState, handler: Any, *, module: Any, optimizer: Any,
+                 scheduler: Any = None):
+        self.fabric, self.args, self.state, self.handler = fabric, args, state, handler
+        self.module, self.optimizer, self.scheduler = module, optimizer, scheduler
+        self.last: str | None = None  # the newest checkpoint written into `output_dir`
+
+    def save(self, snapshot: LoopSnapshot, control: TrainerControl, directory: str | None = None,
+             limit: int | None = None) -> str:
+        """Write a resumable checkpoint into `directory` (default `output_dir`) and rotate:
+        `save_total_limit` in `output_dir` (never the best one), `limit` elsewhere."""
+        own = directory is None
+        directory = self.args.output_dir if own else directory
+        state = self.state
+        state.stateful_callbacks = self.handler.export_states(control)
+        if own and state.best_global_step == state.global_step:  # this checkpoint holds the best model
+            state.best_model_checkpoint = checkpoint_path(directory, state.global_step)
+        extra = {"rng": rng_state(), "loop": snapshot.to_payload()}
+        path = save_checkpoint(self.fabric, directory, state=state, args=self.args, module=self.module,
+                               optimizer=self.optimizer, scheduler=self.scheduler, extra=extra)
+        if self.fabric.is_global_zero:
+            if own:
+                rotate(directory, self.args.save_total_limit, keep=state.best_model_checkpoint)
+            else:
+                rotate(directory, limit)
+        if own:
+            self.last = path
+        return path
+
+    def resume_path(self, callbacks: Iterable[Any]) -> str | None:
+        """`resume_from_checkpoint` resolved, else a checkpoint a callback offers through
+        `checkpoint_to_resume(args)` (e.g. `BackupAndRestore`), else None."""
+        if self.args.resume_from_checkpoint:
+            return resolve(self.args.resume_from_checkpoint, self.args.output_dir)
+        for cb in callbacks:
+            offer = getattr(cb, "checkpoint_to_resume", None)
+            path = offer(self.args) if callable(offer) else None
+            if path:
+                return path
+        return None
+
+    def resume(self, path: str | None) -> LoopSnapshot | None:
+        """Load `path` into the module, optimizer, scheduler and state; return where the loop
+        continues (None for no path: a fresh run)."""
+        if path is None:
+            return None
+        payload = load_checkpoint(self.fabric, path, module=self.module, optimizer=self.optimizer)
+        if self.scheduler is not None and "scheduler" in payload:
+            self.scheduler.load_state_dict(payload["scheduler"])
+        saved = TrainerState.load_from_json(os.path.join(path, STATE_FILE))
+        for f in fields(TrainerState):
+            if f.name not in PLAN_FIELDS:
+                setattr(self.state, f.name, getattr(saved, f.name))
+        logger.info("resuming from %s at step %d", path, self.state.global_step)
+        return LoopSnapshot.from_payload(payload["loop"], rng=payload["rng"], callbacks=self.state.stateful_callbacks)
+
+    def load_best(self) -> None:
+        """With `load_best_model_at_end`, put the best checkpoint's weights back into the module."""
+        if self.args.load_best_model_at_end and self.state.best_model_checkpoint:
+            load_checkpoint(self.fabric, self.state.best_model_checkpoint, module=self.module, optimizer=None)
 
 
 def _files(path: str) -> dict[str, int]:
@@ -163,40 +246,3 @@ def load_checkpoint(fabric, path: str, *, module, optimizer) -> dict[str, Any]:
             ) from None
         raise
     return remainder
-
-
-def rng_state() -> dict[str, Any]:
-    """Python, NumPy, torch (and CUDA) generator states in weights-only-loadable form."""
-    import random
-
-    import torch
-
-    version, internal, gauss = random.getstate()
-    state: dict[str, Any] = {"python": [version, list(internal), gauss], "torch": torch.get_rng_state()}
-    try:
-        import numpy as np
-
-        kind, keys, pos, has_gauss, cached = np.random.get_state()
-        state["numpy"] = [kind, torch.from_numpy(keys.astype("int64")), pos, has_gauss, cached]
-    except ImportError:  # pragma: no cover
-        pass
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    import random
-
-    import torch
-
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    torch.set_rng_state(state["torch"])
-    if "numpy" in state:
-        import numpy as np
-
-        kind, keys, pos, has_gauss, cached = state["numpy"]
-        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])

@@ -20,6 +20,8 @@ from typing import Any, Iterable, Iterator, NamedTuple
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 
+from fitkit.tensors import map_tensors
+
 logger = logging.getLogger("fitkit")
 LABEL_KEYS = ("labels", "label", "y", "targets", "target")
 
@@ -47,14 +49,6 @@ def _to_tensor(value: Any, name: str) -> torch.Tensor:
 
 def _is_array(value: Any) -> bool:
     return isinstance(value, torch.Tensor) or type(value).__module__ == "numpy" and hasattr(value, "shape")
-
-
-def _map(fn, tree):
-    if isinstance(tree, dict):
-        return {k: fn(v) for k, v in tree.items()}
-    if isinstance(tree, (tuple, list)):
-        return tuple(fn(v) for v in tree)
-    return fn(tree)
 
 
 def _first(tree) -> torch.Tensor:
@@ -94,6 +88,15 @@ def split_batch(batch: Any) -> Batch:
             f"a batch must be x, (x,), (x, y), (x, y, sample_weight) or a dict; got a sequence of {len(batch)} items"
         )
     return Batch((batch,), None, None, batch_size_of(batch))
+
+
+def epoch_permutation(size: int, seed: int | None, epoch: int) -> torch.Tensor:
+    """The shuffled order of epoch `epoch`: a permutation drawn from its own generator seeded
+    with `seed + epoch`, so any epoch's order can be rebuilt (a resume) and the global RNG is
+    never touched."""
+    g = torch.Generator()
+    g.manual_seed((seed or 0) + epoch)
+    return torch.randperm(size, generator=g)
 
 
 class DataSource:
@@ -150,8 +153,8 @@ class TensorSource(DataSource):
 
     def to(self, device: torch.device) -> "TensorSource":
         move = lambda t: t.to(device, non_blocking=True) if isinstance(t, torch.Tensor) else t  # noqa: E731
-        self.x = _map(move, self.x)
-        self.y = _map(move, self.y) if self.y is not None else None
+        self.x = map_tensors(move, self.x)
+        self.y = map_tensors(move, self.y) if self.y is not None else None
         self.sample_weight = move(self.sample_weight) if self.sample_weight is not None else None
         if self.class_weight is not None:
             self.class_weight = move(self.class_weight)
@@ -162,9 +165,7 @@ class TensorSource(DataSource):
         if not self.shuffle and (self.world_size == 1 or not self.pad):
             return None
         if self.shuffle:
-            g = torch.Generator()
-            g.manual_seed((self.seed or 0) + epoch)
-            perm = torch.randperm(self.total, generator=g)
+            perm = epoch_permutation(self.total, self.seed, epoch)
         else:
             perm = torch.arange(self.total)
         if self.world_size > 1:
@@ -190,7 +191,7 @@ class TensorSource(DataSource):
             else:
                 idx = order[lo:hi]
                 take = lambda t: t.index_select(0, idx)  # noqa: E731
-            xb = _map(take, x)
+            xb = map_tensors(take, x)
             yb = take(y) if y is not None else None
             swb = take(sw) if sw is not None else None
             if cw is not None and yb is not None:
@@ -241,9 +242,7 @@ class EpochSampler(torch.utils.data.Sampler):
 
     def __iter__(self) -> Iterator[int]:
         if self.shuffle:
-            g = torch.Generator()
-            g.manual_seed((self.seed or 0) + self.epoch)
-            order = torch.randperm(self.size, generator=g)[self.skip :]
+            order = epoch_permutation(self.size, self.seed, self.epoch)[self.skip :]
         else:
             order = torch.arange(self.skip, self.size)
         return iter(order.tolist())
@@ -323,6 +322,17 @@ class LoaderSource(DataSource):
             yield batch
 
     _warned_skip = False
+
+
+def class_weight_table(class_weight: dict, device: torch.device) -> torch.Tensor:
+    """Keras' `class_weight` dict as a table indexed by class (classes not named weigh 1)."""
+    if not isinstance(class_weight, dict) or not class_weight:
+        raise ValueError("`class_weight` must be a non-empty dict {class index: weight}")
+    size = max(int(k) for k in class_weight) + 1
+    weights = torch.ones(size, dtype=torch.float32)
+    for k, v in class_weight.items():
+        weights[int(k)] = float(v)
+    return weights.to(device)
 
 
 def class_weights_for(table: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -409,19 +419,7 @@ def adapt(
         n = len(x.dataset) if hasattr(x.dataset, "__len__") else None
         return LoaderSource(x, num_samples=n), None
     if isinstance(x, Dataset):
-        iterable = isinstance(x, IterableDataset)
-        if not iterable and len(x) == 0:  # type: ignore[arg-type]
-            raise ValueError(f"`{name}` is an empty Dataset: pass at least one sample")
-        # The loader's own generator: creating an iterator never draws from the global RNG.
-        g = torch.Generator()
-        g.manual_seed(seed or 0)
-        if iterable:
-            return LoaderSource(DataLoader(x, batch_size=batch_size, generator=g)), None
-        sampler = EpochSampler(len(x), shuffle, seed)  # type: ignore[arg-type]
-        loader = DataLoader(x, batch_size=batch_size, sampler=sampler, generator=g)
-        source = LoaderSource(loader, num_samples=len(x))  # type: ignore[arg-type]
-        source.sampler = sampler
-        return source, None
+        return _dataset_source(x, batch_size=batch_size, shuffle=shuffle, seed=seed, name=name), None
     if isinstance(x, Iterable) and not isinstance(x, (str, bytes)):
         if iter(x) is x:
             raise TypeError(
@@ -434,27 +432,43 @@ def adapt(
     )
 
 
-def split_validation(tensors: tuple | None, x: Any, fraction: float):
+def _dataset_source(x: Dataset, *, batch_size: int, shuffle: bool, seed: int | None, name: str) -> LoaderSource:
+    """A DataLoader fitkit builds over a Dataset: an `EpochSampler` for a map-style one."""
+    iterable = isinstance(x, IterableDataset)
+    if not iterable and len(x) == 0:  # type: ignore[arg-type]
+        raise ValueError(f"`{name}` is an empty Dataset: pass at least one sample")
+    # The loader's own generator: creating an iterator never draws from the global RNG.
+    g = torch.Generator()
+    g.manual_seed(seed or 0)
+    if iterable:
+        return LoaderSource(DataLoader(x, batch_size=batch_size, generator=g))
+    sampler = EpochSampler(len(x), shuffle, seed)  # type: ignore[arg-type]
+    loader = DataLoader(x, batch_size=batch_size, sampler=sampler, generator=g)
+    source = LoaderSource(loader, num_samples=len(x))  # type: ignore[arg-type]
+    source.sampler = sampler
+    return source
+
+
+def split_validation(tensors: tuple | None, x: Any, fraction: float) -> tuple[tuple, tuple]:
     """Keras' `validation_split`: the last `fraction` of the samples, taken before shuffling.
 
-    Returns `(train_x, train_y, train_sw), (val_x, val_y, val_sw)` or Datasets for map-style input.
+    Returns two `(x, y, sample_weight)` triples, train then validation: slices of the tensors
+    for in-memory data, `(Subset, None, None)` for a map-style Dataset.
     """
     if not 0.0 < fraction < 1.0:
         raise ValueError(f"`validation_split`={fraction!r} is invalid: pass a fraction in (0, 1)")
     if tensors is not None:
-        xt, yt, swt = tensors
-        n = batch_size_of(xt)
+        n = batch_size_of(tensors[0])
         cut = int(n * (1.0 - fraction))
         if cut <= 0 or cut >= n:
             raise ValueError(f"`validation_split`={fraction} leaves an empty split of {n} samples; pick another fraction")
         head = lambda t: t[:cut]  # noqa: E731
         tail = lambda t: t[cut:]  # noqa: E731
-        opt = lambda f, t: f(t) if t is not None else None  # noqa: E731
-        return (_map(head, xt), opt(head, yt), opt(head, swt)), (_map(tail, xt), opt(tail, yt), opt(tail, swt))
+        return tuple(map_tensors(head, t) for t in tensors), tuple(map_tensors(tail, t) for t in tensors)
     if isinstance(x, Dataset) and not isinstance(x, IterableDataset):
         n = len(x)  # type: ignore[arg-type]
         cut = int(n * (1.0 - fraction))
-        return Subset(x, range(cut)), Subset(x, range(cut, n))
+        return (Subset(x, range(cut)), None, None), (Subset(x, range(cut, n)), None, None)
     raise ValueError(
         "`validation_split` needs tensors, arrays or a map-style Dataset; pass `validation_data` for "
         f"a {type(x).__name__}"

@@ -6,15 +6,17 @@ Nothing here imports a tracking library: each integration imports its own on fir
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
-import numbers
 import os
 import re
 import warnings
 from typing import Any, NamedTuple
 
-from fitkit.callbacks.base import TrainerCallback
+from fitkit import logs as _logs
+from fitkit.callbacks.base import Order, TrainerCallback
+from fitkit.logs import POSITION
 
 
 class Integration(NamedTuple):
@@ -116,25 +118,10 @@ def run_params(args: Any, state: Any = None) -> dict[str, Any]:
 # -- values -----------------------------------------------------------------------------------
 
 
-def as_number(value: Any) -> float | int | None:
-    """`value` as a Python number when it is one (bools, ints, floats, NumPy scalars and
-    one-element tensors or arrays); None otherwise."""
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        return float(value)
-    numel = getattr(value, "numel", None) or getattr(value, "size", None)
-    try:
-        if callable(numel):
-            numel = numel()
-        if numel == 1 and hasattr(value, "item"):
-            item = value.item()
-            return as_number(item) if isinstance(item, (bool, numbers.Real)) else None
-    except Exception:  # noqa: BLE001 - anything odd is "not a number"
-        return None
-    return None
+#: A logged value as the trackers record it: `fitkit.logs.as_number` (the one rule) with the
+#: trackers' switches: ints stay ints and bools count as 1 / 0 (HF's trackers log every `int`
+#: and `float`, and a `bool` is an `int`).
+as_number = functools.partial(_logs.as_number, bools=True, keep_ints=True)
 
 
 def trial_label(args: Any, state: Any) -> str | None:
@@ -159,7 +146,7 @@ class TrackingCallback(TrainerCallback):
     (`CodeCarbonCallback` does) are written before `close`.
     """
 
-    order = 60  # after callbacks that add or change values in the logs (order <= 50)
+    order = Order.TRACKER  # after callbacks that add or change values in the logs (order <= Order.EMISSIONS)
     numbers_only = True
 
     def __init__(self) -> None:
@@ -204,7 +191,7 @@ class TrackingCallback(TrainerCallback):
         final: dict[str, float] = {}
         for record in state.log_history:
             for key, value in record.items():
-                if key in ("step", "epoch"):
+                if key in POSITION:
                     continue
                 number = as_number(value)
                 if number is not None and not (isinstance(number, float) and math.isnan(number)):
@@ -245,7 +232,7 @@ class TrackingCallback(TrainerCallback):
         if not state.log_history or self._last_logs is None:
             return {}
         record = state.log_history[-1]
-        return {k: v for k, v in record.items() if k not in self._last_logs and k not in ("step", "epoch")}
+        return {k: v for k, v in record.items() if k not in self._last_logs and k not in POSITION}
 
     def _safe_close(self, args, state, model) -> None:
         self._active = False

@@ -12,6 +12,7 @@ import os
 import warnings
 from typing import Any
 
+from fitkit.callbacks.base import Order
 from fitkit.integrations._common import TrackingCallback, require, trial_label
 
 DEFAULT_COUNTRY = "USA"
@@ -39,7 +40,7 @@ class CodeCarbonCallback(TrackingCallback):
         model.state.log_history[-1]["emissions"]
     """
 
-    order = 55  # before the other trackers' on_train_end, which pick up the figures
+    order = Order.EMISSIONS  # before the other trackers' on_train_end, which pick up the figures
 
     def __init__(self, country_iso_code: str | None = None, output_dir: str | os.PathLike | None = None,
                  **tracker_kwargs: Any):

@@ -65,9 +65,9 @@ def train(opts):
         options["report_to"] = opts.report_to
     history = model.fit(x, y, epochs=3, batch_size=16, validation_split=0.2, verbose=2, seed=1,
                         logging_strategy="steps", logging_steps=2, callbacks=[Prints(opts.sleep)], **options)
-    fabric = model._fabric
+    fabric = model.fabric
     shards = [tuple(p.to_local().shape) if hasattr(p, "to_local") else tuple(p.shape)
-              for p in model._wrapped.parameters()]
+              for p in model.module.parameters()]
     result = {
         "rank": fabric.global_rank, "world": fabric.world_size, "zero": model.state.is_world_process_zero,
         "local_zero": model.state.is_local_process_zero, "history": history.history,
@@ -107,7 +107,7 @@ def search(opts):
         x, y, validation_split=0.2, n_trials=3, direction="maximize", verbose=0, storage=storage,
         study_name="ddp", callbacks=[Record()],
         hp_space=lambda t: {"learning_rate": t.suggest_float("learning_rate", 1e-3, 1e-1, log=True), "epochs": 2})
-    report(opts, {"rank": model._fabric.global_rank, "trials": seen, "best": list(best)})
+    report(opts, {"rank": model.fabric.global_rank, "trials": seen, "best": list(best)})
 
 
 if __name__ == "__main__":

@@ -1,0 +1,82 @@
+"""`CompileConfig`: what `Model.compile` was given, validated, with a JSON round trip.
+
+    config = CompileConfig.build("adam", "cross_entropy", ["accuracy"], learning_rate=1e-3)
+    config.arguments(epochs=3)                     # TrainingArguments for a fit
+    text = config.to_json()                        # saved by Model.save
+    CompileConfig.from_json(text)                  # the same configuration (names only), else None
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from fitkit.adapters.losses import build_loss
+from fitkit.adapters.metrics import check_metrics
+from fitkit.adapters.optimizers import check_optimizer
+from fitkit.arguments import TrainingArguments, _jsonable
+
+
+@dataclass(frozen=True)
+class CompileConfig:
+    """The optimizer, loss and metrics as given (names, classes, objects or callables), the
+    other compile options, and what was built from them: the loss function and the
+    `TrainingArguments` the options make (the defaults of every fit)."""
+
+    optimizer: Any = "adam"
+    loss: Any = None
+    metrics: list = field(default_factory=list)
+    options: dict[str, Any] = field(default_factory=dict)
+    loss_fn: Any = field(default=None, compare=False, repr=False)
+    args: TrainingArguments = field(default_factory=TrainingArguments, compare=False, repr=False)
+
+    @classmethod
+    def build(cls, optimizer: Any = "adam", loss: Any = None, metrics: Sequence | None = None,
+              **options: Any) -> "CompileConfig":
+        """Validate everything now (unknown names, bad options and device settings raise here)."""
+        from fitkit.engine.fabric import check_devices
+
+        check_optimizer(optimizer)
+        loss_fn = build_loss(loss)
+        specs = check_metrics(metrics)
+        args = TrainingArguments.from_options(**options)
+        check_devices(args)
+        return cls(optimizer, loss, specs, dict(options), loss_fn, args)
+
+    def arguments(self, **options: Any) -> TrainingArguments:
+        """The arguments of a fit: compile's options, then these (None means "not given")."""
+        merged = {**self.options, **{k: v for k, v in options.items() if v is not None}}
+        return self.args.replace(**merged) if merged else self.args
+
+    # -- JSON ----------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able: names stay names; a class, object or callable becomes `{"object": its name}`."""
+        return {"optimizer": _spec(self.optimizer), "loss": _spec(self.loss),
+                "metrics": [_spec(m) for m in self.metrics], "options": _jsonable(self.options)}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    @property
+    def rebuildable(self) -> bool:
+        """True when the JSON holds everything: optimizer, loss and metrics given by name."""
+        return _names_only(self.to_dict())
+
+    @classmethod
+    def from_json(cls, text: str) -> "CompileConfig | None":
+        """The configuration `to_json` wrote, built again; None when it held objects or callables
+        (their names alone cannot rebuild them: pass them to `compile` again)."""
+        data = json.loads(text)
+        if not _names_only(data):
+            return None
+        return cls.build(data["optimizer"], data["loss"], data["metrics"], **data["options"])
+
+
+def _spec(value: Any) -> Any:
+    return value if value is None or isinstance(value, str) else {"object": _jsonable(value)}
+
+
+def _names_only(data: dict[str, Any]) -> bool:
+    return all(isinstance(data[k], (str, type(None))) for k in ("optimizer", "loss")) and all(
+        isinstance(m, str) for m in data["metrics"])

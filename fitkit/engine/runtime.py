@@ -1,0 +1,146 @@
+"""`Runtime`: what outlives one call of a model: the Fabric (launched once per device options),
+the module as Fabric set it up, the optimizer, and the processes of spawn strategies.
+
+    runtime = Runtime()
+    fabric, wrapped = runtime.setup(module, args)       # launches the Fabric on first use
+    optimizer = runtime.optimizer_for("adam", args)    # built once, kept across fits (Keras)
+    source = runtime.place(source, pad=True)           # this process's shard, on its device
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from typing import Any, Callable
+
+import torch
+
+from fitkit.adapters.optimizers import build_optimizer
+from fitkit.arguments import TrainingArguments
+from fitkit.engine.data import BlockSampler, DataSource, TensorSource, evaluation_shard
+from fitkit.tensors import to_cpu
+
+_DEVICE_KEYS = ("accelerator", "devices", "strategy", "precision", "num_nodes")
+
+
+def device_key(args: TrainingArguments) -> tuple:
+    """The device options a Fabric was built for: another key needs another Fabric."""
+    return tuple(repr(getattr(args, k)) for k in _DEVICE_KEYS)
+
+
+class Runtime:
+    """The Fabric, the set-up module and the optimizer of one `Model`."""
+
+    def __init__(self) -> None:
+        self.fabric: Any = None
+        self.key: tuple | None = None
+        self.wrapped: torch.nn.Module | None = None  # the module as Fabric set it up
+        self.wrapped_of: torch.nn.Module | None = None
+        self.optimizer: Any = None  # Fabric's wrapper around the optimizer
+        self.example: Any = None  # the first in-memory training input (summary's shapes)
+        self.in_child = False  # inside a process a spawn strategy started
+
+    # -- Fabric, module, optimizer ------------------------------------------------------------
+    def launch(self, args: TrainingArguments) -> Any:
+        """The Fabric for these device options, created (and launched) once."""
+        from fitkit.engine.fabric import build_fabric
+
+        key = device_key(args)
+        if self.fabric is None or key != self.key:
+            self.fabric, self.key = build_fabric(args), key
+            self.wrapped = None
+        return self.fabric
+
+    def setup(self, module: torch.nn.Module, args: TrainingArguments) -> tuple[Any, torch.nn.Module]:
+        """The Fabric and `module` as set up by it (again only when the module changed)."""
+        fabric = self.launch(args)
+        if self.wrapped is None or self.wrapped_of is not module:
+            self.wrapped, self.wrapped_of = fabric.setup_module(module), module
+            self.optimizer = None
+        return fabric, self.wrapped
+
+    def optimizer_for(self, spec: Any, args: TrainingArguments) -> Any:
+        """The optimizer over the set-up module: built from `spec` on first use, then kept (its
+        state carries over between fits, as Keras); `learning_rate` given again resets the rate."""
+        if self.optimizer is None:
+            opt = build_optimizer(spec, self.wrapped.parameters(), args.learning_rate, args.weight_decay,
+                                  precision=args.precision)
+            self.optimizer = self.fabric.setup_optimizers(opt)
+        elif args.learning_rate is not None:
+            for group in self.optimizer.param_groups:
+                group["lr"] = args.learning_rate
+                group.pop("initial_lr", None)
+        return self.optimizer
+
+    def forget_optimizer(self) -> None:
+        """Compiling again starts a fresh optimizer (Keras)."""
+        self.optimizer = None
+
+    def shared(self) -> "Runtime":
+        """A runtime on the same (already launched) Fabric, with nothing else: a search trial's."""
+        other = Runtime()
+        other.fabric, other.key = self.fabric, self.key
+        return other
+
+    def release(self) -> None:
+        """Drop the Fabric, the set-up module, the optimizer and the example (after a trial)."""
+        self.__init__()
+
+    # -- data ---------------------------------------------------------------------------------------
+    def place(self, source: DataSource, pad: bool) -> DataSource:
+        """This process's share of `source` (`pad`: every process gets as many batches, for
+        training; else contiguous blocks, for exact evaluation), on the Fabric's device."""
+        fabric = self.fabric
+        if isinstance(source, TensorSource):
+            if fabric.world_size > 1:
+                source.shard(fabric.global_rank, fabric.world_size, pad)
+            if fabric.device.type != "cpu":
+                source.to(fabric.device)
+            if self.example is None:
+                self.example = source.x
+        elif isinstance(getattr(source, "loader", None), torch.utils.data.DataLoader):
+            loader, distributed = source.loader, fabric.world_size > 1
+            if not distributed and fabric.device.type == "cpu":
+                # The batches are already where the model is: Fabric's wrapper would only walk
+                # each batch to move it nowhere (about 17 us a step).
+                return source
+            if distributed and not pad:
+                loader = evaluation_shard(loader, fabric.global_rank, fabric.world_size)
+            use_sampler = distributed and not isinstance(loader.sampler, BlockSampler)
+            source.loader = fabric.setup_dataloaders(loader, use_distributed_sampler=use_sampler)
+            source.distributed = distributed
+        return source
+
+    # -- spawn and fork strategies ----------------------------------------------------------------
+    def must_spawn(self, args: TrainingArguments) -> bool:
+        """True when `args` name a spawn/fork strategy and this is not one of its processes."""
+        from fitkit.engine.fabric import is_spawning
+
+        return is_spawning(args) and not self.in_child
+
+    def spawn(self, args: TrainingArguments, child: Callable[..., dict], *payload: Any) -> dict:
+        """Run `child(fabric, key, *payload)` in the processes the strategy starts (a module-level
+        function, so it pickles); rank 0's return value comes back."""
+        from fitkit.engine.fabric import build_fabric
+
+        return build_fabric(args).launch(child, device_key(args), *payload)
+
+    def adopt(self, fabric: Any, key: tuple) -> None:
+        """In a spawned process: run on the Fabric that started it."""
+        self.fabric, self.key, self.wrapped, self.in_child = fabric, key, None, True
+
+
+def pack_result(module: torch.nn.Module, value: Any, state: Any) -> dict:
+    """What a spawned process sends back: the trained weights, a returned value and the state.
+    Tensors travel as bytes: shared-memory handles die with the child process."""
+    weights = {k: v.detach().cpu() for k, v in module.state_dict().items()}
+    buffer = io.BytesIO()
+    torch.save({"weights": weights, "value": to_cpu(value)}, buffer)
+    return {"tensors": buffer.getvalue(), "state": dataclasses.asdict(state)}
+
+
+def unpack_result(result: dict, module: torch.nn.Module) -> tuple[Any, dict]:
+    """Load the weights a spawned process sent into `module`; return `(value, state fields)`."""
+    tensors = torch.load(io.BytesIO(result["tensors"]), weights_only=True)
+    module.load_state_dict(tensors["weights"])
+    return tensors["value"], result["state"]

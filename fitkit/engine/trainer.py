@@ -1,0 +1,181 @@
+"""`Trainer`: one call of a model (fit, evaluate or predict), from user input to the loop.
+
+`fit` reads top-down: seed, set up the module and optimizer, adapt the data, plan the run,
+wire the callbacks, resume when asked, train::
+
+    trainer = Trainer(runtime, module, config, args, handler)
+    trainer.fit(x, y, validation_split=0.2)
+    trainer.state.global_step, trainer.checkpointer.last
+
+The `Model` facade builds one per call; nothing here knows the facade.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from fitkit.adapters.metrics import metric_directions
+from fitkit.adapters.optimizers import build_scheduler
+from fitkit.arguments import TrainingArguments
+from fitkit.callbacks.base import CallbackHandler, TrainerControl, TrainerState
+from fitkit.compile_config import CompileConfig
+from fitkit.engine.checkpoint import Checkpointer
+from fitkit.engine.data import DataSource, adapt, class_weight_table, split_validation
+from fitkit.engine.loop import Loop
+from fitkit.engine.rng import seed_everything
+from fitkit.engine.runtime import Runtime
+from fitkit.engine.step import Stepper
+from fitkit.schedule import plan
+
+logger = logging.getLogger("fitkit")
+
+
+class Trainer:
+    """Runs one call over a `Runtime`: `fit`, `evaluate` or `predict`.
+
+    `config` is the compile configuration (None before `compile`: then only `predict` runs);
+    `handler` holds this call's callbacks. After the call, `state` and `control` are the run's,
+    and `checkpointer.last` the newest checkpoint `fit` wrote.
+    """
+
+    def __init__(self, runtime: Runtime, module: torch.nn.Module, config: CompileConfig | None,
+                 args: TrainingArguments, handler: CallbackHandler):
+        self.runtime, self.module, self.config = runtime, module, config
+        self.args, self.handler = args, handler
+        self.state: TrainerState | None = None
+        self.control = TrainerControl()
+        self.checkpointer: Checkpointer | None = None
+        self.preempted = False
+
+    # -- fit ------------------------------------------------------------------------------------
+    def fit(self, x: Any, y: Any = None, *, sample_weight: Any = None, validation_data: Any = None,
+            validation_split: float = 0.0, class_weight: dict | None = None, trial: dict | None = None) -> None:
+        """Train. `trial` (`{"trial_name", "trial_params"}`) marks a search trial's run. After a
+        SIGTERM the checkpoint is written, `on_train_end` fires and `SystemExit(0)` is raised."""
+        seed_everything(self.args.seed)
+        fabric, wrapped = self.runtime.setup(self.module, self.args)
+        optimizer = self.runtime.optimizer_for(self.config.optimizer, self.args)
+        train, val = self._sources(x, y, sample_weight, validation_data, validation_split)
+        if class_weight is not None:
+            train.class_weight = class_weight_table(class_weight, fabric.device)
+        args = self.args = _with_evaluation(self.args, val)
+        state = self.state = self._new_state(train, fabric, trial)
+        scheduler = build_scheduler(args.lr_scheduler, optimizer, state.max_steps or 1,
+                                    args.warmup_steps or int(args.warmup_ratio * state.max_steps))
+        loop = self._fit_loop(wrapped, optimizer, scheduler, train, val)
+        resume = self.checkpointer.resume(self.checkpointer.resume_path(self.handler.callbacks))
+        try:
+            loop.train(train, val, resume)
+        finally:
+            self.control = loop.control
+        if loop.preemption.preempted:
+            # A scheduler sent SIGTERM: the checkpoint is written and on_train_end has fired.
+            self.preempted = True
+            logger.warning("preempted: checkpoint written to %s; rerun with resume_from_checkpoint=True",
+                           self.checkpointer.last)
+            raise SystemExit(0)
+
+    def _fit_loop(self, wrapped: torch.nn.Module, optimizer: Any, scheduler: Any, train: DataSource,
+                  val: DataSource | None) -> Loop:
+        """The loop of a fit, with its checkpointer, and the callbacks' event keywords wired."""
+        fabric, handler, state = self.runtime.fabric, self.handler, self.state
+        directions = metric_directions(self.config.metrics)
+        handler.model, handler.optimizer, handler.lr_scheduler = self.module, optimizer, scheduler
+        handler.train_dataloader = getattr(train, "loader", None)
+        handler.eval_dataloader = getattr(val, "loader", None) if val is not None else None
+        handler.metric_directions = directions
+        self.control = TrainerControl()
+        self.checkpointer = Checkpointer(fabric, self.args, state, handler, module=wrapped, optimizer=optimizer,
+                                         scheduler=scheduler)
+        stepper = Stepper(fabric, wrapped, optimizer, self.config.loss_fn)
+        loop = Loop(stepper, handler, self.args, state, self.control, metrics=self.config.metrics,
+                    scheduler=scheduler, checkpointer=self.checkpointer, directions=directions)
+        handler.save_checkpoint = loop.checkpoint
+        return loop
+
+    def _sources(self, x: Any, y: Any, sample_weight: Any, validation_data: Any,
+                 validation_split: float) -> tuple[DataSource, DataSource | None]:
+        """The training source and the validation one (None without validation data)."""
+        args = self.args
+        train, tensors = self._source(x, y, sample_weight, batch_size=args.batch_size, shuffle=args.shuffle,
+                                      seed=args.seed, pad=True)
+        if validation_split:
+            if validation_data is not None:
+                raise ValueError("pass either `validation_data` or `validation_split`, not both")
+            (tx, ty, tsw), (vx, vy, vsw) = split_validation(tensors, x, validation_split)
+            train, _ = self._source(tx, ty, tsw, batch_size=args.batch_size, shuffle=args.shuffle, seed=args.seed,
+                                    pad=True)
+            val, _ = self._source(vx, vy, vsw, batch_size=args.eval_batch_size, shuffle=False, seed=None, pad=False,
+                                  name="validation_split")
+            return train, val
+        if validation_data is not None:
+            val, _ = self._source(validation_data, None, None, batch_size=args.eval_batch_size, shuffle=False,
+                                  seed=None, pad=False, name="validation_data")
+            return train, val
+        return train, None
+
+    def _source(self, x: Any, y: Any, sample_weight: Any, *, batch_size: int, shuffle: bool, seed: int | None,
+                pad: bool, name: str = "x") -> tuple[DataSource, tuple | None]:
+        source, tensors = adapt(x, y, sample_weight, batch_size=batch_size, shuffle=shuffle, seed=seed, name=name)
+        return self.runtime.place(source, pad), tensors
+
+    def _new_state(self, train: DataSource, fabric: Any, trial: dict | None) -> TrainerState:
+        args = self.args
+        epochs, max_steps = plan(len(train) if train.has_len() else None, epochs=args.num_train_epochs,
+                                 max_steps=args.max_steps, accumulation=args.gradient_accumulation_steps)
+        state = TrainerState(
+            epoch=0.0, max_steps=max_steps, num_train_epochs=epochs, train_batch_size=args.batch_size,
+            logging_steps=args.logging_steps, eval_steps=args.eval_steps or args.logging_steps,
+            save_steps=args.save_steps, is_world_process_zero=fabric.is_global_zero,
+            is_local_process_zero=fabric.local_rank == 0,
+        )
+        if trial is not None:
+            state.is_hyper_param_search = True
+            state.trial_name, state.trial_params = trial["trial_name"], trial["trial_params"]
+        return state
+
+    # -- evaluate and predict --------------------------------------------------------------------
+    def evaluate(self, x: Any, y: Any = None, *, sample_weight: Any = None, batch_size: int = 32,
+                 state: TrainerState, control: TrainerControl) -> dict[str, float]:
+        """Loss and metrics over `x`, unprefixed; fires `on_prediction_step` and `on_evaluate`."""
+        loop = self._eval_loop(state, control)
+        source, _ = self._source(x, y, sample_weight, batch_size=batch_size, shuffle=False, seed=None, pad=False)
+        metrics = loop.evaluate(source)
+        self.control = self.handler.on_evaluate(self.args, state, loop.control, metrics)
+        return metrics
+
+    def predict(self, x: Any, *, batch_size: int = 32, state: TrainerState, control: TrainerControl) -> Any:
+        """The outputs for every sample of `x`; fires `on_prediction_step` and `on_predict`."""
+        loop = self._eval_loop(state, control)
+        if isinstance(x, tuple) and len(x) in (2, 3) and all(isinstance(v, torch.Tensor) for v in x):
+            x = x[0]  # an (x, y) pair: predict on x
+        source, _ = self._source(x, None, None, batch_size=batch_size, shuffle=False, seed=None, pad=False)
+        out = loop.predict(source)
+        self.control = self.handler.on_predict(self.args, state, loop.control, {})
+        return out
+
+    def _eval_loop(self, state: TrainerState, control: TrainerControl) -> Loop:
+        fabric, wrapped = self.runtime.setup(self.module, self.args)
+        self.handler.model = self.module
+        self.state, self.control = state, control
+        state.is_world_process_zero = fabric.is_global_zero
+        state.is_local_process_zero = fabric.local_rank == 0
+        loss_fn, metrics = (self.config.loss_fn, self.config.metrics) if self.config else (None, [])
+        stepper = Stepper(fabric, wrapped, self.runtime.optimizer, loss_fn)
+        return Loop(stepper, self.handler, self.args, state, control, metrics=metrics)
+
+
+def _with_evaluation(args: TrainingArguments, val: DataSource | None) -> TrainingArguments:
+    """`eval_strategy` settled (default: "epoch" with validation data, else "no") and checked
+    against the data and `load_best_model_at_end`."""
+    if args.eval_strategy is None:
+        args = args.replace(eval_strategy="epoch" if val is not None else "no")
+    if args.load_best_model_at_end and (args.save_strategy == "no" or args.eval_strategy == "no"):
+        raise ValueError("`load_best_model_at_end=True` needs evaluation (validation data) and a `save_strategy` "
+                         "('epoch', 'steps' or 'best') so that the best model is in a checkpoint")
+    if args.eval_strategy != "no" and val is None:
+        raise ValueError(f"`eval_strategy`={args.eval_strategy!r} needs `validation_data` or `validation_split`")
+    return args
