@@ -223,17 +223,25 @@ def test_the_handler_passes_metric_directions_to_on_train_begin_only():
     assert "metric_directions" not in other.kwargs
 
 
-def test_fit_with_a_custom_metric_follows_its_direction_once_the_engine_passes_it():
+def test_fit_with_a_custom_metric_follows_the_metric_s_direction():
     seen = Directions()
     stop = EarlyStopping(monitor=NAME, patience=1)
-    script = Script(NAME, [0.5, 0.4, 0.3, 0.2])
-    _, history = fit([seen, script, stop], epochs=4, metrics=[AccuracyDrop()])
-    assert isinstance(seen.seen, dict)  # the keyword is always there
-    if NAME not in seen.seen:
-        assert len(history.epoch) == 2  # by the name: "max", stopped after one evaluation without improvement
-        pytest.skip("the engine does not set CallbackHandler.metric_directions yet")
-    assert seen.seen[NAME] == "min"
-    assert len(history.epoch) == 4 and not stop.stopped
+    hf = EarlyStoppingCallback(1)
+    script = Script(NAME, [0.5, 0.4, 0.3, 0.2])  # falling: improving for an error rate
+    _, history = fit([seen, script, stop, hf], epochs=4, metrics=[AccuracyDrop()], metric_for_best_model=NAME)
+    assert seen.seen[NAME] == seen.seen["accuracy_drop"] == "min" and seen.seen["val_loss"] == "min"
+    assert len(history.epoch) == 4  # by the name ("max") either monitor would stop after the second epoch
+    assert not stop.stopped and stop.best == 0.2 and hf.best_metric == 0.2
+
+
+def test_fit_with_named_metrics_passes_their_directions():
+    seen = Directions()
+    fit([seen], epochs=1, metrics=["acc", "f1"], lr=0.0)
+    assert seen.seen["val_acc"] == seen.seen["acc"] == seen.seen["val_f1"] == "max"
+    x, _ = data()
+    regression = Model(mlp(d_out=1)).compile("adam", "mse", ["mae"])
+    regression.fit(x, x.sum(1, keepdim=True), epochs=1, validation_split=0.25, callbacks=[seen], verbose=0)
+    assert seen.seen["val_mae"] == seen.seen["mae"] == "min" and "val_acc" not in seen.seen
 
 
 # -- metric_directions and direction ------------------------------------------------------------------------------
@@ -277,7 +285,8 @@ def test_as_number_reads_numbers_as_floats(value, number):
     result = as_number(value)
     assert type(result) is float and result == number
     kept = as_number(value, keep_ints=True)
-    integral = isinstance(value, (int, np.integer)) or (isinstance(value, torch.Tensor) and not value.is_floating_point())
+    integral = isinstance(value, (int, np.integer))
+    integral = integral or (isinstance(value, torch.Tensor) and not value.is_floating_point())
     assert type(kept) is (int if integral else float) and kept == number
 
 
@@ -312,9 +321,9 @@ def test_keys_that_are_not_values():
     assert BOOKKEEPING == {"epoch", "step", "total_flos"}
     assert NOT_VALUES == BOOKKEEPING | {LEARNING_RATE} and LEARNING_RATE == "learning_rate"
     history = History()
-    history._add(1.0, {"loss": 0.5, "learning_rate": 0.1, "epoch": 1.0, "step": 4, "total_flos": 9.0, "flag": True})
-    history._rebuild()
-    assert history.history == {"loss": [0.5]}
+    record = {"loss": 0.5, "learning_rate": 0.1, "epoch": 1.0, "step": 4, "total_flos": 9.0, "flag": True}
+    history.on_log(TrainingArguments(), TrainerState(epoch=1.0), TrainerControl(), logs=record)
+    assert history.history == {"loss": [0.5]} and history.epoch == [0]
 
 
 # -- (d) Order ------------------------------------------------------------------------------------------------------
@@ -335,7 +344,7 @@ def test_built_in_callbacks_use_the_named_orders():
     assert ProgressBar.order == Order.DISPLAY
 
 
-def test_callbacks_fire_in_order_of_the_named_values(tmp_path):
+def test_callbacks_fire_in_order_of_the_named_values():
     fired = []
 
     class Tap(TrainerCallback):
@@ -347,7 +356,9 @@ def test_callbacks_fire_in_order_of_the_named_values(tmp_path):
 
     names = ["display", "tracker", "logger", "monitor", "user", "flow"]
     values = [Order.DISPLAY, Order.TRACKER, Order.LOGGER, Order.MONITOR, Order.USER, Order.FLOW]
-    handler = CallbackHandler([Tap(n, v) for n, v in zip(names, values)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # several Taps: the handler warns about repeated classes
+        handler = CallbackHandler([Tap(n, v) for n, v in zip(names, values)])
     handler.on_train_begin(TrainingArguments(), TrainerState(), TrainerControl())
     assert fired == names[::-1]
 

@@ -81,9 +81,8 @@ class Stateful(Protocol):
 
     `CallbackHandler.export_states` saves `state()` of every callback that has one (HF's
     `ExportableState` callbacks, which have no `load_state`, included); `load_states` calls
-    `load_state` when the callback has it, else sets the `"attributes"` of HF's
-    `{"args": ..., "attributes": ...}` layout on the callback. Either layout may be returned
-    by `state()`::
+    `load_state` of a `Stateful` callback, and on any other sets the `"attributes"` of HF's
+    `{"args": ..., "attributes": ...}` layout. Either layout may be returned by `state()`::
 
         class Counter(TrainerCallback):
             def __init__(self):

@@ -33,8 +33,8 @@ class EarlyStopping(MonitorCallback):
     Stopping sets `control.should_training_stop`; the current epoch finishes its end-of-epoch
     work and `on_train_end` fires. With `mode="auto"`, a compiled metric's own
     `higher_is_better` (the run's `metric_directions`) decides over the name. The counters
-    reset at each `fit`. `state()` / `load_state()`
-    give and take a JSON-able dict for checkpoints.
+    reset at each `fit`. `state()` / `load_state()` give and take a JSON-able dict for
+    checkpoints.
 
     Example::
 
