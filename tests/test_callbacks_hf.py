@@ -4,7 +4,7 @@ import warnings
 
 import pytest
 import torch
-from helpers import blobs as data, mlp
+from helpers import Script, blobs as data, mlp
 
 from fitkit import Model, TrainerCallback
 from fitkit.callbacks import EarlyStoppingCallback, ProgressBar, ProgressCallback
@@ -15,15 +15,6 @@ def fit(callbacks, epochs=10, lr=0.0, **options):
     history = model.fit(*data(), batch_size=16, epochs=epochs, validation_data=data(16, 1), callbacks=callbacks,
                         verbose=0, seed=0, **options)
     return model, history
-
-
-class Script(TrainerCallback):
-    def __init__(self, key, values):
-        self.key, self.values, self.i = key, list(values), 0
-
-    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
-        metrics[self.key] = self.values[self.i]
-        self.i += 1
 
 
 # -- EarlyStoppingCallback -----------------------------------------------------------------------------------

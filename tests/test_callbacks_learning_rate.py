@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from helpers import blobs as data, mlp
+from helpers import Script, blobs as data, mlp
 
 from fitkit import Model, TrainerCallback
 from fitkit.callbacks import LambdaCallback, LearningRateScheduler, ReduceLROnPlateau
@@ -35,15 +35,6 @@ def fit(callbacks, module=None, epochs=6, lr=0.1, validation=True, **compile_opt
 def epoch_rates(model):
     """The learning rate logged with each epoch's training record (the rate used in that epoch)."""
     return [r["learning_rate"] for r in model.state.log_history if "learning_rate" in r]
-
-
-class Script(TrainerCallback):
-    def __init__(self, key, values):
-        self.key, self.values, self.i = key, list(values), 0
-
-    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
-        metrics[self.key] = self.values[self.i]
-        self.i += 1
 
 
 # -- ReduceLROnPlateau ------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torchmetrics
-from helpers import blobs as data, mlp
+from helpers import Script, blobs as data, mlp
 
 from fitkit import Model, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from fitkit.adapters.metrics import metric_directions
@@ -51,17 +51,6 @@ def fit(callbacks, epochs=3, metrics=("accuracy",), lr=0.01, **options):
     history = model.fit(*data(), batch_size=16, epochs=epochs, validation_data=data(16, 1), callbacks=callbacks,
                         verbose=0, seed=0, **options)
     return model, history
-
-
-class Script(TrainerCallback):
-    """Replaces `key` in each evaluation's metrics by the next scripted value (order 0: before the monitors)."""
-
-    def __init__(self, key, values):
-        self.key, self.values, self.i = key, list(values), 0
-
-    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
-        metrics[self.key] = self.values[self.i]
-        self.i += 1
 
 
 class Directions(TrainerCallback):
