@@ -15,24 +15,16 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from typing import Any, Iterable, Iterator, NamedTuple
+from typing import Any, Iterable, Iterator
 
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 
+from fitkit.engine.batch import LABEL_KEYS, Batch, first_leaf, batch_size_of, split_batch  # noqa: F401 - re-exported
+from fitkit.engine.step import set_loader_epoch
 from fitkit.tensors import map_tensors
 
 logger = logging.getLogger("fitkit")
-LABEL_KEYS = ("labels", "label", "y", "targets", "target")
-
-
-class Batch(NamedTuple):
-    inputs: tuple | dict
-    target: Any
-    sample_weight: torch.Tensor | None
-    size: int
-
-
 def _to_tensor(value: Any, name: str) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         return value
@@ -49,45 +41,6 @@ def _to_tensor(value: Any, name: str) -> torch.Tensor:
 
 def _is_array(value: Any) -> bool:
     return isinstance(value, torch.Tensor) or type(value).__module__ == "numpy" and hasattr(value, "shape")
-
-
-def _first(tree) -> torch.Tensor:
-    if isinstance(tree, dict):
-        return next(iter(tree.values()))
-    if isinstance(tree, (tuple, list)):
-        return tree[0]
-    return tree
-
-
-def batch_size_of(tree) -> int:
-    t = _first(tree)
-    return int(t.shape[0]) if isinstance(t, torch.Tensor) and t.dim() else 1
-
-
-def split_batch(batch: Any) -> Batch:
-    """Normalise one batch from a loader or iterable into `Batch`."""
-    if type(batch) in (tuple, list) and len(batch) == 2 and type(batch[0]) is torch.Tensor and batch[0].dim():
-        return Batch((batch[0],), batch[1], None, batch[0].shape[0])  # the common (x, y) case, first
-    if isinstance(batch, dict):
-        inputs = dict(batch)
-        sw = inputs.pop("sample_weight", None)
-        target = None
-        for key in LABEL_KEYS:
-            if key in inputs:
-                target = inputs.pop(key)
-                break
-        return Batch(inputs, target, sw, batch_size_of(inputs))
-    if isinstance(batch, (tuple, list)):
-        if len(batch) == 1:
-            return Batch((batch[0],), None, None, batch_size_of(batch[0]))
-        if len(batch) in (2, 3):
-            x = batch[0]
-            inputs = x if isinstance(x, dict) else (tuple(x) if isinstance(x, (tuple, list)) else (x,))
-            return Batch(inputs, batch[1], batch[2] if len(batch) == 3 else None, batch_size_of(x))
-        raise ValueError(
-            f"a batch must be x, (x,), (x, y), (x, y, sample_weight) or a dict; got a sequence of {len(batch)} items"
-        )
-    return Batch((batch,), None, None, batch_size_of(batch))
 
 
 def epoch_permutation(size: int, seed: int | None, epoch: int) -> torch.Tensor:
@@ -178,7 +131,7 @@ class TensorSource(DataSource):
 
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
         order = self.order(epoch)
-        device = _first(self.x).device
+        device = first_leaf(self.x).device
         if order is not None:
             order = order.to(device)
         bs, n, offset = self.batch_size, self.num_samples, self.offset
@@ -289,10 +242,7 @@ class LoaderSource(DataSource):
         skip_in_sampler = self.sampler is not None and not self.distributed
         if self.sampler is not None:
             self.sampler.use_epoch(epoch, start * self.loader.batch_size if skip_in_sampler else 0)
-        if hasattr(loader, "_num_iter_calls"):
-            loader._num_iter_calls = epoch  # Fabric sets the sampler's epoch from this count
-        elif hasattr(getattr(loader, "sampler", None), "set_epoch"):
-            loader.sampler.set_epoch(epoch)
+        set_loader_epoch(loader, epoch)
         # Create the iterator and fetch the first batch now, not lazily: samplers draw their order
         # from the RNG at the first fetch, and a resuming caller restores the RNG right after this.
         iterator = iter(loader)

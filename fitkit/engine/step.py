@@ -16,7 +16,7 @@ import torch
 
 from fitkit.adapters.losses import Loss
 from fitkit.adapters.metrics import primary_output
-from fitkit.engine.data import Batch
+from fitkit.engine.batch import Batch
 
 
 class Stepper:
@@ -164,6 +164,15 @@ def grad_clearer(optimizer: Any, direct: bool) -> Callable[[], None]:
                 param.grad = None
 
     return clear
+
+
+def set_loader_epoch(loader: Any, epoch: int) -> None:
+    """Tell a loader which epoch comes (a distributed sampler shuffles by it). Fabric's loader
+    wrapper sets its sampler's epoch from its own count of iterations, so that count is set."""
+    if hasattr(loader, "_num_iter_calls"):
+        loader._num_iter_calls = epoch
+    elif hasattr(getattr(loader, "sampler", None), "set_epoch"):
+        loader.sampler.set_epoch(epoch)
 
 
 def plain_single_device(fabric: Any) -> bool:
