@@ -30,11 +30,18 @@ class Stepper:
     def __init__(self, fabric: Any, module: torch.nn.Module, optimizer: Any, loss: Loss | None):
         self.fabric = fabric
         self.module = module  # as set up by Fabric: what callbacks and checkpoints see
+        self.optimizer = optimizer  # Fabric's wrapper
         self.loss = loss
         self.direct = plain_single_device(fabric)
-        self.forward_module = module._forward_module if self.direct else module
-        self.optimizer = optimizer  # Fabric's wrapper
-        inner = optimizer.optimizer if self.direct and optimizer is not None else optimizer
+        # The one place the path is chosen: what forward, backward, clipping and the optimizer call.
+        if self.direct:
+            self.forward_module = module._forward_module
+            self._backward: Callable[[torch.Tensor], Any] = torch.Tensor.backward
+            inner = optimizer.optimizer if optimizer is not None else None
+        else:
+            self.forward_module = module
+            self._backward = fabric.backward
+            inner = optimizer
         self._inner_optimizer = inner
         self.zero_grad: Callable[[], None] = grad_clearer(inner, self.direct) if optimizer is not None else _nothing
 
@@ -63,8 +70,7 @@ class Stepper:
             if loss is None:
                 raise ValueError("training needs targets: pass `y`, or batches of (x, y), or a module that returns "
                                  "its loss")
-            scaled = loss / cycle if cycle > 1 else loss
-            scaled.backward() if self.direct else self.fabric.backward(scaled)
+            self._backward(loss / cycle if cycle > 1 else loss)
         return loss, out
 
     def _sync(self, cycle: int, last: bool):
@@ -76,7 +82,7 @@ class Stepper:
     def clip(self, max_norm: float | None) -> None:
         if max_norm is None:
             return
-        if self.direct:
+        if self.direct:  # no wrapper and no precision plugin to go through
             torch.nn.utils.clip_grad_norm_(self.forward_module.parameters(), max_norm)
         else:
             self.fabric.clip_gradients(self.module, self.optimizer, max_norm=max_norm)
