@@ -48,7 +48,8 @@ class Loop:
         self.val_metrics = MetricSet(metrics, prefix="val_")
         self.train_metrics.device = self.val_metrics.device = self.fabric.device
         self.loss = EpochLoss(self.fabric)
-        self.preemption = Preemption(self.fabric, enabled=False)
+        sigterm = args.save_on_sigterm if args.save_on_sigterm is not None else args.save_strategy != "no"
+        self.preemption = Preemption(self.fabric, enabled=sigterm)  # acts only while `train` runs
         self.val: DataSource | None = None
         self.position: tuple[int, int] = (0, 0)  # (epoch, micro-batches consumed in it)
         self.epoch_rng: dict | None = None  # RNG at epoch start, for loaders that draw from it
@@ -66,8 +67,6 @@ class Loop:
         self.control = cb.on_train_begin(args, state, self.control)
         if resume:  # after on_train_begin, which resets Keras-style callbacks
             cb.load_states(resume.callbacks, self.control)
-        sigterm = args.save_on_sigterm if args.save_on_sigterm is not None else args.save_strategy != "no"
-        self.preemption = Preemption(self.fabric, enabled=sigterm)
         first_step = state.global_step
         figures = RunMetrics(self.fabric.device, memory=not args.skip_memory_metrics)
         try:

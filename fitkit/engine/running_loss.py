@@ -79,9 +79,12 @@ class EpochLoss:
         self.logged_loss, self.logged_count = 0.0, 0
         self.run_loss, self.run_count = 0.0, 0
         self._closed: tuple[float, int] | None = None
+        self._fresh = True  # `running` has seen nothing yet: the first epoch can keep it
 
     def new_epoch(self) -> None:
-        self.running = RunningLoss(self.fabric.device)
+        if not self._fresh:
+            self.running = RunningLoss(self.fabric.device)
+        self._fresh = False
         self.logged_loss, self.logged_count = 0.0, 0
         self._closed = None
 

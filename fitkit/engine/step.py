@@ -65,18 +65,17 @@ class Stepper:
     def forward_backward(self, batch: Batch, cycle: int, last: bool) -> tuple[torch.Tensor, Any]:
         """Forward and backward of one micro-batch of an accumulation cycle of `cycle`; the
         gradient sync between processes is skipped until the `last` one."""
-        with self._sync(cycle, last):
-            loss, out = self.forward(batch)
-            if loss is None:
-                raise ValueError("training needs targets: pass `y`, or batches of (x, y), or a module that returns "
-                                 "its loss")
-            self._backward(loss / cycle if cycle > 1 else loss)
-        return loss, out
-
-    def _sync(self, cycle: int, last: bool):
         if cycle > 1 and not self.direct:  # one device has no gradient sync to skip
-            return self.fabric.no_backward_sync(self.module, enabled=not last)
-        return contextlib.nullcontext()
+            with self.fabric.no_backward_sync(self.module, enabled=not last):
+                return self._forward_backward(batch, cycle)
+        return self._forward_backward(batch, cycle)
+
+    def _forward_backward(self, batch: Batch, cycle: int) -> tuple[torch.Tensor, Any]:
+        loss, out = self.forward(batch)
+        if loss is None:
+            raise ValueError("training needs targets: pass `y`, or batches of (x, y), or a module that returns its loss")
+        self._backward(loss / cycle if cycle > 1 else loss)
+        return loss, out
 
     # -- the optimizer --------------------------------------------------------------------------
     def clip(self, max_norm: float | None) -> None:
