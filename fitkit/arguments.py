@@ -15,11 +15,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import os
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from fitkit.options import as_number, did_you_mean
 
 STRATEGIES = ("no", "steps", "epoch")
 SAVE_STRATEGIES = ("no", "steps", "epoch", "best")
@@ -65,7 +66,12 @@ def _distributed(getter: str, variable: str, default: int) -> int:
 
 @dataclass(frozen=True)
 class TrainingArguments:
-    """The frozen configuration of one run. See the field list for defaults."""
+    """The frozen configuration of one run. See the field list for defaults.
+
+    Every field's type and range is checked once, when built (a `ValueError` naming the field and
+    the fix, with the closest name for a misspelt choice); numbers given as text (`"1e-3"`, `"3"`,
+    as HF's command line gives them) are converted, and a path-like `output_dir` becomes a str.
+    """
 
     output_dir: str = "fitkit_output"
     # -- schedule of the run
@@ -113,50 +119,7 @@ class TrainingArguments:
     fsdp_full_checkpoint: bool = False  # strategy="fsdp": one full checkpoint file instead of shards
 
     def __post_init__(self) -> None:
-        def need(cond: bool, name: str, fix: str) -> None:
-            if not cond:
-                raise ValueError(f"`{name}`={getattr(self, name)!r} is invalid: {fix}")
-
-        def positive_int(name: str) -> None:
-            v = getattr(self, name)
-            need(isinstance(v, int) and not isinstance(v, bool) and v > 0, name, "pass an integer > 0")
-
-        positive_int("num_train_epochs")
-        positive_int("per_device_train_batch_size")
-        if self.per_device_eval_batch_size is not None:
-            positive_int("per_device_eval_batch_size")
-        positive_int("gradient_accumulation_steps")
-        positive_int("logging_steps")
-        positive_int("save_steps")
-        positive_int("num_nodes")
-        need(isinstance(self.max_steps, int) and self.max_steps != 0, "max_steps",
-             "pass a positive number of optimizer steps, or -1 to train by epochs")
-        if self.eval_steps is not None:
-            positive_int("eval_steps")
-        if self.learning_rate is not None:
-            need(isinstance(self.learning_rate, (int, float)) and self.learning_rate >= 0
-                 and math.isfinite(self.learning_rate), "learning_rate", "pass a finite number >= 0")
-        if self.weight_decay is not None:
-            need(self.weight_decay >= 0, "weight_decay", "pass a number >= 0")
-        if self.max_grad_norm is not None:
-            need(self.max_grad_norm > 0, "max_grad_norm", "pass a number > 0, or None to skip clipping")
-        need(isinstance(self.warmup_steps, int) and self.warmup_steps >= 0, "warmup_steps",
-             "pass an integer >= 0")
-        need(0.0 <= self.warmup_ratio < 1.0, "warmup_ratio", "pass a fraction in [0, 1)")
-        need(callable(self.lr_scheduler) or self.lr_scheduler in SCHEDULERS, "lr_scheduler",
-             f"use one of {list(SCHEDULERS)} or a callable (optimizer, num_training_steps) -> scheduler")
-        need(self.eval_strategy is None or self.eval_strategy in STRATEGIES, "eval_strategy",
-             f"use one of {list(STRATEGIES)}")
-        need(self.logging_strategy in STRATEGIES, "logging_strategy", f"use one of {list(STRATEGIES)}")
-        need(self.save_strategy in SAVE_STRATEGIES, "save_strategy", f"use one of {list(SAVE_STRATEGIES)}")
-        if self.save_total_limit is not None:
-            positive_int("save_total_limit")
-        need(self.verbose in VERBOSITY, "verbose", "use 0 (silent), 1 (progress bar), 2 (a line per epoch) or 'auto'")
-        need(self.precision is None or str(self.precision) in PRECISIONS, "precision",
-             f"use one of {list(PRECISIONS)}")
-        need(self.seed is None or isinstance(self.seed, int), "seed", "pass an integer or None")
-        need(self.log_level in LOG_LEVELS, "log_level", f"use one of {list(LOG_LEVELS)}")
-        need(self.log_level_replica in LOG_LEVELS, "log_level_replica", f"use one of {list(LOG_LEVELS)}")
+        _check_and_convert(self)
 
     # -- derived values -----------------------------------------------------------------
     @property
@@ -219,26 +182,32 @@ class TrainingArguments:
     def from_options(cls, **options: Any) -> "TrainingArguments":
         """Build from keyword options, accepting the Keras/HF aliases (`epochs`, `batch_size`, ...).
 
-        An unknown option raises `TypeError` naming it and listing the valid ones.
+        An unknown option raises `TypeError` naming it, the closest valid name and the valid
+        ones; a bad value raises `ValueError` naming the option as it was given.
         """
-        return cls(**cls._canonical(options))
+        return _named_as_given(options, lambda: cls(**cls._canonical(options)))
 
     @classmethod
     def _canonical(cls, options: dict[str, Any]) -> dict[str, Any]:
-        """Options by field name (aliases resolved); an unknown one raises `TypeError` listing the valid ones."""
+        """Options by field name (aliases resolved); an unknown one (even set to None) raises
+        `TypeError` suggesting the closest valid name, then listing them all."""
         known = cls.__dataclass_fields__
         values: dict[str, Any] = {}
         for key, value in options.items():
             name = ALIASES.get(key, key)
             if name not in known:
                 valid = sorted(set(known) | set(ALIASES))
-                raise TypeError(f"unknown option {key!r}; valid options are: {', '.join(valid)}")
+                raise TypeError(f"{did_you_mean(key, valid)}unknown option {key!r}; "
+                                f"valid options are: {', '.join(valid)}")
+            if name in values:
+                other = next(k for k in options if ALIASES.get(k, k) == name and k != key)
+                raise TypeError(f"`{other}` and `{key}` are the same option: pass only one of them")
             values[name] = value
         return values
 
     def replace(self, **options: Any) -> "TrainingArguments":
         """A copy with some options changed (aliases accepted), validated again."""
-        return dataclasses.replace(self, **self._canonical(options))
+        return _named_as_given(options, lambda: dataclasses.replace(self, **self._canonical(options)))
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict (callables and objects by name)."""
@@ -250,3 +219,118 @@ class TrainingArguments:
     def to_sanitized_dict(self) -> dict[str, Any]:
         """Values a tracker accepts as hyperparameters (bool, int, float, str)."""
         return {k: (v if isinstance(v, (bool, int, float, str)) else str(v)) for k, v in self.to_dict().items()}
+
+
+def _named_as_given(options: dict[str, Any], build: Callable[[], TrainingArguments]) -> TrainingArguments:
+    """`build()`, with a `ValueError` about a field given by its alias (`epochs=0`) naming the
+    alias the user wrote rather than the field (`num_train_epochs`)."""
+    try:
+        return build()
+    except ValueError as err:
+        text = str(err)
+        for key in options:
+            field_name = ALIASES.get(key)
+            if field_name is not None and text.startswith(f"`{field_name}`="):
+                raise ValueError(f"`{key}`=" + text[len(field_name) + 3:]) from None
+        raise
+
+
+# -- the checks of every field (run once, by __post_init__) ------------------------------------
+#: Integer fields: the smallest value allowed, and whether None is allowed too.
+_INTS: dict[str, tuple[int, bool]] = {
+    "num_train_epochs": (1, False), "per_device_train_batch_size": (1, False),
+    "per_device_eval_batch_size": (1, True), "gradient_accumulation_steps": (1, False), "warmup_steps": (0, False),
+    "eval_steps": (1, True), "logging_steps": (1, False), "save_steps": (1, False), "save_total_limit": (1, True),
+    "num_nodes": (1, False),
+}
+#: Float fields: the test of the value, what to pass instead, and whether None is allowed too.
+_FLOATS: dict[str, tuple[Callable[[float], bool], str, bool]] = {
+    "learning_rate": (lambda v: v >= 0, "pass a finite number >= 0", True),
+    "weight_decay": (lambda v: v >= 0, "pass a finite number >= 0", True),
+    "max_grad_norm": (lambda v: v > 0, "pass a number > 0, or None to skip clipping", True),
+    "warmup_ratio": (lambda v: 0 <= v < 1, "pass a fraction in [0, 1)", False),
+}
+#: Bool fields, and whether None is allowed too.
+_BOOLS: dict[str, bool] = {
+    "shuffle": False, "logging_first_step": False, "load_best_model_at_end": False, "greater_is_better": True,
+    "save_on_sigterm": True, "skip_memory_metrics": False, "log_on_each_node": False, "fsdp_full_checkpoint": False,
+}
+#: String fields taking one of a set of names, and whether None is allowed too.
+_CHOICES: dict[str, tuple[tuple, bool]] = {
+    "eval_strategy": (STRATEGIES, True), "logging_strategy": (STRATEGIES, False),
+    "save_strategy": (SAVE_STRATEGIES, False), "log_level": (LOG_LEVELS, False),
+    "log_level_replica": (LOG_LEVELS, False),
+}
+
+
+def _check_and_convert(args: TrainingArguments) -> None:
+    """Check the type and range of every field; numbers given as text ("1e-3", "3") and paths
+    given as `os.PathLike` are converted (the dataclass is frozen: `object.__setattr__`)."""
+
+    def fail(name: str, fix: str) -> None:
+        raise ValueError(f"`{name}`={getattr(args, name)!r} is invalid: {fix}")
+
+    def set_value(name: str, value: Any) -> None:
+        object.__setattr__(args, name, value)
+
+    for name, (least, optional) in _INTS.items():
+        value = getattr(args, name)
+        if value is None and optional:
+            continue
+        number = as_number(value, int)
+        if number is None or number < least:
+            fail(name, f"pass an integer {'> 0' if least == 1 else f'>= {least}'}" + (", or None" if optional else ""))
+        set_value(name, number)
+    steps = as_number(args.max_steps, int)
+    if steps is None or not (steps == -1 or steps > 0):
+        fail("max_steps", "pass a positive number of optimizer steps, or -1 to train by epochs")
+    set_value("max_steps", steps)
+    for name, (test, fix, optional) in _FLOATS.items():
+        value = getattr(args, name)
+        if value is None and optional:
+            continue
+        number = as_number(value, float)
+        if number is None or not test(number):
+            fail(name, fix)
+        set_value(name, number)
+    for name, optional in _BOOLS.items():
+        value = getattr(args, name)
+        if not (isinstance(value, bool) or (optional and value is None)):
+            fail(name, "pass True or False" + (" (or None for the default)" if optional else ""))
+    for name, (choices, optional) in _CHOICES.items():
+        value = getattr(args, name)
+        if not ((isinstance(value, str) and value in choices) or (optional and value is None)):
+            fail(name, f"{did_you_mean(value, choices)}use one of {list(choices)}")
+    _check_the_others(args, fail, set_value)
+
+
+def _check_the_others(args: TrainingArguments, fail: Callable, set_value: Callable) -> None:
+    for name in ("output_dir", "resume_from_checkpoint"):  # a path may be a pathlib.Path
+        if isinstance(getattr(args, name), os.PathLike):
+            set_value(name, os.fspath(getattr(args, name)))
+    if not isinstance(args.output_dir, str) or not args.output_dir:
+        fail("output_dir", "pass the path of a folder (a str); it is created when missing")
+    if not (args.resume_from_checkpoint is None or isinstance(args.resume_from_checkpoint, (bool, str))):
+        fail("resume_from_checkpoint", "pass True (the last checkpoint in `output_dir`) or a checkpoint's path")
+    if not isinstance(args.metric_for_best_model, str) or not args.metric_for_best_model:
+        fail("metric_for_best_model", "pass the name of a logged value, e.g. 'val_loss' or 'val_accuracy'")
+    if not (callable(args.lr_scheduler) or (isinstance(args.lr_scheduler, str) and args.lr_scheduler in SCHEDULERS)):
+        fail("lr_scheduler", f"{did_you_mean(args.lr_scheduler, SCHEDULERS)}use one of {list(SCHEDULERS)} or a "
+             "callable (optimizer, num_training_steps) -> scheduler")
+    if isinstance(args.verbose, bool) or args.verbose not in VERBOSITY:
+        fail("verbose", "use 0 (silent), 1 (progress bar), 2 (a line per epoch) or 'auto'")
+    if args.precision is not None and (isinstance(args.precision, bool) or str(args.precision) not in PRECISIONS):
+        fail("precision", f"{did_you_mean(args.precision, PRECISIONS)}use one of {list(PRECISIONS)}")
+    if args.seed is not None:
+        seed = as_number(args.seed, int)
+        if seed is None:
+            fail("seed", "pass an integer or None")
+        set_value("seed", seed)
+    report_to = args.report_to
+    if not (report_to is None or isinstance(report_to, (str, list, tuple))):
+        fail("report_to", "pass a tracker's name ('tensorboard', 'mlflow', ...), a list of names, 'all' or 'none'")
+    for item in [] if report_to is None or isinstance(report_to, str) else report_to:
+        if not isinstance(item, str):
+            raise TypeError(f"`report_to` takes names (str), got {item!r}; pass logger callbacks in `callbacks`")
+    if args.accelerator is None or isinstance(args.accelerator, (bool, int, float, list, tuple, dict)):
+        fail("accelerator", "pass a name such as 'cpu', 'cuda' or 'auto', or a lightning Accelerator")

@@ -16,6 +16,7 @@ from fitkit.adapters.losses import build_loss
 from fitkit.adapters.metrics import check_metrics
 from fitkit.adapters.optimizers import check_optimizer
 from fitkit.arguments import TrainingArguments, _jsonable
+from fitkit.options import FIT_DEFAULTS, check_output_dir
 
 
 @dataclass(frozen=True)
@@ -44,10 +45,22 @@ class CompileConfig:
         check_devices(args)
         return cls(optimizer, loss, specs, dict(options), loss_fn, args)
 
-    def arguments(self, **options: Any) -> TrainingArguments:
-        """The arguments of a fit: compile's options, then these (None means "not given")."""
-        merged = {**self.options, **{k: v for k, v in options.items() if v is not None}}
-        return self.args.replace(**merged) if merged else self.args
+    def arguments(self, args: TrainingArguments | None = None, **options: Any) -> TrainingArguments:
+        """The arguments of a fit: `args` (default: compile's options over the `TrainingArguments`
+        defaults) with the options given over them (they win). None for fit's own `batch_size`,
+        `epochs`, `shuffle` and `max_steps` means "not given"; any other option set to None is
+        the value None. The devices and `output_dir` are checked here, before anything runs."""
+        from fitkit.engine.fabric import check_devices
+
+        if args is not None and not isinstance(args, TrainingArguments):
+            raise TypeError(f"`args` must be a fitkit.TrainingArguments, got {type(args).__name__}: build one with "
+                            "TrainingArguments(...), or pass the options as keywords (fit(x, y, epochs=3, ...))")
+        given = {k: v for k, v in options.items() if v is not None or k not in FIT_DEFAULTS}
+        base = args if args is not None else self.args
+        run = base.replace(**given) if given else base
+        check_devices(run)
+        check_output_dir(run)
+        return run
 
     # -- JSON ----------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from fitkit.arguments import TrainingArguments
-from fitkit.callbacks.base import CallbackHandler, TrainerCallback, TrainerControl, TrainerState
+from fitkit.callbacks.base import CallbackHandler, TrainerCallback, TrainerControl, TrainerState, callback_list
 from fitkit.callbacks.defaults import defaults_for
 from fitkit.callbacks.flow import DefaultFlowCallback
 from fitkit.callbacks.history import History
@@ -110,14 +110,9 @@ class Model:
         return self
 
     def training_arguments(self, args: TrainingArguments | None = None, **options: Any) -> TrainingArguments:
-        """The `TrainingArguments` a fit with these options uses: `args` when given, else the
-        compile options overridden by `options` (None values count as not given)."""
-        config = self._compiled("fit")
-        if args is not None:
-            if not isinstance(args, TrainingArguments):
-                raise TypeError(f"`args` must be a fitkit.TrainingArguments, got {type(args).__name__}")
-            return args
-        return config.arguments(**options)
+        """The `TrainingArguments` a fit with these options uses: `args` (default: the compile
+        options) with `options` over it; see `CompileConfig.arguments`."""
+        return self._compiled("fit").arguments(args, **options)
 
     def launch(self, args: TrainingArguments | None = None) -> Any:
         """Start the devices and processes for `args` (default: the compile options) once;
@@ -131,32 +126,34 @@ class Model:
 
     def _handler(self, extra: Sequence | None, *more: TrainerCallback) -> CallbackHandler:
         handler = CallbackHandler(self.callback_handler.callbacks)
-        for cb in [*(extra or ()), *more]:
+        for cb in [*callback_list(extra), *more]:
             handler.add_callback(cb)
         return handler
 
     # -- fit, evaluate, predict ------------------------------------------------------------------
-    def fit(self, x: Any = None, y: Any = None, *, batch_size: int = 32, epochs: int = 1,
+    def fit(self, x: Any = None, y: Any = None, *, batch_size: int | None = None, epochs: int | None = None,
             validation_data: Any = None, validation_split: float = 0.0, callbacks: Sequence | None = None,
-            shuffle: bool = True, max_steps: int | None = None, class_weight: dict | None = None,
+            shuffle: bool | None = None, max_steps: int | None = None, class_weight: dict | None = None,
             sample_weight: Any = None, args: TrainingArguments | None = None, **options: Any) -> History:
         """Train; returns the `History` (one value per epoch for each loss and metric).
 
         `x`: tensor, array, `(x, y[, sample_weight])` tuple, Dataset, DataLoader or iterable of
         batches. `validation_data` takes the same forms; `validation_split` holds out the last
-        fraction of in-memory data (taken before shuffling, as Keras). Other options are
-        `TrainingArguments` fields (`eval_strategy`, `logging_steps`, `save_strategy`,
-        `output_dir`, `seed`, `verbose`, ...).
+        fraction of in-memory data (taken before shuffling, as Keras). `batch_size` (default 32),
+        `epochs` (1), `shuffle` (True) and `max_steps` (-1) default to what `compile` was given.
+        Other options are `TrainingArguments` fields (`eval_strategy`, `logging_steps`,
+        `save_strategy`, `output_dir`, `seed`, `verbose`, ...). `args`, a ready `TrainingArguments`,
+        replaces compile's options; options given beside it win over it. `callbacks`: a list.
         """
         run_args = self.training_arguments(args, batch_size=batch_size, epochs=epochs, shuffle=shuffle,
                                            max_steps=max_steps, **options)
+        callbacks = callback_list(callbacks)
         if self._runtime.must_spawn(run_args):
             return self._spawned("fit", run_args, dict(
                 x=x, y=y, batch_size=batch_size, epochs=epochs, validation_data=validation_data,
                 validation_split=validation_split, callbacks=callbacks, shuffle=shuffle, max_steps=max_steps,
                 class_weight=class_weight, sample_weight=sample_weight, args=args, **options))
-        history = History()
-        given = [*self.callback_handler.callbacks, *(callbacks or ())]
+        history, given = History(), [*self.callback_handler.callbacks, *callbacks]
         handler = self._handler(callbacks, history, *defaults_for(run_args, given))
         trainer = Trainer(self._runtime, self.module, self.config, run_args, handler)
         try:

@@ -26,13 +26,17 @@ import os
 from typing import Any, Callable, NamedTuple
 
 from fitkit.arguments import ALIASES, TrainingArguments
-from fitkit.callbacks.base import Order, TrainerCallback
+from fitkit.callbacks.base import Order, TrainerCallback, callback_list
 from fitkit.engine.rng import seed_everything
+from fitkit.options import did_you_mean
 
 STUDY_OPTIONS = ("storage", "study_name", "sampler", "pruner", "load_if_exists")
 OPTIMIZE_OPTIONS = ("timeout", "n_jobs", "gc_after_trial", "catch", "optuna_callbacks")
 FIT_OPTIONS = ("validation_data", "validation_split", "callbacks", "class_weight", "sample_weight", "batch_size",
                "epochs", "shuffle", "max_steps")
+SEARCH_PARAMETERS = ("hp_space", "compute_objective", "n_trials", "direction", "hp_name", "backend", "study")
+#: Optuna's directions, and the short spellings accepted for them.
+DIRECTIONS = {"minimize": "minimize", "maximize": "maximize", "min": "minimize", "max": "maximize"}
 _SPEED = ("runtime", "per_second", "samples_per_second", "steps_per_second", "flos", "epoch", "step")
 
 
@@ -105,12 +109,40 @@ def _split_options(options: dict[str, Any]) -> tuple[dict, dict, dict]:
     valid = set(FIT_OPTIONS) | set(TrainingArguments.names()) | set(ALIASES)
     unknown = sorted(set(options) - valid)
     if unknown:
+        suggestion = did_you_mean(unknown, [*valid, *STUDY_OPTIONS, *OPTIMIZE_OPTIONS, *SEARCH_PARAMETERS])
         raise TypeError(
-            f"unknown option(s) {unknown} for hyperparameter_search; valid: fit options and TrainingArguments "
+            f"unknown option(s) {unknown} for hyperparameter_search: {suggestion}valid: the search's own parameters "
+            f"({', '.join(SEARCH_PARAMETERS)}), fit options and TrainingArguments "
             f"fields ({', '.join(sorted(valid))}), create_study options ({', '.join(STUDY_OPTIONS)}), "
             f"optimize options ({', '.join(OPTIMIZE_OPTIONS)})"
         )
+    if "callbacks" in options:
+        options["callbacks"] = callback_list(options["callbacks"], build=False)  # classes: built per trial
     return study, optimize, options
+
+
+def _directions(direction: Any) -> str | list[str]:
+    """Optuna's spelling of `direction` (a name or a list of names); "max" and "min" are
+    accepted for "maximize" and "minimize"."""
+    names = direction if isinstance(direction, (list, tuple)) else [direction]
+    for name in names:
+        if not isinstance(name, str) or name.lower() not in DIRECTIONS:
+            raise ValueError(f"`direction`={direction!r} is invalid: {did_you_mean(name, DIRECTIONS)}use "
+                             f"'minimize' or 'maximize' ('min' / 'max' too), or a list of them for several objectives")
+    if not names:
+        raise ValueError("`direction`=[] is invalid: pass 'minimize' or 'maximize', or a non-empty list of them")
+    mapped = [DIRECTIONS[name.lower()] for name in names]
+    return mapped if isinstance(direction, (list, tuple)) else mapped[0]
+
+
+def _parameters(hp_space: Callable, trial: Any) -> dict[str, Any]:
+    """What `hp_space(trial)` returned, which must be a dict of option values."""
+    params = hp_space(trial)
+    if not isinstance(params, dict):
+        raise ValueError(f"`hp_space` returned {type(params).__name__ if params is not None else 'None'}: it must "
+                         "return a dict of option values, e.g. {'learning_rate': trial.suggest_float("
+                         "'learning_rate', 1e-4, 1e-1, log=True)} (did it forget `return`?)")
+    return dict(params)
 
 
 def _check_params(params: dict[str, Any]) -> None:
@@ -140,8 +172,11 @@ def run_search(model: Any, x: Any, y: Any, *, hp_space: Callable | None, compute
     if isinstance(model.config.optimizer, torch.optim.Optimizer):
         raise ValueError("`optimizer` is an Optimizer instance, bound to one module's parameters; for a search "
                          "pass a name, an Optimizer class or a callable params -> optimizer")
-    if not isinstance(n_trials, int) or n_trials <= 0:
+    if not isinstance(n_trials, int) or isinstance(n_trials, bool) or n_trials <= 0:
         raise ValueError(f"`n_trials`={n_trials!r} is invalid: pass an integer > 0")
+    if hp_space is not None and not callable(hp_space):
+        raise ValueError(f"`hp_space`={hp_space!r} is invalid: pass a function trial -> dict of option values")
+    direction = _directions(direction)
     search = _Search(model, x, y, hp_space=hp_space or default_hp_space,
                      compute_objective=compute_objective or default_compute_objective, direction=direction,
                      hp_name=hp_name, options=options)
@@ -197,7 +232,7 @@ class _Search:
             if sampled is None:
                 break
             trial = optuna.trial.FixedTrial(sampled, number=number)
-            params = dict(self.hp_space(trial))
+            params = _parameters(self.hp_space, trial)
             try:
                 self.train_trial(self.fresh_model(trial, params), trial, params)
             except optuna.TrialPruned:
@@ -207,7 +242,7 @@ class _Search:
 
     # -- one trial ----------------------------------------------------------------------------
     def objective(self, trial: Any) -> float | tuple:
-        params = dict(self.hp_space(trial))
+        params = _parameters(self.hp_space, trial)
         _check_params(params)
         trial_model = self.fresh_model(trial, params)
         if self.distributed:  # rank 0 sampled everything (hp_space and model_init); the others follow

@@ -136,7 +136,12 @@ class _Mean:
 
     def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
         n = preds.shape[0] if preds.dim() else 1
-        self.total = self.total + self.fn(preds, target).detach().float() * n
+        value = self.fn(preds, target)
+        if not isinstance(value, torch.Tensor):  # a number (fit's first-batch check refused anything else)
+            value = torch.tensor(float(value), device=preds.device)
+        elif value.dim():  # one value of shape (1,) and the like
+            value = value.reshape(())
+        self.total = self.total + value.detach().float() * n
         self.count += n
 
     def compute(self) -> torch.Tensor:

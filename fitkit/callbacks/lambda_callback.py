@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 from fitkit.callbacks.base import EVENTS, TrainerCallback
+from fitkit.options import did_you_mean
 
 
 class LambdaCallback(TrainerCallback):
@@ -40,7 +41,7 @@ class LambdaCallback(TrainerCallback):
         unknown = sorted(set(event_functions) - set(EVENTS))
         if unknown:
             raise TypeError(
-                f"LambdaCallback got unknown event name(s) {', '.join(unknown)}; "
+                f"{did_you_mean(unknown, EVENTS)}LambdaCallback got unknown event name(s) {', '.join(unknown)}; "
                 f"the events are: {', '.join(EVENTS)}"
             )
         for name, fn in event_functions.items():

@@ -140,8 +140,8 @@ def save_checkpoint(fabric, output_dir: str, *, state, args, module, optimizer, 
         state.save_to_json(os.path.join(tmp, STATE_FILE))
         with open(os.path.join(tmp, ARGS_FILE), "w", encoding="utf-8") as f:
             f.write(args.to_json_string())
-        manifest = {"format": "fitkit-checkpoint", "version": FORMAT_VERSION,
-                    "global_step": state.global_step, "files": _files(tmp)}
+        manifest = {"format": "fitkit-checkpoint", "version": FORMAT_VERSION, "global_step": state.global_step,
+                    "optimizer": optimizer_class(optimizer), "files": _files(tmp)}
         with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:
             json.dump(manifest, f, indent=2)
             f.flush()
@@ -193,7 +193,11 @@ def rotate(output_dir: str, limit: int | None, keep: str | None = None) -> list[
 
 # -- reading ---------------------------------------------------------------------------------
 class CheckpointError(ValueError):
-    """A checkpoint path that does not exist, is incomplete, or is not a fitkit checkpoint."""
+    """A checkpoint path that does not exist, is incomplete, is not a fitkit checkpoint, or was
+    written for another model or optimizer."""
+
+
+_FIX = "resume with the same model and optimizer, or start a fresh `output_dir` (or `resume_from_checkpoint=False`)"
 
 
 def resolve(resume: bool | str | None, output_dir: str) -> str | None:
@@ -232,17 +236,109 @@ def resolve(resume: bool | str | None, output_dir: str) -> str | None:
 def load_checkpoint(fabric, path: str, *, module, optimizer) -> dict[str, Any]:
     """Restore module and optimizer in place; return the rest of the payload.
 
-    Loading is weights-only: a file carrying pickled code is refused before anything runs.
+    Loading is weights-only: a file carrying pickled code is refused before anything runs. A
+    checkpoint written for another model (parameter names or shapes) or another optimizer class
+    is refused before anything is loaded, so the module keeps its weights; a CheckpointError names
+    the checkpoint, what differs and the fix.
     """
     weights = os.path.join(path, WEIGHTS)
     try:
+        check_fits(path, module=module, optimizer=optimizer)
         targets = {"model": module} if optimizer is None else {"model": module, "optimizer": optimizer}
         remainder = fabric.load(weights, targets, strict=optimizer is not None, weights_only=True)
+    except CheckpointError:
+        raise
     except Exception as err:  # noqa: BLE001 - every failure here means "refuse this file"
         if "weights_only" in str(err) or "Unsupported global" in str(err) or "pickle" in str(err).lower():
             raise CheckpointError(
                 f"refusing to load {weights!r}: it holds pickled objects that are not plain tensors or "
                 f"primitive values (weights-only loading). Details: {str(err).splitlines()[0]}"
             ) from None
-        raise
+        raise CheckpointError(f"cannot resume from {path!r}: loading it into this model and optimizer failed "
+                              f"({type(err).__name__}: {_first_line(err)}); {_FIX}") from err
     return remainder
+
+
+def optimizer_class(optimizer: Any) -> str | None:
+    """The class name of the torch optimizer inside Fabric's wrapper (None without one)."""
+    if optimizer is None:
+        return None
+    return type(getattr(optimizer, "optimizer", optimizer)).__name__
+
+
+def check_fits(path: str, *, module, optimizer) -> None:
+    """Raise CheckpointError when the checkpoint at `path` was written for another optimizer class
+    or, for a single-file checkpoint, another set of parameter names and shapes (read from the
+    file memory-mapped: the tensors' data is not read). Sharded checkpoints are checked by loading."""
+    saved_class = _manifest(path).get("optimizer")
+    current = optimizer_class(optimizer)
+    if optimizer is not None and saved_class and saved_class != current:
+        raise CheckpointError(f"cannot resume from {path!r}: it was written with the optimizer {saved_class} and "
+                              f"this run uses {current}; {_FIX}")
+    weights = os.path.join(path, WEIGHTS)
+    if not os.path.isfile(weights):
+        return
+    import torch
+
+    payload = torch.load(weights, map_location="cpu", weights_only=True, mmap=True)
+    problems = _state_differences(payload.get("model") or {}, module.state_dict())
+    if problems:
+        raise CheckpointError(f"cannot resume from {path!r}: it holds the weights of another model ({problems}); "
+                              f"{_FIX}")
+    if optimizer is not None and not saved_class and isinstance(payload.get("optimizer"), dict):
+        problem = _optimizer_difference(payload["optimizer"], optimizer.state_dict())
+        if problem:
+            raise CheckpointError(f"cannot resume from {path!r}: {problem}; {_FIX}")
+
+
+def _manifest(path: str) -> dict:
+    try:
+        with open(os.path.join(path, MANIFEST), encoding="utf-8") as f:
+            manifest = json.load(f)
+        return manifest if isinstance(manifest, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _state_differences(saved: dict, current: dict, most: int = 6) -> str:
+    """What differs between two state dicts' names and shapes, said briefly ("" for nothing)."""
+    def shape(value: Any) -> tuple | None:
+        return tuple(value.shape) if hasattr(value, "shape") else None
+
+    missing = [k for k in current if k not in saved]
+    unexpected = [k for k in saved if k not in current]
+    reshaped = [k for k in current if k in saved and shape(current[k]) != shape(saved[k])]
+
+    def listed(keys: list[str], show) -> str:
+        more = f" and {len(keys) - most} more" if len(keys) > most else ""
+        return ", ".join(show(k) for k in keys[:most]) + more
+
+    parts = []
+    if reshaped:
+        parts.append("other shapes: " + listed(reshaped, lambda k: f"{k} {shape(saved[k])} in the checkpoint, "
+                                                                     f"{shape(current[k])} in this model"))
+    if missing:
+        parts.append("not in the checkpoint: " + listed(missing, lambda k: f"{k} {shape(current[k])}"))
+    if unexpected:
+        parts.append("not in this model: " + listed(unexpected, lambda k: f"{k} {shape(saved[k])}"))
+    return "; ".join(parts)
+
+
+def _optimizer_difference(saved: dict, current: dict) -> str:
+    """How a saved optimizer state differs from the current optimizer's ("" when it fits): the
+    parameter groups and their sizes, and the settings (another class has other settings)."""
+    old, new = saved.get("param_groups") or [], current.get("param_groups") or []
+    if [len(g.get("params", ())) for g in old] != [len(g.get("params", ())) for g in new]:
+        return (f"its optimizer has parameter groups of {[len(g.get('params', ())) for g in old]} parameters and this "
+                f"one {[len(g.get('params', ())) for g in new]}")
+    ignore = {"params", "initial_lr"}  # initial_lr: added by a scheduler
+    for a, b in zip(old, new):
+        if set(a) - ignore != set(b) - ignore:
+            return (f"it was written by another optimizer class (settings {sorted(set(a) - ignore)}; this optimizer "
+                    f"has {sorted(set(b) - ignore)})")
+    return ""
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else ""

@@ -21,22 +21,28 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 
 from fitkit.engine.batch import LABEL_KEYS, Batch, first_leaf, batch_size_of, split_batch  # noqa: F401 - re-exported
+from fitkit.engine.rng import rng_state, set_rng_state
 from fitkit.engine.step import set_loader_epoch
 from fitkit.tensors import map_tensors
 
 logger = logging.getLogger("fitkit")
-def _to_tensor(value: Any, name: str) -> torch.Tensor:
+
+
+def _to_tensor(value: Any, name: str, cast_float64: bool = True) -> torch.Tensor:
+    """A tensor of `value` (a tensor or NumPy array). float64 becomes float32, as Keras casts
+    float64 input, unless `cast_float64` is False (a module whose parameters are float64)."""
     if isinstance(value, torch.Tensor):
-        return value
-    try:
-        import numpy as np
-    except ImportError:  # pragma: no cover - numpy ships with torch installs
-        np = None
-    if np is not None and isinstance(value, np.ndarray):
+        t = value
+    else:
+        try:
+            import numpy as np
+        except ImportError:  # pragma: no cover - numpy ships with torch installs
+            np = None
+        if np is None or not isinstance(value, np.ndarray):
+            raise TypeError(f"`{name}` must be a tensor or NumPy array here; got {type(value).__name__}")
         t = torch.from_numpy(value)
-        # Keras casts float64 features to float32; labels keep their integer type.
-        return t.float() if t.dtype == torch.float64 else t
-    raise TypeError(f"`{name}` must be a tensor or NumPy array here; got {type(value).__name__}")
+    # Integer labels keep their type.
+    return t.float() if cast_float64 and t.dtype == torch.float64 else t
 
 
 def _is_array(value: Any) -> bool:
@@ -57,6 +63,7 @@ class DataSource:
 
     num_samples: int | None = None
     replays_rng = False
+    name = "x"  # the argument the data came from (`x`, `validation_data`, `validation_split`)
 
     def __len__(self) -> int:  # number of batches per epoch (per process)
         raise TypeError("unknown length")
@@ -71,6 +78,15 @@ class DataSource:
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
         """The batches of `epoch` from batch number `start` on."""
         raise NotImplementedError
+
+    def first_batch(self) -> Batch | None:
+        """One batch to check before training (None when there is none), read without moving any
+        random number generator: the run goes on exactly as without it."""
+        saved = rng_state()
+        try:
+            return next(iter(self.batches(0)), None)
+        finally:
+            set_rng_state(saved)
 
 
 class TensorSource(DataSource):
@@ -112,6 +128,22 @@ class TensorSource(DataSource):
         if self.class_weight is not None:
             self.class_weight = move(self.class_weight)
         return self
+
+    def first_batch(self) -> Batch | None:
+        """A batch of this process's first samples, in storage order: slices, no permutation
+        (any batch serves the checks, and shuffling a large dataset costs)."""
+        n = min(self.batch_size, self.num_samples)
+        if n == 0:
+            return None
+        take = lambda t: t[self.offset : self.offset + n]  # noqa: E731 - a view, no copy
+        x = map_tensors(take, self.x)
+        y = take(self.y) if self.y is not None else None
+        sw = take(self.sample_weight) if self.sample_weight is not None else None
+        if self.class_weight is not None and y is not None:
+            cw = class_weights_for(self.class_weight, y)
+            sw = cw if sw is None else sw * cw
+        inputs = (x if isinstance(x, tuple) else (x,)) if not isinstance(x, dict) else x
+        return Batch(inputs, y, sw, n)
 
     def order(self, epoch: int) -> torch.Tensor | None:
         """The sample indices of this process for `epoch`, or None for contiguous slices."""
@@ -256,6 +288,22 @@ class LoaderSource(DataSource):
             iterator = itertools.islice(iterator, start, None)
         return self._split(iterator)
 
+    def first_batch(self) -> Batch | None:
+        """The loader's first batch, read through a fresh iterator: the global generators and the
+        loader's own are put back after, so the run draws the same numbers as without this read.
+        (A loader with worker processes starts them once more for it, unless `persistent_workers`.)"""
+        if self.sampler is not None:
+            self.sampler.use_epoch(0)
+        generators = _generators_of(self.loader)
+        saved, states = rng_state(), [g.get_state() for g in generators]
+        try:
+            raw = next(iter(self.loader), _END)
+        finally:
+            set_rng_state(saved)
+            for g, state in zip(generators, states):
+                g.set_state(state)
+        return None if raw is _END else next(self._split(iter((raw,))))
+
     def _split(self, iterator: Iterator) -> Iterator[Batch]:
         cw = self.class_weight
         if cw is None:
@@ -272,6 +320,18 @@ class LoaderSource(DataSource):
             yield batch
 
     _warned_skip = False
+
+
+def _generators_of(loader: Any) -> list[torch.Generator]:
+    """The generators a DataLoader draws from besides the global one (its own, its samplers')."""
+    found: dict[int, torch.Generator] = {}
+    sampler = getattr(loader, "sampler", None)
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    for owner in (loader, sampler, getattr(batch_sampler, "sampler", None)):
+        g = getattr(owner, "generator", None)
+        if isinstance(g, torch.Generator):
+            found[id(g)] = g
+    return list(found.values())
 
 
 def class_weight_table(class_weight: dict, device: torch.device) -> torch.Tensor:
@@ -309,12 +369,12 @@ def _check_len(x, y, sample_weight) -> None:
         raise ValueError(f"`sample_weight` has {batch_size_of(sample_weight)} entries for {n} samples: pass one per sample")
 
 
-def _arrays(value, name: str):
+def _arrays(value, name: str, cast_float64: bool = True):
     if isinstance(value, dict):
-        return {k: _to_tensor(v, f"{name}[{k!r}]") for k, v in value.items()}
+        return {k: _to_tensor(v, f"{name}[{k!r}]", cast_float64) for k, v in value.items()}
     if isinstance(value, (tuple, list)):
-        return tuple(_to_tensor(v, name) for v in value)
-    return _to_tensor(value, name)
+        return tuple(_to_tensor(v, name, cast_float64) for v in value)
+    return _to_tensor(value, name, cast_float64)
 
 
 def _in_memory(x) -> bool:
@@ -336,24 +396,37 @@ def adapt(
     shuffle: bool,
     seed: int | None = None,
     name: str = "x",
+    cast_float64: bool = True,
 ) -> tuple[DataSource | None, tuple | None]:
-    """Turn user input into a `DataSource`.
+    """Turn user input into a `DataSource` named `name` (the argument it came from).
 
     Returns the source and, for in-memory data, the `(x, y, sample_weight)` tensors (so a
     validation split can be taken). `x` may be an `(x, y[, sample_weight])` tuple itself.
+    In-memory float64 values become float32 unless `cast_float64` is False.
     """
+    source, tensors = _adapt(x, y, sample_weight, batch_size=batch_size, shuffle=shuffle, seed=seed, name=name,
+                             cast_float64=cast_float64)
+    source.name = name
+    return source, tensors
+
+
+def _adapt(x: Any, y: Any, sample_weight: Any, *, batch_size: int, shuffle: bool, seed: int | None, name: str,
+           cast_float64: bool) -> tuple[DataSource, tuple | None]:
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
         raise ValueError(f"`batch_size`={batch_size!r} is invalid: pass an integer > 0")
     if x is None:
         raise ValueError(f"`{name}` is required: pass tensors, arrays, a Dataset or a DataLoader")
+    if isinstance(x, (list, tuple)) and not x:
+        raise ValueError(f"`{name}` is an empty {type(x).__name__}: pass at least one sample (tensors, arrays, a "
+                         "Dataset, a DataLoader or a non-empty list of batches)")
     if y is None and isinstance(x, tuple) and len(x) in (2, 3) and _is_array(x[0]) and all(
         v is None or _is_array(v) for v in x[1:]
     ):
         x, y, sample_weight = (*x, None)[:3] if len(x) == 2 else x
     if _in_memory(x):
-        x = _arrays(x, name)
-        y = _arrays(y, "y") if y is not None else None
-        sample_weight = _to_tensor(sample_weight, "sample_weight") if sample_weight is not None else None
+        x = _arrays(x, name, cast_float64)
+        y = _arrays(y, "y", cast_float64) if y is not None else None
+        sample_weight = _to_tensor(sample_weight, "sample_weight", cast_float64) if sample_weight is not None else None
         _check_len(x, y, sample_weight)
         source = TensorSource(x, y, sample_weight, batch_size=batch_size, shuffle=shuffle, seed=seed)
         return source, (x, y, sample_weight)
@@ -399,6 +472,22 @@ def _dataset_source(x: Dataset, *, batch_size: int, shuffle: bool, seed: int | N
     return source
 
 
+def _split_point(n: int, fraction: float) -> int:
+    """Where Keras cuts `n` samples for `validation_split=fraction`; an error when either side
+    would be empty (a fraction of less than one sample counts as empty, though the rounding
+    would hand it one)."""
+    if n < 2:
+        raise ValueError(f"`validation_split` needs at least 2 samples to split; the data has {n}: pass `validation_data`")
+    cut = int(n * (1.0 - fraction))
+    if n * fraction < 1 or cut <= 0 or cut >= n:
+        side = "validation" if n * fraction < 1 or cut >= n else "training"
+        raise ValueError(
+            f"`validation_split`={fraction} of {n} samples leaves the {side} split empty ({n * fraction:g} samples for "
+            f"validation): pick a fraction between {1 / n:.3g} and {1 - 1 / n:.3g}, or pass `validation_data`"
+        )
+    return cut
+
+
 def split_validation(tensors: tuple | None, x: Any, fraction: float) -> tuple[tuple, tuple]:
     """Keras' `validation_split`: the last `fraction` of the samples, taken before shuffling.
 
@@ -409,15 +498,13 @@ def split_validation(tensors: tuple | None, x: Any, fraction: float) -> tuple[tu
         raise ValueError(f"`validation_split`={fraction!r} is invalid: pass a fraction in (0, 1)")
     if tensors is not None:
         n = batch_size_of(tensors[0])
-        cut = int(n * (1.0 - fraction))
-        if cut <= 0 or cut >= n:
-            raise ValueError(f"`validation_split`={fraction} leaves an empty split of {n} samples; pick another fraction")
+        cut = _split_point(n, fraction)
         head = lambda t: t[:cut]  # noqa: E731
         tail = lambda t: t[cut:]  # noqa: E731
         return tuple(map_tensors(head, t) for t in tensors), tuple(map_tensors(tail, t) for t in tensors)
     if isinstance(x, Dataset) and not isinstance(x, IterableDataset):
         n = len(x)  # type: ignore[arg-type]
-        cut = int(n * (1.0 - fraction))
+        cut = _split_point(n, fraction)
         return (Subset(x, range(cut)), None, None), (Subset(x, range(cut, n)), None, None)
     raise ValueError(
         "`validation_split` needs tensors, arrays or a map-style Dataset; pass `validation_data` for "

@@ -63,6 +63,7 @@ class Runtime:
         """The optimizer over the set-up module: built from `spec` on first use, then kept (its
         state carries over between fits, as Keras); `learning_rate` given again resets the rate."""
         if self.optimizer is None:
+            _check_bound_to(spec, self.wrapped)
             opt = build_optimizer(spec, self.wrapped.parameters(), args.learning_rate, args.weight_decay,
                                   precision=args.precision)
             self.optimizer = self.fabric.setup_optimizers(opt)
@@ -128,6 +129,20 @@ class Runtime:
     def adopt(self, fabric: Any, key: tuple) -> None:
         """In a spawned process: run on the Fabric that started it."""
         self.fabric, self.key, self.wrapped, self.in_child = fabric, key, None, True
+
+
+def _check_bound_to(spec: Any, module: torch.nn.Module) -> None:
+    """An optimizer instance must hold this module's parameters, or nothing would train."""
+    if not isinstance(spec, torch.optim.Optimizer):
+        return
+    own = {id(p) for p in module.parameters()}
+    given = [p for group in spec.param_groups for p in group["params"]]
+    if given and not any(id(p) in own for p in given):
+        raise ValueError(
+            "`optimizer` is an Optimizer instance built on the parameters of another module, so training would "
+            "change nothing: build it on this model's parameters (`torch.optim.SGD(net.parameters(), ...)` with the "
+            "`net` given to Model), or pass a name, an Optimizer class or a callable params -> optimizer"
+        )
 
 
 def pack_result(module: torch.nn.Module, value: Any, state: Any) -> dict:

@@ -52,15 +52,15 @@ class Stepper:
         inputs, target = batch.inputs, batch.target
         if loss_fn is None and with_loss and target is not None:
             out = module(**inputs, labels=target) if isinstance(inputs, dict) else module(*inputs, target)
-            return _scalar(model_loss(out)), metric_outputs(out)
+            return scalar_loss(model_loss(out)), metric_outputs(out)
         out = module(**inputs) if isinstance(inputs, dict) else module(*inputs)
         if not with_loss:
             return None, out
         if loss_fn is None:  # a module that computes its loss from the inputs alone
-            return _scalar(model_loss(out)), metric_outputs(out)
+            return scalar_loss(model_loss(out)), metric_outputs(out)
         if target is None:
             return None, out
-        return _scalar(loss_fn(primary_output(out), target, batch.sample_weight)), out
+        return scalar_loss(loss_fn(primary_output(out), target, batch.sample_weight)), out
 
     def forward_backward(self, batch: Batch, cycle: int, last: bool) -> tuple[torch.Tensor, Any]:
         """Forward and backward of one micro-batch of an accumulation cycle of `cycle`; the
@@ -112,7 +112,7 @@ def _nothing() -> None:
     return None
 
 
-def _scalar(loss: torch.Tensor) -> torch.Tensor:
+def scalar_loss(loss: torch.Tensor) -> torch.Tensor:
     if loss.dim() != 0:
         raise ValueError(
             f"the loss must be a scalar tensor but has shape {tuple(loss.shape)}: reduce it "

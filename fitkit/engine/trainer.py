@@ -23,6 +23,7 @@ from fitkit.arguments import TrainingArguments
 from fitkit.callbacks.base import CallbackHandler, TrainerControl, TrainerState
 from fitkit.compile_config import CompileConfig
 from fitkit.engine.checkpoint import Checkpointer
+from fitkit.engine.checks import check_data, keeps_float64
 from fitkit.engine.data import DataSource, adapt, class_weight_table, split_validation
 from fitkit.engine.loop import Loop
 from fitkit.engine.rng import seed_everything
@@ -63,9 +64,13 @@ class Trainer:
             train.class_weight = class_weight_table(class_weight, fabric.device)
         args = self.args = _with_evaluation(self.args, val)
         state = self.state = self._new_state(train, fabric, trial)
+        _check_eval_steps(args, state)
         scheduler = build_scheduler(args.lr_scheduler, optimizer, state.max_steps or 1,
                                     args.warmup_steps or int(args.warmup_ratio * state.max_steps))
         loop = self._fit_loop(wrapped, optimizer, scheduler, train, val)
+        # The first batches against the module, loss and metrics: before any step or file.
+        check_data(loop.stepper, self.module, train, metrics=self.config.metrics, training=True)
+        check_data(loop.stepper, self.module, val, metrics=self.config.metrics)
         resume = self.checkpointer.resume(self.checkpointer.resume_path(self.handler.callbacks))
         try:
             loop.train(train, val, resume)
@@ -119,7 +124,8 @@ class Trainer:
 
     def _source(self, x: Any, y: Any, sample_weight: Any, *, batch_size: int, shuffle: bool, seed: int | None,
                 pad: bool, name: str = "x") -> tuple[DataSource, tuple | None]:
-        source, tensors = adapt(x, y, sample_weight, batch_size=batch_size, shuffle=shuffle, seed=seed, name=name)
+        source, tensors = adapt(x, y, sample_weight, batch_size=batch_size, shuffle=shuffle, seed=seed, name=name,
+                                cast_float64=not keeps_float64(self.module))
         return self.runtime.place(source, pad), tensors
 
     def _new_state(self, train: DataSource, fabric: Any, trial: dict | None) -> TrainerState:
@@ -143,6 +149,7 @@ class Trainer:
         """Loss and metrics over `x`, unprefixed; fires `on_prediction_step` and `on_evaluate`."""
         loop = self._eval_loop(state, control)
         source, _ = self._source(x, y, sample_weight, batch_size=batch_size, shuffle=False, seed=None, pad=False)
+        check_data(loop.stepper, self.module, source, metrics=loop.metric_specs)
         metrics = loop.evaluate(source)
         self.control = self.handler.on_evaluate(self.args, state, loop.control, metrics)
         return metrics
@@ -153,6 +160,7 @@ class Trainer:
         if isinstance(x, tuple) and len(x) in (2, 3) and all(isinstance(v, torch.Tensor) for v in x):
             x = x[0]  # an (x, y) pair: predict on x
         source, _ = self._source(x, None, None, batch_size=batch_size, shuffle=False, seed=None, pad=False)
+        check_data(loop.stepper, self.module, source, with_loss=False)
         out = loop.predict(source)
         self.control = self.handler.on_predict(self.args, state, loop.control, {})
         return out
@@ -179,3 +187,16 @@ def _with_evaluation(args: TrainingArguments, val: DataSource | None) -> Trainin
     if args.eval_strategy != "no" and val is None:
         raise ValueError(f"`eval_strategy`={args.eval_strategy!r} needs `validation_data` or `validation_split`")
     return args
+
+
+def _check_eval_steps(args: TrainingArguments, state: TrainerState) -> None:
+    """`eval_strategy="steps"` with `eval_steps` left to `logging_steps` on a run that ends before
+    that many steps would never evaluate: say so instead of training without a word."""
+    if args.eval_strategy != "steps" or args.eval_steps is not None or not state.max_steps:
+        return
+    if state.eval_steps > state.max_steps:
+        raise ValueError(
+            f"`eval_strategy`='steps' evaluates every `eval_steps` steps, which defaults to `logging_steps`="
+            f"{args.logging_steps}, but this run makes only {state.max_steps} steps, so it would never evaluate: "
+            f"pass `eval_steps` (e.g. eval_steps={max(1, state.max_steps // 4)}) or eval_strategy='epoch'"
+        )

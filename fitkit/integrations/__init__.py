@@ -25,6 +25,7 @@ from fitkit.integrations._common import (
     mask_secrets,
     require,
 )
+from fitkit.options import did_you_mean
 
 __all__ = [
     "CSVStepLogger",
@@ -67,7 +68,8 @@ def _names(report_to: Any) -> list[str]:
             raise TypeError(f"`report_to` takes names (str), got {item!r}; pass logger callbacks in `callbacks`")
         name = item.strip().lower()
         if name not in VALID_NAMES:
-            raise ValueError(f"unknown `report_to` value {item!r}; valid names are: {', '.join(VALID_NAMES)}")
+            raise ValueError(f"{did_you_mean(item, VALID_NAMES)}unknown `report_to` value {item!r}; "
+                             f"valid names are: {', '.join(VALID_NAMES)}")
         found = available_integrations() if name == "all" else [] if name == "none" else [name]
         names.extend(n for n in found if n not in names)
     return names

@@ -1,0 +1,444 @@
+"""First-batch checks: data that does not fit the module, the loss or the metrics fails before
+the first training step and before anything is written, with an error that names the argument
+and the likely fix (DESIGN.md section 7). Only the first batch of each source is looked at, once
+per call; nothing is added to the steps.
+
+    check_data(stepper, module, train, metrics=specs, training=True)   # fit, before the loop
+    check_data(stepper, module, val, metrics=specs)                      # its validation data
+    check_data(stepper, module, source, with_loss=False)                 # predict
+
+What is checked, in this order:
+
+1. the data yields a batch, with targets where the loss needs them (training, validation);
+2. the features' dtype: integer features for a module whose first parameter is floating are a
+   TypeError, unless the module's first layer with parameters is an Embedding (float64 features
+   were already cast to float32 when the data was adapted, as NumPy's are);
+3. NaN or inf in the first batch's features or targets: one `UserWarning` naming the argument;
+4. a probe, on the direct path only (`Stepper.direct`: one device, full precision; other
+   strategies skip it, since a forward outside the step is not safe under all of them, e.g.
+   FSDP): the module's forward on the first batch in eval mode without gradients, the named
+   losses' rules (class labels: integer indices of shape (N,) in [0, C), or probabilities of the
+   outputs' shape; binary targets: the outputs' shape, in [0, 1]; regression: the outputs'
+   shape), the loss itself (it must return a scalar tensor) and every metric callable (a scalar
+   tensor or a number). What the module, the loss or a metric raises is re-raised as a
+   ValueError naming the argument, with the shapes, dtypes and likely fix, chained to it.
+
+The probe saves and restores torch's random number generator (CPU, and the CUDA device's: a
+forward that draws noise even in eval mode) and every submodule's train/eval flag, so a run draws
+exactly what it would draw without it and a resumed run stays bit-exact. Getting the first batch
+is `DataSource.first_batch`: the first samples of in-memory data, sliced (no permutation); a fresh
+iterator for a loader, every generator it may draw from (global and its own) put back after (a
+DataLoader with worker processes starts them once more for it, unless `persistent_workers`). The
+values the checks compare (label range, NaN) come back to the host in one transfer. Modules
+compiled with `torch.compile` or holding lazy parameters are not probed (the probe would compile
+or initialise them).
+"""
+
+from __future__ import annotations
+
+import numbers
+import warnings
+from typing import Any
+
+import torch
+
+from fitkit.adapters.losses import Loss
+from fitkit.adapters.metrics import metric_name, primary_output
+from fitkit.engine.batch import Batch
+from fitkit.engine.data import DataSource, TensorSource
+from fitkit.engine.step import Stepper, metric_outputs, model_loss, scalar_loss
+from fitkit.tensors import tensors_of
+
+#: Named losses (`fitkit.adapters.losses.LOSSES`) by the rules their targets follow.
+CLASS_LOSSES = frozenset({"cross_entropy", "sparse_categorical_crossentropy", "categorical_crossentropy", "nll"})
+BINARY_LOSSES = frozenset({"binary_crossentropy"})
+REGRESSION_LOSSES = frozenset({"mse", "mean_squared_error", "mae", "mean_absolute_error", "huber"})
+IGNORE_INDEX = -100  # a class label that F.cross_entropy and F.nll_loss skip
+_INDEX_DTYPES = (torch.int64, torch.uint8)  # the class index dtypes F.cross_entropy takes
+_EMBEDDINGS = (torch.nn.Embedding, torch.nn.EmbeddingBag)
+
+
+def check_data(stepper: Stepper, module: torch.nn.Module, source: DataSource | None, *, metrics: Any = (),
+               training: bool = False, with_loss: bool = True) -> None:
+    """Check the first batch of `source` (nothing for None) against `module` (the user's, not
+    Fabric's wrapper), the stepper's loss (unless `with_loss` is False: predict) and the
+    `metrics` specs; raise ValueError / TypeError naming `source.name` and the fix."""
+    if source is None:
+        return
+    batch = source.first_batch()
+    names = _Names(source.name, isinstance(source, TensorSource))
+    if batch is None:
+        if stepper.fabric.world_size == 1:  # a rank's shard may be empty while another's is not
+            raise ValueError(f"`{source.name}` is empty: it yields no batch; pass at least one sample")
+        return
+    loss = stepper.loss if with_loss else None
+    if with_loss:
+        _check_targets_given(batch, loss, names, training)
+    _check_features(batch, module, names)
+    stats = _read_stats(batch, loss)
+    _warn_non_finite(stats, names)
+    if stepper.direct and _probe_safe(module):
+        _probe(stepper, batch, names, stats, metrics, with_loss)
+
+
+def keeps_float64(module: torch.nn.Module) -> bool:
+    """True when `module` computes in float64: its float64 input is then not cast to float32."""
+    param = next(module.parameters(), None)
+    return param is not None and param.dtype == torch.float64
+
+
+def first_layer(module: torch.nn.Module) -> torch.nn.Module | None:
+    """The first submodule (in registration order) holding parameters of its own."""
+    for sub in module.modules():
+        if next(sub.parameters(recurse=False), None) is not None:
+            return sub
+    return None
+
+
+class _Names:
+    """How messages name the features and targets of a source: `x` / `y` for in-memory training
+    data, "the inputs of `validation_data`" and so on otherwise."""
+
+    def __init__(self, name: str, in_memory: bool):
+        self.name = name
+        self.x = f"`{name}`" if name == "x" else f"the inputs of `{name}`"
+        self.y = "`y`" if name == "x" and in_memory else f"the targets of `{name}`"
+        self.s = "s" if name == "x" else ""  # `x` holds, the inputs of `validation_data` hold
+        self.ys = "s" if self.y == "`y`" else ""
+
+
+# -- without the module's forward --------------------------------------------------------------
+def _check_targets_given(batch: Batch, loss: Loss | None, names: _Names, training: bool) -> None:
+    if batch.target is not None or loss is None:
+        return
+    if training:
+        raise ValueError("training needs targets: pass `y`, or batches of (x, y), or a module that returns its loss")
+    if names.name != "x":  # validation data
+        raise ValueError(
+            f"`{names.name}` has no targets, so no validation loss can be computed: pass "
+            "`validation_data=(x_val, y_val)` (or (x_val, y_val, sample_weight)), or a Dataset / DataLoader whose "
+            "batches are (x, y)"
+        )
+
+
+def _check_features(batch: Batch, module: torch.nn.Module, names: _Names) -> None:
+    """Integer features for a module that takes floats (one input; an Embedding first is fine)."""
+    inputs = batch.inputs
+    if not (isinstance(inputs, tuple) and len(inputs) == 1 and isinstance(inputs[0], torch.Tensor)):
+        return
+    x = inputs[0]
+    if x.is_floating_point() or x.is_complex():
+        return
+    param, layer = next(module.parameters(), None), first_layer(module)
+    if param is None or not param.is_floating_point() or isinstance(layer, _EMBEDDINGS):
+        return
+    raise TypeError(
+        f"{names.x} hold{names.s} integer values ({x.dtype}, shape {_shape(x)}) but the module's first layer, "
+        f"{_layer(layer)}, takes floating-point inputs ({param.dtype}): pass float features, e.g. `x.float()` "
+        "(NumPy: `x.astype('float32')`); integer inputs suit a module whose first layer is an Embedding"
+    )
+
+
+def _read_stats(batch: Batch, loss: Loss | None) -> dict[str, float]:
+    """What the value checks compare, read back to the host in one transfer: whether features and
+    targets are finite, and the targets' range when the named loss has rules for it."""
+    parts: dict[str, torch.Tensor] = {}
+    floats = [t for t in tensors_of(batch.inputs) if t.is_floating_point()]
+    if floats:
+        finite = [torch.isfinite(t).all() for t in floats]
+        parts["x_finite"] = finite[0] if len(finite) == 1 else torch.stack(finite).all()
+    y, named = batch.target, _named(loss)
+    if isinstance(y, torch.Tensor) and y.numel() and not y.is_complex():
+        if y.is_floating_point():
+            parts["y_finite"] = torch.isfinite(y).all()
+        if y.dtype != torch.bool and (named in CLASS_LOSSES or named in BINARY_LOSSES):
+            # masking the ignored label with 0 keeps the maximum (unless all are ignored: then 0 fits)
+            kept = y.masked_fill(y == IGNORE_INDEX, 0) if named in CLASS_LOSSES and not y.is_floating_point() else y
+            parts["y_min"], parts["y_max"] = torch.aminmax(kept)
+    if not parts:
+        return {}
+    device = next(iter(parts.values())).device
+    values = torch.stack([v.to(device) for v in parts.values()]).tolist()  # one dtype by promotion
+    return dict(zip(parts, values))
+
+
+def _warn_non_finite(stats: dict[str, float], names: _Names) -> None:
+    for key, who, s in (("x_finite", names.x, names.s), ("y_finite", names.y, names.ys)):
+        if stats.get(key, 1.0) == 0.0:
+            warnings.warn(
+                f"{who} hold{s} NaN or infinite values in its first batch: the loss, then the weights, will turn NaN; "
+                "clean them (e.g. `torch.nan_to_num`) or drop those samples",
+                UserWarning, stacklevel=5,
+            )
+
+
+def _probe_safe(module: torch.nn.Module) -> bool:
+    """False for a module the probe would change: compiled (a new graph) or lazy (initialised)."""
+    if hasattr(module, "_orig_mod"):  # torch.compile's OptimizedModule
+        return False
+    return not any(isinstance(m, torch.nn.modules.lazy.LazyModuleMixin) for m in module.modules())
+
+
+# -- the probe: forward, loss and metrics on the first batch ------------------------------------
+def _probe(stepper: Stepper, batch: Batch, names: _Names, stats: dict[str, float], metrics: Any,
+           with_loss: bool) -> None:
+    module = stepper.forward_module
+    saved = _torch_rng(module)
+    modes = [(m, m.training) for m in module.modules()]
+    try:
+        for m, _ in modes:  # eval mode; each module's own mode comes back after
+            m.__dict__["training"] = False
+        with torch.no_grad():
+            out, preds = _forward(stepper, batch, names, with_loss)
+            if with_loss and stepper.loss is not None and batch.target is not None:
+                _check_loss(stepper.loss, out, batch, names, stats)
+            if with_loss and metrics and batch.target is not None:
+                _check_metrics(metrics, preds, batch.target, names)
+    finally:
+        for m, mode in modes:
+            m.__dict__["training"] = mode
+        _set_torch_rng(saved)
+
+
+def _torch_rng(module: torch.nn.Module) -> tuple:
+    """torch's CPU generator state, and the CUDA device's when the module is on one."""
+    param = next(module.parameters(), None)
+    device = param.device if param is not None and param.device.type == "cuda" else None
+    return torch.get_rng_state(), device, torch.cuda.get_rng_state(device) if device is not None else None
+
+
+def _set_torch_rng(saved: tuple) -> None:
+    cpu, device, cuda = saved
+    torch.set_rng_state(cpu)
+    if device is not None:
+        torch.cuda.set_rng_state(cuda, device)
+
+
+def _forward(stepper: Stepper, batch: Batch, names: _Names, with_loss: bool) -> tuple[Any, Any]:
+    """The module's outputs as the step computes them, and what the metrics see of them."""
+    module, inputs, target = stepper.forward_module, batch.inputs, batch.target
+    own_loss = with_loss and stepper.loss is None
+    try:
+        if own_loss and target is not None:
+            out = module(**inputs, labels=target) if isinstance(inputs, dict) else module(*inputs, target)
+        else:
+            out = module(**inputs) if isinstance(inputs, dict) else module(*inputs)
+    except Exception as err:  # noqa: BLE001 - re-raised with the context, chained
+        try:
+            hint = _module_hint(stepper, batch, names, own_loss)
+        except Exception:  # noqa: BLE001 - a hint must never hide the module's own error
+            hint = f"give {names.x} the shape and dtype the module's forward expects"
+        raise ValueError(f"the module raised on the first batch of `{names.name}`: inputs {_describe(inputs)}; "
+                         f"likely fix: {hint} ({_first_line(err)})") from err
+    if not own_loss:
+        return out, out
+    loss = model_loss(out)
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        got = f"a tensor of shape {_shape(loss)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise ValueError(
+            f"`loss=None` means the module returns its loss, but on the first batch of `{names.name}` it returned "
+            f"{got}, not a scalar loss: pass `loss=` to compile (e.g. loss='cross_entropy'), or return the loss "
+            "(a scalar tensor, `out['loss']` or `out[0]`) from the module"
+        )
+    return out, metric_outputs(out)
+
+
+def _module_hint(stepper: Stepper, batch: Batch, names: _Names, own_loss: bool) -> str:
+    """The likely fix for an exception from the module's forward on `batch`."""
+    module = stepper.forward_module
+    if own_loss and batch.target is not None:
+        return ("with `loss=None` the module is called as module(x, y) (module(**inputs, labels=y) for dict inputs) "
+                "and must return its loss: pass `loss=` to compile (e.g. loss='cross_entropy') if it does not")
+    layer, x = first_layer(module), _single_input(batch)
+    param = next(module.parameters(), None)
+    if x is None or layer is None:
+        return f"make {names.x} match the arguments of the module's forward (their number or names, shapes, dtypes)"
+    if isinstance(layer, torch.nn.Linear) and x.dim() and x.shape[-1] != layer.in_features:
+        return (f"the module's first layer, {_layer(layer)}, takes {layer.in_features} features in the last "
+                f"dimension, not the {x.shape[-1]} of {names.x}: pass data with {layer.in_features} features, or build "
+                f"the module with in_features={x.shape[-1]}")
+    conv = isinstance(layer, torch.nn.modules.conv._ConvNd)
+    if conv and x.dim() >= 2 and x.shape[1] != layer.in_channels:
+        return (f"the module's first layer, {_layer(layer)}, takes {layer.in_channels} channels in dimension 1, "
+                f"not the {x.shape[1]} of {names.x} (shape {_shape(x)}): pass channels-first data (N, C, ...) with "
+                f"{layer.in_channels} channels")
+    if isinstance(layer, _EMBEDDINGS) and not x.is_floating_point() and x.device.type == "cpu" and x.numel():
+        low, high = int(x.min()), int(x.max())
+        if low < 0 or high >= layer.num_embeddings:
+            return (f"the module's first layer, {_layer(layer)}, takes indices in [0, {layer.num_embeddings}) but "
+                    f"{names.x} hold{names.s} indices from {low} to {high}: build the Embedding with "
+                    f"num_embeddings={high + 1}, or map the indices into range")
+    if param is not None and x.dtype != param.dtype and (x.is_floating_point() or param.is_floating_point()):
+        return f"cast {names.x} to the module's dtype, {param.dtype} (e.g. `x.to({param.dtype})`)"
+    return f"give {names.x} the shape and dtype the module's forward expects"
+
+
+def _check_loss(loss: Loss, out: Any, batch: Batch, names: _Names, stats: dict[str, float]) -> None:
+    outputs, target = primary_output(out), batch.target
+    named = _named(loss)
+    if named and isinstance(outputs, torch.Tensor) and isinstance(target, torch.Tensor):
+        if named in CLASS_LOSSES:
+            _check_class_targets(named, outputs, target, names, stats)
+        elif named in BINARY_LOSSES or named in REGRESSION_LOSSES:
+            _check_same_shape(named, outputs, target, names)
+            if named in BINARY_LOSSES:
+                _check_binary_range(named, stats, names)
+    try:
+        value = loss(outputs, target)
+    except Exception as err:  # noqa: BLE001 - re-raised with the context, chained
+        raise ValueError(
+            f"`loss`={loss.name!r} raised on the first batch of `{names.name}`: outputs {_describe(outputs)}, "
+            f"{names.y} {_describe(target)}; likely fix: make the loss take (outputs, targets) of these shapes and "
+            f"dtypes, or pass targets in the form it expects ({_first_line(err)})"
+        ) from err
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(
+            f"`loss`={loss.name!r} returned {type(value).__name__} on the first batch of `{names.name}`, not a tensor: "
+            "return a scalar torch tensor computed from the outputs (a Python number cannot be backpropagated)"
+        )
+    try:
+        scalar_loss(value)
+    except ValueError as err:
+        raise ValueError(f"`loss`={loss.name!r} on the first batch of `{names.name}`: {err}") from None
+    if batch.sample_weight is not None:  # a loss that cannot weight samples says so itself
+        loss(outputs, target, batch.sample_weight)
+
+
+def _check_class_targets(named: str, outputs: torch.Tensor, target: torch.Tensor, names: _Names,
+                         stats: dict[str, float]) -> None:
+    """Class indices of shape (N, d1...) in [0, C), or class probabilities of the outputs' shape."""
+    loss = f"`loss`={named!r}"
+    if outputs.dim() < 2:
+        raise ValueError(
+            f"{loss} needs outputs of shape (N, C), one score per class, but the module returned shape "
+            f"{_shape(outputs)}: make its last layer output C class scores (or use loss='binary_crossentropy' for "
+            "one logit per sample)"
+        )
+    classes, wanted = outputs.shape[1], (outputs.shape[0], *outputs.shape[2:])
+    if target.is_floating_point():
+        if target.shape == outputs.shape:  # class probabilities (one-hot rows)
+            return
+        raise ValueError(
+            f"{names.y} hold{names.ys} floats of shape {_shape(target)} but {loss} needs integer class indices of shape "
+            f"{tuple(wanted)} or class probabilities of the outputs' shape {_shape(outputs)}; likely fix: pass "
+            "`y.long()` (NumPy: `y.astype('int64')`)"
+        )
+    if tuple(target.shape) != tuple(wanted):
+        column = target.dim() == outputs.dim() and target.shape[-1] == 1 and target.shape[:-1] == wanted
+        fix = f"reshape y to {tuple(wanted)} with `y.reshape(-1)`" if column else f"pass labels of shape {tuple(wanted)}"
+        raise ValueError(
+            f"{names.y} ha{'s' if names.ys else 've'} shape {_shape(target)} but {loss} needs one class index per sample, shape "
+            f"{tuple(wanted)}, for outputs of shape {_shape(outputs)}; likely fix: {fix}"
+        )
+    if target.dtype not in _INDEX_DTYPES:
+        raise TypeError(f"{names.y} hold{names.ys} {target.dtype} class labels but {loss} needs torch.int64 class indices: "
+                        "pass `y.long()` (NumPy: `y.astype('int64')`)")
+    low, high = stats.get("y_min"), stats.get("y_max")
+    if low is not None and low < 0:
+        raise ValueError(
+            f"{names.y} hold{names.ys} negative class labels (down to {int(low)}) but {loss} needs labels in [0, {classes}) "
+            f"({IGNORE_INDEX} marks a sample to ignore); likely fix: map the labels to 0..{classes - 1}"
+        )
+    if high is not None and high >= classes:
+        raise ValueError(
+            f"{names.y} hold{names.ys} class labels up to {int(high)} but the module outputs {classes} class scores (outputs "
+            f"of shape {_shape(outputs)}), so {loss} needs labels in [0, {classes}); likely fix: make the last layer "
+            f"output {int(high) + 1} classes, or map the labels to 0..{classes - 1}"
+        )
+
+
+def _check_same_shape(named: str, outputs: torch.Tensor, target: torch.Tensor, names: _Names) -> None:
+    """Binary and regression losses compare outputs and targets element by element."""
+    if target.shape == outputs.shape:
+        return
+    if target.dim() == outputs.dim() - 1 and outputs.shape[-1] == 1 and target.shape == outputs.shape[:-1]:
+        return  # outputs (N, 1), targets (N,): the loss squeezes the outputs, as Keras does
+    out, got = _shape(outputs), _shape(target)
+    if target.dim() == outputs.dim() - 1 and outputs.shape[-1] == 1 and target.shape == outputs.shape[:-1]:
+        fix = f"reshape y to {out} with `y.reshape(-1, 1)` (or `y[:, None]`)" if target.dim() == 1 else (
+            f"reshape y to {out} with `y.unsqueeze(-1)`")
+    elif outputs.dim() == target.dim() - 1 and target.shape[-1] == 1 and target.shape[:-1] == outputs.shape:
+        fix = f"reshape y to {out} with `y.reshape(-1)`, or make the module output shape {got}"
+    else:
+        fix = f"pass targets of shape {out}, or make the module output shape {got}"
+    raise ValueError(
+        f"{names.y} ha{'s' if names.ys else 've'} shape {got} but the module's outputs have shape {out}: `loss`={named!r} needs targets of the "
+        f"outputs' shape (it does not broadcast); likely fix: {fix}"
+    )
+
+
+def _check_binary_range(named: str, stats: dict[str, float], names: _Names) -> None:
+    low, high = stats.get("y_min"), stats.get("y_max")
+    if low is not None and (low < 0 or high > 1):
+        raise ValueError(
+            f"{names.y} hold{names.ys} values from {low:g} to {high:g} but `loss`={named!r} needs targets in [0, 1] (0/1 labels "
+            "or probabilities); likely fix: for class indices use loss='cross_entropy' with one output per class"
+        )
+
+
+def _check_metrics(specs: Any, preds: Any, target: Any, names: _Names) -> None:
+    """Metric callables (not names, not metric objects) return a scalar tensor or a number."""
+    preds = primary_output(preds)
+    preds = preds.detach() if isinstance(preds, torch.Tensor) else preds
+    for spec in specs:
+        if isinstance(spec, str) or not callable(spec) or (hasattr(spec, "update") and hasattr(spec, "compute")):
+            continue
+        name = metric_name(spec)
+        try:
+            value = spec(preds, target)
+        except Exception as err:  # noqa: BLE001 - re-raised with the context, chained
+            raise ValueError(
+                f"metric `{name}` in `metrics` raised on the first batch of `{names.name}`: predictions "
+                f"{_describe(preds)}, {names.y} {_describe(target)}; likely fix: make it take (predictions, targets) "
+                f"of these shapes and return one number ({_first_line(err)})"
+            ) from err
+        tensor = isinstance(value, torch.Tensor)
+        if (tensor and value.numel() == 1) or (isinstance(value, numbers.Real) and not isinstance(value, bool)):
+            continue
+        got = f"a tensor of shape {_shape(value)}" if tensor else type(value).__name__
+        raise TypeError(
+            f"metric `{name}` in `metrics` returned {got} on the first batch of `{names.name}`: a metric callable "
+            "must return a scalar tensor or a number (reduce per-sample values, e.g. with `.mean()`)"
+        )
+
+
+# -- small helpers -------------------------------------------------------------------------------
+def _named(loss: Loss | None) -> str | None:
+    spec = getattr(loss, "spec", None)
+    return spec if isinstance(spec, str) else None
+
+
+def _single_input(batch: Batch) -> torch.Tensor | None:
+    inputs = batch.inputs
+    if isinstance(inputs, tuple) and len(inputs) == 1 and isinstance(inputs[0], torch.Tensor):
+        return inputs[0]
+    return None
+
+
+def _shape(t: torch.Tensor) -> tuple:
+    return tuple(t.shape)
+
+
+def _layer(layer: torch.nn.Module | None) -> str:
+    if layer is None:
+        return "the module itself"
+    extra = layer.extra_repr().splitlines()
+    return f"{type(layer).__name__}({extra[0] if len(extra) == 1 else ''})"
+
+
+def _describe(value: Any) -> str:
+    """`of shape (32, 8) dtype torch.float32`, or each part of a tuple or dict of them."""
+    if isinstance(value, torch.Tensor):
+        return f"of shape {_shape(value)} dtype {value.dtype}"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {_describe(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (tuple, list)):
+        if len(value) == 1:
+            return _describe(value[0])
+        return "(" + ", ".join(_describe(v) for v in value) + ")"
+    return f"of type {type(value).__name__}"
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__
