@@ -64,6 +64,20 @@ def _distributed(getter: str, variable: str, default: int) -> int:
     return int(os.environ.get(variable, default))
 
 
+_MEMO_SIZE = 32
+
+
+def _memo_key(options: dict[str, Any]) -> tuple | None:
+    """A key telling these options apart by value and type (`True`, `1` and `1.0` differ), or
+    None when a value cannot be hashed (such options are not remembered)."""
+    key = tuple((k, type(v), v) for k, v in sorted(options.items(), key=lambda kv: kv[0]))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
 @dataclass(frozen=True)
 class TrainingArguments:
     """The frozen configuration of one run. See the field list for defaults.
@@ -206,8 +220,22 @@ class TrainingArguments:
         return values
 
     def replace(self, **options: Any) -> "TrainingArguments":
-        """A copy with some options changed (aliases accepted), validated again."""
-        return _named_as_given(options, lambda: dataclasses.replace(self, **self._canonical(options)))
+        """A copy with some options changed (aliases accepted), validated again.
+
+        The arguments are frozen, so the same change gives the same result: it is remembered
+        (for hashable values), and a fit called again with the same options validates nothing again."""
+        key = _memo_key(options)
+        memo = self.__dict__.get("_replaced")
+        if key is not None and memo is not None and key in memo:
+            return memo[key]
+        new = _named_as_given(options, lambda: dataclasses.replace(self, **self._canonical(options)))
+        if key is not None:
+            if memo is None:
+                memo = {}
+                object.__setattr__(self, "_replaced", memo)  # not a field: equality and JSON ignore it
+            if len(memo) < _MEMO_SIZE:
+                memo[key] = new
+        return new
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict (callables and objects by name)."""

@@ -397,3 +397,40 @@ def test_resuming_the_same_model_and_optimizer_still_works(checkpoint):
 
 def test_check_data_is_the_function_fit_calls():
     assert trainer_module.check_data is checks.check_data
+
+
+# -- checked once per data ----------------------------------------------------------------------------
+def test_the_same_tensors_are_checked_once_and_again_after_an_in_place_change(data):
+    x, y = data
+    probes = []
+
+    class Spy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = mlp()
+
+        def forward(self, features):
+            if not self.training:
+                probes.append(len(features))
+            return self.net(features)
+
+    model = Model(Spy()).compile("adam", "cross_entropy")
+    model.fit(x, y, epochs=1, verbose=0)
+    assert len(probes) == 1  # the first batch, checked
+    model.fit(x, y, epochs=1, verbose=0)
+    assert len(probes) == 1  # the same tensors: not checked again
+    y += 3  # labels out of range now: a new version of the tensor
+    with pytest.raises(ValueError, match="`y`"):
+        model.fit(x, y, epochs=1, verbose=0)
+    assert len(probes) == 2
+
+
+def test_the_same_change_of_arguments_is_made_once():
+    from fitkit import TrainingArguments
+
+    args = TrainingArguments()
+    assert args.replace(shuffle=False, epochs=2) is args.replace(epochs=2, shuffle=False)
+    with pytest.raises(ValueError, match="shuffle"):  # 0 is not False, whatever was remembered
+        args.replace(shuffle=0, epochs=2)
+    assert args.replace(report_to=["none"]) == args.replace(report_to=["none"])  # a list: not remembered, still right
+    assert args.replace(epochs=2) == args.replace(epochs=2) and args.replace(epochs=2) != args

@@ -58,13 +58,55 @@ _INDEX_DTYPES = (torch.int64, torch.uint8)  # the class index dtypes F.cross_ent
 _EMBEDDINGS = (torch.nn.Embedding, torch.nn.EmbeddingBag)
 
 
+class CheckMemo:
+    """The in-memory sources already checked against a module, loss and metrics, so that calling
+    `fit` again on the same tensors (a loop of short fits, a search) checks nothing again. A
+    source is known by its tensors' storage, shape, dtype and version counter (an in-place
+    change is a new version); the tensors are kept referenced, so their memory is not reused."""
+
+    SIZE = 8
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple, list] = {}
+
+    def key(self, source: DataSource, *parts: Any) -> tuple | None:
+        if not isinstance(source, TensorSource):
+            return None
+        leaves = tensors_of((source.x, source.y, source.sample_weight, source.class_weight))
+        place = (source.name, source.batch_size, source.offset, source.rank, source.world_size)
+        return (*parts, place, tuple((t.data_ptr(), t.shape, t.stride(), t.dtype, t.device, t._version)
+                                     for t in leaves)), leaves
+
+    def seen(self, key: tuple | None) -> bool:
+        return key is not None and key[0] in self._seen
+
+    def add(self, key: tuple | None) -> None:
+        if key is not None:
+            if len(self._seen) >= self.SIZE:
+                self._seen.pop(next(iter(self._seen)))
+            self._seen[key[0]] = key[1]
+
+
 def check_data(stepper: Stepper, module: torch.nn.Module, source: DataSource | None, *, metrics: Any = (),
-               training: bool = False, with_loss: bool = True) -> None:
+               training: bool = False, with_loss: bool = True, memo: CheckMemo | None = None) -> None:
     """Check the first batch of `source` (nothing for None) against `module` (the user's, not
     Fabric's wrapper), the stepper's loss (unless `with_loss` is False: predict) and the
-    `metrics` specs; raise ValueError / TypeError naming `source.name` and the fix."""
+    `metrics` specs; raise ValueError / TypeError naming `source.name` and the fix. With a
+    `memo`, in-memory data already checked against the same module, loss and metrics is not
+    checked again."""
     if source is None:
         return
+    key = memo.key(source, id(module), id(stepper.loss), tuple(map(id, metrics)), training, with_loss,
+                   stepper.direct) if memo is not None else None
+    if key is not None and memo.seen(key):
+        return
+    _check(stepper, module, source, metrics=metrics, training=training, with_loss=with_loss)
+    if memo is not None:
+        memo.add(key)
+
+
+def _check(stepper: Stepper, module: torch.nn.Module, source: DataSource, *, metrics: Any, training: bool,
+           with_loss: bool) -> None:
     batch = source.first_batch()
     names = _Names(source.name, isinstance(source, TensorSource))
     if batch is None:

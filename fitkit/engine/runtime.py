@@ -17,6 +17,7 @@ import torch
 
 from fitkit.adapters.optimizers import build_optimizer
 from fitkit.arguments import TrainingArguments
+from fitkit.engine.checks import CheckMemo
 from fitkit.engine.data import BlockSampler, DataSource, TensorSource, evaluation_shard
 from fitkit.tensors import to_cpu
 
@@ -39,6 +40,7 @@ class Runtime:
         self.optimizer: Any = None  # Fabric's wrapper around the optimizer
         self.example: Any = None  # the first in-memory training input (summary's shapes)
         self.in_child = False  # inside a process a spawn strategy started
+        self.checked = CheckMemo()  # in-memory data whose first batch was checked already
 
     # -- Fabric, module, optimizer ------------------------------------------------------------
     def launch(self, args: TrainingArguments) -> Any:

@@ -69,8 +69,9 @@ class Trainer:
                                     args.warmup_steps or int(args.warmup_ratio * state.max_steps))
         loop = self._fit_loop(wrapped, optimizer, scheduler, train, val)
         # The first batches against the module, loss and metrics: before any step or file.
-        check_data(loop.stepper, self.module, train, metrics=self.config.metrics, training=True)
-        check_data(loop.stepper, self.module, val, metrics=self.config.metrics)
+        memo = self.runtime.checked
+        check_data(loop.stepper, self.module, train, metrics=self.config.metrics, training=True, memo=memo)
+        check_data(loop.stepper, self.module, val, metrics=self.config.metrics, memo=memo)
         resume = self.checkpointer.resume(self.checkpointer.resume_path(self.handler.callbacks))
         try:
             loop.train(train, val, resume)
@@ -149,7 +150,7 @@ class Trainer:
         """Loss and metrics over `x`, unprefixed; fires `on_prediction_step` and `on_evaluate`."""
         loop = self._eval_loop(state, control)
         source, _ = self._source(x, y, sample_weight, batch_size=batch_size, shuffle=False, seed=None, pad=False)
-        check_data(loop.stepper, self.module, source, metrics=loop.metric_specs)
+        check_data(loop.stepper, self.module, source, metrics=loop.metric_specs, memo=self.runtime.checked)
         metrics = loop.evaluate(source)
         self.control = self.handler.on_evaluate(self.args, state, loop.control, metrics)
         return metrics
@@ -160,7 +161,7 @@ class Trainer:
         if isinstance(x, tuple) and len(x) in (2, 3) and all(isinstance(v, torch.Tensor) for v in x):
             x = x[0]  # an (x, y) pair: predict on x
         source, _ = self._source(x, None, None, batch_size=batch_size, shuffle=False, seed=None, pad=False)
-        check_data(loop.stepper, self.module, source, with_loss=False)
+        check_data(loop.stepper, self.module, source, with_loss=False, memo=self.runtime.checked)
         out = loop.predict(source)
         self.control = self.handler.on_predict(self.args, state, loop.control, {})
         return out
