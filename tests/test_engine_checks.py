@@ -434,3 +434,14 @@ def test_the_same_change_of_arguments_is_made_once():
         args.replace(shuffle=0, epochs=2)
     assert args.replace(report_to=["none"]) == args.replace(report_to=["none"])  # a list: not remembered, still right
     assert args.replace(epochs=2) == args.replace(epochs=2) and args.replace(epochs=2) != args
+
+
+def test_a_loss_that_is_not_finite_on_finite_data_is_said_once(data):
+    x, y = data
+
+    def log_of_zero(outputs, targets):
+        return torch.log(torch.zeros(())) + 0 * outputs.sum()
+
+    model = Model(mlp()).compile("sgd", log_of_zero)
+    with pytest.warns(UserWarning, match=r"`loss`=.* is -inf on the first batch of `x`"):
+        model.fit(x, y, epochs=1, verbose=0)

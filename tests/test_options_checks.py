@@ -392,3 +392,15 @@ def test_compile_config_arguments_merges_in_order():
     assert config.arguments(epochs=2).num_train_epochs == 2
     assert config.arguments(TrainingArguments(seed=5)).num_train_epochs == 1
     assert config.arguments(TrainingArguments(seed=5), epochs=4).seed == 5
+
+
+@pytest.mark.parametrize("kwargs, suggestion", [
+    ({"optimizer": "adamm"}, "did you mean 'adam'? unknown optimizer 'adamm'"),
+    ({"loss": "crossentropy"}, "did you mean 'cross_entropy'? unknown loss 'crossentropy'"),
+    ({"metrics": ["acuracy"]}, "did you mean 'accuracy'? unknown metric 'acuracy'"),
+])
+def test_optimizer_loss_and_metric_names_suggest_the_closest(kwargs, suggestion):
+    kwargs = {"optimizer": "adam", "loss": "cross_entropy", **kwargs}
+    with pytest.raises(ValueError) as caught:
+        Model(torch.nn.Linear(8, 3)).compile(**kwargs)
+    assert str(caught.value).startswith(suggestion)

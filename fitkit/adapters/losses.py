@@ -13,6 +13,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from fitkit.options import did_you_mean
+
 
 def _binary_ce(outputs: torch.Tensor, targets: torch.Tensor, reduction: str) -> torch.Tensor:
     if targets.dim() == outputs.dim() - 1 and outputs.shape[-1] == 1:
@@ -100,7 +102,7 @@ def build_loss(spec: Any) -> Loss | None:
         key = spec.lower()
         if key not in LOSSES:
             raise ValueError(
-                f"unknown loss {spec!r} for `loss`; valid names are: {', '.join(LOSSES)} "
+                f"{did_you_mean(spec, LOSSES)}unknown loss {spec!r} for `loss`; valid names are: {', '.join(LOSSES)} "
                 "(or pass an nn.Module, a callable (outputs, targets) -> tensor, or None when the "
                 "module returns its loss)"
             )

@@ -12,6 +12,8 @@ from typing import Any, Callable
 
 import torch
 
+from fitkit.options import did_you_mean
+
 NAMES = ("accuracy", "mae", "mse", "f1", "precision", "recall", "auroc")
 _ALIASES = {"acc": "accuracy", "f1_score": "f1", "mean_absolute_error": "mae", "mean_squared_error": "mse", "auc": "auroc"}
 
@@ -46,7 +48,7 @@ def check_metrics(specs: Any) -> list:
             key = _ALIASES.get(spec.lower(), spec.lower())
             if key not in NAMES:
                 raise ValueError(
-                    f"unknown metric {spec!r} in `metrics`; valid names are: {', '.join(NAMES)} "
+                    f"{did_you_mean(spec, NAMES)}unknown metric {spec!r} in `metrics`; valid names are: {', '.join(NAMES)} "
                     "(or pass torchmetrics.Metric instances or callables (preds, target) -> tensor)"
                 )
             out.append(spec)

@@ -7,6 +7,8 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from fitkit.options import did_you_mean
+
 #: name -> (class, Keras default learning rate)
 OPTIMIZERS: dict[str, tuple[type, float]] = {
     "adam": (torch.optim.Adam, 1e-3),
@@ -22,7 +24,7 @@ def check_optimizer(spec: Any) -> None:
     if isinstance(spec, str):
         if spec.lower() not in OPTIMIZERS:
             raise ValueError(
-                f"unknown optimizer {spec!r} for `optimizer`; valid names are: {', '.join(OPTIMIZERS)} "
+                f"{did_you_mean(spec, OPTIMIZERS)}unknown optimizer {spec!r} for `optimizer`; valid names are: {', '.join(OPTIMIZERS)} "
                 "(or pass a torch.optim.Optimizer subclass or a callable params -> optimizer)"
             )
     elif not (isinstance(spec, torch.optim.Optimizer) or callable(spec)):

@@ -342,6 +342,12 @@ def _check_loss(loss: Loss, out: Any, batch: Batch, names: _Names, stats: dict[s
         scalar_loss(value)
     except ValueError as err:
         raise ValueError(f"`loss`={loss.name!r} on the first batch of `{names.name}`: {err}") from None
+    inputs_finite = stats.get("x_finite", True) and stats.get("y_finite", True)
+    if inputs_finite and not bool(torch.isfinite(value.detach())):
+        warnings.warn(
+            f"`loss`={loss.name!r} is {float(value)} on the first batch of `{names.name}`, whose values are finite: "
+            "training would only produce NaN; likely fix: check what the loss takes (logits or probabilities, "
+            "target range) and the module's outputs (a log of 0, a division by 0)", UserWarning, stacklevel=4)
     if batch.sample_weight is not None:  # a loss that cannot weight samples says so itself
         loss(outputs, target, batch.sample_weight)
 
