@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from fitkit.options import as_number, did_you_mean
+from fitkit.options import did_you_mean, parse_number
 
 STRATEGIES = ("no", "steps", "epoch")
 SAVE_STRATEGIES = ("no", "steps", "epoch", "best")
@@ -305,11 +305,11 @@ def _check_and_convert(args: TrainingArguments) -> None:
         value = getattr(args, name)
         if value is None and optional:
             continue
-        number = as_number(value, int)
+        number = parse_number(value, int)
         if number is None or number < least:
             fail(name, f"pass an integer {'> 0' if least == 1 else f'>= {least}'}" + (", or None" if optional else ""))
         set_value(name, number)
-    steps = as_number(args.max_steps, int)
+    steps = parse_number(args.max_steps, int)
     if steps is None or not (steps == -1 or steps > 0):
         fail("max_steps", "pass a positive number of optimizer steps, or -1 to train by epochs")
     set_value("max_steps", steps)
@@ -317,7 +317,7 @@ def _check_and_convert(args: TrainingArguments) -> None:
         value = getattr(args, name)
         if value is None and optional:
             continue
-        number = as_number(value, float)
+        number = parse_number(value, float)
         if number is None or not test(number):
             fail(name, fix)
         set_value(name, number)
@@ -350,7 +350,7 @@ def _check_the_others(args: TrainingArguments, fail: Callable, set_value: Callab
     if args.precision is not None and (isinstance(args.precision, bool) or str(args.precision) not in PRECISIONS):
         fail("precision", f"{did_you_mean(args.precision, PRECISIONS)}use one of {list(PRECISIONS)}")
     if args.seed is not None:
-        seed = as_number(args.seed, int)
+        seed = parse_number(args.seed, int)
         if seed is None:
             fail("seed", "pass an integer or None")
         set_value("seed", seed)

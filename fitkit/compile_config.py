@@ -71,11 +71,6 @@ class CompileConfig:
     def to_json(self) -> str:
         return json.dumps(self.to_dict())
 
-    @property
-    def rebuildable(self) -> bool:
-        """True when the JSON holds everything: optimizer, loss and metrics given by name."""
-        return _names_only(self.to_dict())
-
     @classmethod
     def from_json(cls, text: str) -> "CompileConfig | None":
         """The configuration `to_json` wrote, built again; None when it held objects or callables

@@ -1,10 +1,10 @@
 """Checking what users pass: close-match suggestions for unknown names, numbers given as text,
 and the file-system check of `output_dir` made before a run writes anything.
 
-    did_you_mean("epoch", ["epochs", "seed"])           # "did you mean 'epochs'? "
-    did_you_mean("xyz", ["epochs", "seed"])             # ""
-    as_number("1e-3", float)                            # 0.001
-    as_number("3", int), as_number(True, int)           # 3, None
+    did_you_mean("epoch", ["epochs", "seed"])        # "did you mean 'epochs'? "
+    did_you_mean("xyz", ["epochs", "seed"])          # ""
+    parse_number("1e-3", float)                      # 0.001
+    parse_number("3", int), parse_number(True, int)  # 3, None
 
 Messages lead with the suggestion, then say what was wrong and list the valid names, e.g.
 "did you mean 'epochs'? unknown option 'epoch'; valid options are: ...". This module imports
@@ -59,7 +59,7 @@ def unknown_name(what: str, value: Any, argument: str, valid: Iterable[Any], ext
             f"valid names are: {', '.join(valid)}{extra}")
 
 
-def as_number(value: Any, kind: type) -> int | float | None:
+def parse_number(value: Any, kind: type) -> int | float | None:
     """`value` as an int (`kind=int`) or a finite float (`kind=float`) when it is one without
     doubt: a number of that kind (NumPy's included; a bool is not a number here; a float is not
     an int), or a string that spells one ("3", "1e-3", as HF's command line gives them).
@@ -97,3 +97,9 @@ def check_output_dir(args: Any) -> None:
             "there: pass the path of a folder (it is created when missing), or save_strategy='no' and "
             "report_to='none' to write nothing"
         )
+
+
+def error_line(err: BaseException) -> str:
+    """An exception in one line for a message that wraps it: "RuntimeError: <its first line>"."""
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__

@@ -14,7 +14,7 @@ from helpers import blobs, mlp
 from fitkit import Model, TrainerCallback, TrainingArguments
 from fitkit.callbacks import EarlyStopping, LambdaCallback
 from fitkit.compile_config import CompileConfig
-from fitkit.options import as_number, check_output_dir, did_you_mean
+from fitkit.options import check_output_dir, did_you_mean, parse_number
 
 
 class Run:
@@ -132,8 +132,8 @@ def test_did_you_mean_helper():
     assert did_you_mean("EPOCHS", ["epochs"]) == "did you mean 'epochs'? "
     assert did_you_mean("zzz", ["epochs", "seed"]) == ""
     assert did_you_mean(["epoch", "sed"], ["epochs", "seed"]) == "did you mean 'epochs' for 'epoch', 'seed' for 'sed'? "
-    assert as_number("1e-3", float) == 1e-3 and as_number("3", int) == 3
-    assert as_number(True, int) is None and as_number("inf", float) is None and as_number(2.0, int) is None
+    assert parse_number("1e-3", float) == 1e-3 and parse_number("3", int) == 3
+    assert parse_number(True, int) is None and parse_number("inf", float) is None and parse_number(2.0, int) is None
 
 
 def test_unknown_compile_option_leads_with_the_suggestion():

@@ -22,6 +22,7 @@ from typing import Any, Iterable
 from fitkit.callbacks.base import TrainerControl, TrainerState
 from fitkit.engine.rng import rng_state, set_rng_state  # noqa: F401 - set_rng_state: part of this module's API
 from fitkit.engine.snapshot import LoopSnapshot
+from fitkit.options import error_line
 
 FORMAT_VERSION = 1
 MANIFEST = "fitkit_checkpoint.json"
@@ -155,9 +156,8 @@ def save_checkpoint(fabric, output_dir: str, *, state, args, module, optimizer, 
 
 def is_complete(path: str) -> bool:
     """True when `path` holds a manifest whose files all exist with their recorded sizes."""
+    manifest = _manifest(path)
     try:
-        with open(os.path.join(path, MANIFEST), encoding="utf-8") as f:
-            manifest = json.load(f)
         return manifest.get("format") == "fitkit-checkpoint" and all(
             os.path.getsize(os.path.join(path, name)) == size for name, size in manifest["files"].items()
         )
@@ -255,7 +255,7 @@ def load_checkpoint(fabric, path: str, *, module, optimizer) -> dict[str, Any]:
                 f"primitive values (weights-only loading). Details: {str(err).splitlines()[0]}"
             ) from None
         raise CheckpointError(f"cannot resume from {path!r}: loading it into this model and optimizer failed "
-                              f"({type(err).__name__}: {_first_line(err)}); {_FIX}") from err
+                              f"({error_line(err)}); {_FIX}") from err
     return remainder
 
 
@@ -337,8 +337,3 @@ def _optimizer_difference(saved: dict, current: dict) -> str:
             return (f"it was written by another optimizer class (settings {sorted(set(a) - ignore)}; this optimizer "
                     f"has {sorted(set(b) - ignore)})")
     return ""
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else ""

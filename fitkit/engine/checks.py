@@ -47,6 +47,7 @@ from fitkit.adapters.metrics import metric_name, primary_output
 from fitkit.engine.batch import Batch
 from fitkit.engine.data import DataSource, TensorSource
 from fitkit.engine.step import Stepper, metric_outputs, model_loss, scalar_loss
+from fitkit.options import error_line
 from fitkit.tensors import tensors_of
 
 #: Named losses (`fitkit.adapters.losses.LOSSES`) by the rules their targets follow.
@@ -271,7 +272,7 @@ def _forward(stepper: Stepper, batch: Batch, names: _Names, with_loss: bool) -> 
         except Exception:  # noqa: BLE001 - a hint must never hide the module's own error
             hint = f"give {names.x} the shape and dtype the module's forward expects"
         raise ValueError(f"the module raised on the first batch of `{names.name}`: inputs {_describe(inputs)}; "
-                         f"likely fix: {hint} ({_first_line(err)})") from err
+                         f"likely fix: {hint} ({error_line(err)})") from err
     if not own_loss:
         return out, out
     loss = model_loss(out)
@@ -331,7 +332,7 @@ def _check_loss(loss: Loss, out: Any, batch: Batch, names: _Names, stats: dict[s
         raise ValueError(
             f"`loss`={loss.name!r} raised on the first batch of `{names.name}`: outputs {_describe(outputs)}, "
             f"{names.y} {_describe(target)}; likely fix: make the loss take (outputs, targets) of these shapes and "
-            f"dtypes, or pass targets in the form it expects ({_first_line(err)})"
+            f"dtypes, or pass targets in the form it expects ({error_line(err)})"
         ) from err
     if not isinstance(value, torch.Tensor):
         raise TypeError(
@@ -438,7 +439,7 @@ def _check_metrics(specs: Any, preds: Any, target: Any, names: _Names) -> None:
             raise ValueError(
                 f"metric `{name}` in `metrics` raised on the first batch of `{names.name}`: predictions "
                 f"{_describe(preds)}, {names.y} {_describe(target)}; likely fix: make it take (predictions, targets) "
-                f"of these shapes and return one number ({_first_line(err)})"
+                f"of these shapes and return one number ({error_line(err)})"
             ) from err
         tensor = isinstance(value, torch.Tensor)
         if (tensor and value.numel() == 1) or (isinstance(value, numbers.Real) and not isinstance(value, bool)):
@@ -485,8 +486,3 @@ def _describe(value: Any) -> str:
             return _describe(value[0])
         return "(" + ", ".join(_describe(v) for v in value) + ")"
     return f"of type {type(value).__name__}"
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return f"{type(err).__name__}: {text.splitlines()[0]}" if text else type(err).__name__

@@ -132,18 +132,7 @@ class TensorSource(DataSource):
     def first_batch(self) -> Batch | None:
         """A batch of this process's first samples, in storage order: slices, no permutation
         (any batch serves the checks, and shuffling a large dataset costs)."""
-        n = min(self.batch_size, self.num_samples)
-        if n == 0:
-            return None
-        take = lambda t: t[self.offset : self.offset + n]  # noqa: E731 - a view, no copy
-        x = map_tensors(take, self.x)
-        y = take(self.y) if self.y is not None else None
-        sw = take(self.sample_weight) if self.sample_weight is not None else None
-        if self.class_weight is not None and y is not None:
-            cw = class_weights_for(self.class_weight, y)
-            sw = cw if sw is None else sw * cw
-        inputs = (x if isinstance(x, tuple) else (x,)) if not isinstance(x, dict) else x
-        return Batch(inputs, y, sw, n)
+        return next(self._batches(None, 0), None)
 
     def order(self, epoch: int) -> torch.Tensor | None:
         """The sample indices of this process for `epoch`, or None for contiguous slices."""
@@ -162,7 +151,10 @@ class TensorSource(DataSource):
         return perm
 
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
-        order = self.order(epoch)
+        return self._batches(self.order(epoch), start)
+
+    def _batches(self, order: torch.Tensor | None, start: int) -> Iterator[Batch]:
+        """Batches from number `start` on, in `order` (None: contiguous slices, views)."""
         device = first_leaf(self.x).device
         if order is not None:
             order = order.to(device)
