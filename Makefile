@@ -17,8 +17,11 @@ define install
 	touch $@
 endef
 
+# the tests' extras: `dev`, and `notebook` (a real Jupyter kernel for tests/test_notebook.py)
+TEST_EXTRAS := dev,notebook
+
 $(STAMP): pyproject.toml constraints.txt
-	$(call install,dev)
+	$(call install,$(TEST_EXTRAS))
 
 demo: $(STAMP)
 	$(PY) examples/digits.py

@@ -24,6 +24,7 @@ _EXPORTS = {
     "StopTraining": "fitkit.callbacks.base",
     "History": "fitkit.callbacks.history",
     "BestRun": "fitkit.search",
+    "unpack_data": "fitkit.steps",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -34,6 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fitkit.callbacks.history import History
     from fitkit.model import Model
     from fitkit.search import BestRun
+    from fitkit.steps import unpack_data
 
 
 def __getattr__(name: str) -> Any:

@@ -31,6 +31,7 @@ PRECISIONS = (
 )
 VERBOSITY = (0, 1, 2, "auto")
 LOG_LEVELS = ("passive", "debug", "info", "warning", "error", "critical")
+FSDP_SHARDING = ("full", "hybrid")
 
 #: Aliases a Keras or HF user may reach for, mapped to the argument name used here.
 ALIASES = {
@@ -40,6 +41,14 @@ ALIASES = {
     "evaluation_strategy": "eval_strategy",
     "lr": "learning_rate",
     "lr_scheduler_type": "lr_scheduler",
+    "validation_batch_size": "per_device_eval_batch_size",
+}
+
+#: Keras `fit` arguments with no fitkit equivalent, and the fitkit way to say what they mean.
+KERAS_ONLY = {
+    "workers": "load data in parallel with a DataLoader's `num_workers` (fit(DataLoader(dataset, num_workers=4)))",
+    "use_multiprocessing": "load data in worker processes with a DataLoader's `num_workers`",
+    "max_queue_size": "a DataLoader's `prefetch_factor` (with `num_workers` > 0) sets how many batches wait",
 }
 
 
@@ -89,11 +98,14 @@ class TrainingArguments:
 
     output_dir: str = "fitkit_output"
     # -- schedule of the run
-    num_train_epochs: int = 1
+    num_train_epochs: int | float = 1  # a float trains part of the last epoch (HF)
     max_steps: int = -1
     per_device_train_batch_size: int = 32
     per_device_eval_batch_size: int | None = None
     shuffle: bool = True
+    steps_per_epoch: int | None = None  # Keras: batches per epoch (None: the whole data)
+    validation_steps: int | None = None  # Keras: batches per evaluation (None: the whole data)
+    validation_freq: int = 1  # Keras: evaluate every this many epochs (eval_strategy="epoch")
     gradient_accumulation_steps: int = 1
     # -- optimisation
     learning_rate: float | None = None
@@ -104,12 +116,13 @@ class TrainingArguments:
     max_grad_norm: float | None = None
     # -- logging, evaluation, saving
     eval_strategy: str | None = None  # None: "epoch" when there is validation data, else "no"
-    eval_steps: int | None = None
+    eval_steps: int | float | None = None  # below 1: a fraction of max_steps (HF)
+    eval_delay: float = 0  # epochs (eval_strategy='epoch') or steps to wait before the first evaluation (HF)
     logging_strategy: str = "epoch"
-    logging_steps: int = 500
+    logging_steps: int | float = 500  # below 1: a fraction of max_steps (HF)
     logging_first_step: bool = False
     save_strategy: str = "no"
-    save_steps: int = 500
+    save_steps: int | float = 500  # below 1: a fraction of max_steps (HF)
     save_total_limit: int | None = None
     load_best_model_at_end: bool = False
     metric_for_best_model: str = "val_loss"
@@ -131,9 +144,27 @@ class TrainingArguments:
     num_nodes: int = 1
     fsdp_wrap: Any = None  # strategy="fsdp": module classes (or a predicate) to shard as units
     fsdp_full_checkpoint: bool = False  # strategy="fsdp": one full checkpoint file instead of shards
+    fsdp_sharding: str = "full"  # strategy="fsdp": "full" over every process, "hybrid" within a node, replicated across
+    # -- Hugging Face fields (fitkit.hf_arguments maps `fp16`, `bf16`, `disable_tqdm`, `use_cpu` too)
+    run_name: str | None = None  # the trackers' run name (None: the output_dir's name)
+    logging_dir: str | None = None  # TensorBoard's directory (None: output_dir/runs)
+    optim: str | None = None  # an HF optimizer name ("adamw_torch", "sgd", ...): replaces compile's optimizer
+    dataloader_num_workers: int = 0  # worker processes of the DataLoader fitkit builds over a Dataset
+    dataloader_pin_memory: bool = False  # pinned batches from the DataLoader fitkit builds over a Dataset
+    label_names: list[str] | None = None  # the keys of a dict batch that hold the target (None: "labels", "label", ...)
+    gradient_checkpointing: bool | None = False  # call module.gradient_checkpointing_enable() at fit
+    compute_metrics: Callable | None = None  # HF's compute_metrics(EvalPrediction) -> dict, over each evaluation
+    data_collator: Callable | None = None  # list of samples -> batch, for the DataLoader fitkit builds
 
     def __post_init__(self) -> None:
         _check_and_convert(self)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The memo of `replace` is not pickled: its keys hold the options' types (a function's type
+        # cannot be pickled), and a child process (ddp_spawn) starts its own.
+        state = dict(self.__dict__)
+        state.pop("_replaced", None)
+        return state
 
     # -- derived values -----------------------------------------------------------------
     @property
@@ -207,8 +238,15 @@ class TrainingArguments:
         `TypeError` suggesting the closest valid name, then listing them all."""
         known = cls.__dataclass_fields__
         values: dict[str, Any] = {}
+        if not known.keys() >= options.keys():  # HF names: fp16 -> precision, ...; HF fields fitkit lacks: warned
+            from fitkit.hf_names import hf_options, warn_unhonoured
+
+            options, ignored = hf_options(options, set(known) | set(ALIASES) | set(KERAS_ONLY))
+            warn_unhonoured(ignored)
         for key, value in options.items():
             name = ALIASES.get(key, key)
+            if name in KERAS_ONLY:
+                raise TypeError(f"`{key}` is a Keras option fitkit does not take: {KERAS_ONLY[name]}")
             if name not in known:
                 valid = sorted(set(known) | set(ALIASES))
                 raise TypeError(f"{did_you_mean(key, valid)}unknown option {key!r}; "
@@ -266,10 +304,11 @@ def _named_as_given(options: dict[str, Any], build: Callable[[], TrainingArgumen
 # -- the checks of every field (run once, by __post_init__) ------------------------------------
 #: Integer fields: the smallest value allowed, and whether None is allowed too.
 _INTS: dict[str, tuple[int, bool]] = {
-    "num_train_epochs": (1, False), "per_device_train_batch_size": (1, False),
+    "per_device_train_batch_size": (1, False),
     "per_device_eval_batch_size": (1, True), "gradient_accumulation_steps": (1, False), "warmup_steps": (0, False),
-    "eval_steps": (1, True), "logging_steps": (1, False), "save_steps": (1, False), "save_total_limit": (1, True),
-    "num_nodes": (1, False),
+    "save_total_limit": (1, True),
+    "num_nodes": (1, False), "steps_per_epoch": (1, True), "validation_steps": (1, True), "validation_freq": (1, False),
+    "dataloader_num_workers": (0, False),
 }
 #: Float fields: the test of the value, what to pass instead, and whether None is allowed too.
 _FLOATS: dict[str, tuple[Callable[[float], bool], str, bool]] = {
@@ -282,12 +321,13 @@ _FLOATS: dict[str, tuple[Callable[[float], bool], str, bool]] = {
 _BOOLS: dict[str, bool] = {
     "shuffle": False, "logging_first_step": False, "load_best_model_at_end": False, "greater_is_better": True,
     "save_on_sigterm": True, "skip_memory_metrics": False, "log_on_each_node": False, "fsdp_full_checkpoint": False,
+    "dataloader_pin_memory": False, "gradient_checkpointing": True,
 }
 #: String fields taking one of a set of names, and whether None is allowed too.
 _CHOICES: dict[str, tuple[tuple, bool]] = {
     "eval_strategy": (STRATEGIES, True), "logging_strategy": (STRATEGIES, False),
     "save_strategy": (SAVE_STRATEGIES, False), "log_level": (LOG_LEVELS, False),
-    "log_level_replica": (LOG_LEVELS, False),
+    "log_level_replica": (LOG_LEVELS, False), "fsdp_sharding": (FSDP_SHARDING, False),
 }
 
 
@@ -329,7 +369,40 @@ def _check_and_convert(args: TrainingArguments) -> None:
         value = getattr(args, name)
         if not ((isinstance(value, str) and value in choices) or (optional and value is None)):
             fail(name, f"{did_you_mean(value, choices)}use one of {list(choices)}")
+    _check_fractions(args, fail, set_value)
     _check_the_others(args, fail, set_value)
+
+
+def _whole_or_fraction(value: Any, fraction: bool) -> int | float | None:
+    """An int >= 1 as an int (`3.0` too), or (with `fraction`) a float in (0, 1) as is; else None."""
+    number = parse_number(value, float)
+    if number is None or number <= 0:
+        return None
+    if number >= 1:
+        return int(number) if number == int(number) else None
+    return number if fraction else None
+
+
+def _check_fractions(args: TrainingArguments, fail: Callable, set_value: Callable) -> None:
+    """HF's numbers that may be fractions: `logging_steps` / `eval_steps` / `save_steps` below 1
+    are a share of `max_steps`; `num_train_epochs` may be a float (1.5 epochs); `eval_delay` >= 0."""
+    for name, optional in (("logging_steps", False), ("eval_steps", True), ("save_steps", False)):
+        value = getattr(args, name)
+        if value is None and optional:
+            continue
+        number = _whole_or_fraction(value, fraction=True)
+        if number is None:
+            fail(name, "pass an integer > 0 (steps) or a fraction in (0, 1) of `max_steps`"
+                 + (", or None" if optional else ""))
+        set_value(name, number)
+    epochs = parse_number(args.num_train_epochs, float)
+    if epochs is None or epochs <= 0:
+        fail("num_train_epochs", "pass a number of epochs > 0 (a float such as 1.5 trains part of the last one)")
+    set_value("num_train_epochs", int(epochs) if epochs == int(epochs) else epochs)
+    delay = parse_number(args.eval_delay, float)
+    if delay is None or delay < 0:
+        fail("eval_delay", "pass the epochs (eval_strategy='epoch') or steps ('steps') to wait, a number >= 0")
+    set_value("eval_delay", int(delay) if delay == int(delay) else delay)
 
 
 def _check_the_others(args: TrainingArguments, fail: Callable, set_value: Callable) -> None:
@@ -342,7 +415,9 @@ def _check_the_others(args: TrainingArguments, fail: Callable, set_value: Callab
         fail("resume_from_checkpoint", "pass True (the last checkpoint in `output_dir`) or a checkpoint's path")
     if not isinstance(args.metric_for_best_model, str) or not args.metric_for_best_model:
         fail("metric_for_best_model", "pass the name of a logged value, e.g. 'val_loss' or 'val_accuracy'")
-    if not (callable(args.lr_scheduler) or (isinstance(args.lr_scheduler, str) and args.lr_scheduler in SCHEDULERS)):
+    scheduler_object = hasattr(args.lr_scheduler, "optimizer") and callable(getattr(args.lr_scheduler, "step", None))
+    if not (callable(args.lr_scheduler) or scheduler_object
+            or (isinstance(args.lr_scheduler, str) and args.lr_scheduler in SCHEDULERS)):
         fail("lr_scheduler", f"{did_you_mean(args.lr_scheduler, SCHEDULERS)}use one of {list(SCHEDULERS)} or a "
              "callable (optimizer, num_training_steps) -> scheduler")
     if isinstance(args.verbose, bool) or args.verbose not in VERBOSITY:
@@ -362,3 +437,38 @@ def _check_the_others(args: TrainingArguments, fail: Callable, set_value: Callab
             raise TypeError(f"`report_to` takes names (str), got {item!r}; pass logger callbacks in `callbacks`")
     if args.accelerator is None or isinstance(args.accelerator, (bool, int, float, list, tuple, dict)):
         fail("accelerator", "pass a name such as 'cpu', 'cuda' or 'auto', or a lightning Accelerator")
+    _check_hf_fields(args, fail)
+
+
+def _check_hf_fields(args: TrainingArguments, fail: Callable) -> None:
+    """The Hugging Face fields: names, callables and the optimizer name."""
+    for name in ("run_name", "logging_dir"):
+        value = getattr(args, name)
+        if isinstance(value, os.PathLike):
+            object.__setattr__(args, name, os.fspath(value))
+        elif not (value is None or isinstance(value, str)):
+            fail(name, "pass a str, or None for the default")
+    if args.optim is not None:
+        from fitkit.hf_names import HF_OPTIMIZERS
+
+        if args.optim not in HF_OPTIMIZERS:
+            fail("optim", f"{did_you_mean(args.optim, HF_OPTIMIZERS)}use one of {list(HF_OPTIMIZERS)}, or pass an "
+                 "optimizer to compile")
+    names = args.label_names
+    if names is not None and (isinstance(names, str) or not all(isinstance(n, str) for n in names) or not names):
+        fail("label_names", "pass a list of the batch keys that hold the target, e.g. ['labels']")
+    for name in ("compute_metrics", "data_collator"):
+        if getattr(args, name) is not None and not callable(getattr(args, name)):
+            fail(name, "pass a function, or None")
+
+
+_dataclass_init = TrainingArguments.__init__
+
+
+def _init_with_other_names(self: TrainingArguments, *values: Any, **options: Any) -> None:
+    """The dataclass constructor, also taking the aliases (`lr_scheduler_type`, `evaluation_strategy`,
+    `epochs`, ...) and Hugging Face names (`fp16`, `bf16`, `disable_tqdm`, ...)."""
+    _dataclass_init(self, *values, **TrainingArguments._canonical(options))
+
+
+TrainingArguments.__init__ = _init_with_other_names  # type: ignore[method-assign]

@@ -16,6 +16,7 @@ from fitkit.adapters.losses import build_loss
 from fitkit.adapters.metrics import check_metrics
 from fitkit.adapters.optimizers import check_optimizer
 from fitkit.arguments import TrainingArguments, _jsonable
+from fitkit.hf_arguments import from_hf, is_hf_arguments
 from fitkit.options import FIT_DEFAULTS, check_output_dir
 
 
@@ -52,6 +53,8 @@ class CompileConfig:
         the value None. The devices and `output_dir` are checked here, before anything runs."""
         from fitkit.engine.fabric import check_devices
 
+        if args is not None and not isinstance(args, TrainingArguments) and is_hf_arguments(args):
+            args = from_hf(args)  # a transformers.TrainingArguments: its values under fitkit's names
         if args is not None and not isinstance(args, TrainingArguments):
             raise TypeError(f"`args` must be a fitkit.TrainingArguments, got {type(args).__name__}: build one with "
                             "TrainingArguments(...), or pass the options as keywords (fit(x, y, epochs=3, ...))")
@@ -66,7 +69,8 @@ class CompileConfig:
     def to_dict(self) -> dict[str, Any]:
         """JSON-able: names stay names; a class, object or callable becomes `{"object": its name}`."""
         return {"optimizer": _spec(self.optimizer), "loss": _spec(self.loss),
-                "metrics": [_spec(m) for m in self.metrics], "options": _jsonable(self.options)}
+                "metrics": [_spec(m) for m in self.metrics],
+                "options": {k: _spec(v) if callable(v) else _jsonable(v) for k, v in self.options.items()}}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())
@@ -87,4 +91,5 @@ def _spec(value: Any) -> Any:
 
 def _names_only(data: dict[str, Any]) -> bool:
     return all(isinstance(data[k], (str, type(None))) for k in ("optimizer", "loss")) and all(
-        isinstance(m, str) for m in data["metrics"])
+        isinstance(m, str) for m in data["metrics"]) and not any(
+        isinstance(v, dict) and set(v) == {"object"} for v in data["options"].values())  # a callable option

@@ -17,7 +17,6 @@ the Fabric, the set-up module, the optimizer); each call is run by an engine `Tr
 from __future__ import annotations
 
 import inspect
-import os
 from typing import Any, Callable, Sequence
 
 import torch
@@ -28,14 +27,20 @@ from fitkit.callbacks.defaults import defaults_for
 from fitkit.callbacks.flow import DefaultFlowCallback
 from fitkit.callbacks.history import History
 from fitkit.compile_config import CompileConfig
+from fitkit.engine.overrides import StepOverrides
 from fitkit.engine.runtime import Runtime, pack_result, unpack_result
 from fitkit.engine.trainer import Trainer
-from fitkit.io import atomic_torch_save
+from fitkit.callback_list import CallbackOwner
+from fitkit.callbacks.evaluation_line import evaluation_line_for
+from fitkit.keras_api import KerasMethods, as_list
+from fitkit.saving import Saving
+from fitkit.steps import Steps
 from fitkit.summary import summarize
 
 
-class Model:
-    """Wrap an `nn.Module` (or a `model_init` factory) with Keras' training API."""
+class Model(CallbackOwner, Steps, KerasMethods, Saving):
+    """Wrap an `nn.Module` (or a `model_init` factory) with Keras' training API. Subclass it to
+    override `train_step`, `test_step`, `predict_step` or `compute_loss` (`fitkit.steps`)."""
 
     def __init__(self, module: torch.nn.Module | None = None, *, model_init: Callable | None = None):
         if (module is None) == (model_init is None):
@@ -58,7 +63,10 @@ class Model:
     # -- what the model holds -------------------------------------------------------------------
     @property
     def module(self) -> torch.nn.Module:
-        """The underlying `nn.Module` (built from `model_init` on first use)."""
+        """The underlying `nn.Module` (built from `model_init` on first use); inside an
+        overridden step, the module as the run set it up (its forward syncs gradients)."""
+        if self._runtime.tools is not None:
+            return self._runtime.tools.module
         if self._module is None:
             self._module = _call_model_init(self.model_init)
         return self._module
@@ -66,7 +74,12 @@ class Model:
     @property
     def optimizer(self) -> Any:
         """The optimizer (as Fabric set it up) after the first fit, else None. It is kept
-        across fits, so its state carries over (Keras); `compile` again starts a fresh one."""
+        across fits, so its state carries over (Keras); `compile` again starts a fresh one.
+        Inside an overridden `train_step`, its `step()` also clips, fires the optimizer events and
+        steps the scheduler, at the end of a gradient-accumulation cycle."""
+        tools = self._runtime.tools
+        if tools is not None and tools.optimizer is not None:
+            return tools.optimizer
         return self._runtime.optimizer
 
     @property
@@ -75,21 +88,19 @@ class Model:
         return self._runtime.fabric
 
     @property
-    def callbacks(self) -> list[TrainerCallback]:
-        """The callbacks in firing order (`DefaultFlowCallback` first)."""
-        return list(self.callback_handler.callbacks)
+    def runtime(self) -> Runtime:
+        """What outlives one call: the Fabric, the set-up module, the optimizer (engine's `Runtime`)."""
+        return self._runtime
 
-    def add_callback(self, callback: TrainerCallback | type) -> None:
-        """Add a callback (a class or an instance) to every later fit / evaluate / predict."""
-        self.callback_handler.add_callback(callback)
+    @property
+    def stop_training(self) -> bool:
+        """Keras' flag: set it to True (from a callback) to end `fit` after the current step."""
+        return bool(self._module is not None and self._module.__dict__.get("stop_training"))
 
-    def pop_callback(self, callback: TrainerCallback | type) -> TrainerCallback | None:
-        """Remove and return a callback (by class: the first of that class), or None."""
-        return self.callback_handler.pop_callback(callback)
-
-    def remove_callback(self, callback: TrainerCallback | type) -> None:
-        """Remove a callback (a class or an instance)."""
-        self.callback_handler.remove_callback(callback)
+    @stop_training.setter
+    def stop_training(self, value: bool) -> None:
+        self.module  # noqa: B018 - built from model_init when needed
+        self._module.__dict__["stop_training"] = bool(value)
 
     # -- compile ------------------------------------------------------------------------------
     def compile(self, optimizer: Any = "adam", loss: Any = None, metrics: Sequence | None = None,
@@ -134,7 +145,8 @@ class Model:
     def fit(self, x: Any = None, y: Any = None, *, batch_size: int | None = None, epochs: int | None = None,
             validation_data: Any = None, validation_split: float = 0.0, callbacks: Sequence | None = None,
             shuffle: bool | None = None, max_steps: int | None = None, class_weight: dict | None = None,
-            sample_weight: Any = None, args: TrainingArguments | None = None, **options: Any) -> History:
+            sample_weight: Any = None, initial_epoch: int = 0, args: TrainingArguments | None = None,
+            **options: Any) -> History:
         """Train; returns the `History` (one value per epoch for each loss and metric).
 
         `x`: tensor, array, `(x, y[, sample_weight])` tuple, Dataset, DataLoader or iterable of
@@ -152,13 +164,15 @@ class Model:
             return self._spawned("fit", run_args, dict(
                 x=x, y=y, batch_size=batch_size, epochs=epochs, validation_data=validation_data,
                 validation_split=validation_split, callbacks=callbacks, shuffle=shuffle, max_steps=max_steps,
-                class_weight=class_weight, sample_weight=sample_weight, args=args, **options))
+                class_weight=class_weight, sample_weight=sample_weight, initial_epoch=initial_epoch, args=args,
+                **options))
         history, given = History(), [*self.callback_handler.callbacks, *callbacks]
         handler = self._handler(callbacks, history, *defaults_for(run_args, given))
-        trainer = Trainer(self._runtime, self.module, self.config, run_args, handler)
+        trainer = Trainer(self._runtime, self.module, self.config, run_args, handler, StepOverrides.of(self, Model))
         try:
             trainer.fit(x, y, sample_weight=sample_weight, validation_data=validation_data,
-                        validation_split=validation_split, class_weight=class_weight, trial=self._trial)
+                        validation_split=validation_split, class_weight=class_weight, trial=self._trial,
+                        initial_epoch=initial_epoch)
         finally:
             if trainer.state is not None:  # the run got as far as planning: it is the last run now
                 self.state, self.history, self.control = trainer.state, history, trainer.control
@@ -166,26 +180,35 @@ class Model:
                     self.last_checkpoint = trainer.checkpointer.last
         return history
 
-    def evaluate(self, x: Any = None, y: Any = None, *, batch_size: int = 32, callbacks: Sequence | None = None,
-                 sample_weight: Any = None) -> dict[str, float]:
-        """Loss and metrics over `x` (exact dataset averages), unprefixed: `{"loss": ..., "accuracy": ...}`."""
+    def evaluate(self, x: Any = None, y: Any = None, *, batch_size: int = 32, verbose: int | str = "auto",
+                 sample_weight: Any = None, steps: int | None = None, callbacks: Sequence | None = None,
+                 return_dict: bool = True) -> dict[str, float] | list[float] | float:
+        """Loss and metrics over `x` (exact averages over the data, or its first `steps`
+        batches), unprefixed: `{"loss": ..., "accuracy": ...}`; with `return_dict=False`,
+        Keras' list in `metrics_names` order. `verbose` 1, 2 or "auto" prints Keras' line."""
         args = self._compiled("evaluate").args
         if self._runtime.must_spawn(args):
-            return self._spawned("evaluate", args, dict(x=x, y=y, batch_size=batch_size, callbacks=callbacks,
-                                                         sample_weight=sample_weight))
-        trainer = Trainer(self._runtime, self.module, self.config, args, self._handler(callbacks))
+            return self._spawned("evaluate", args, dict(x=x, y=y, batch_size=batch_size, verbose=verbose,
+                                                         sample_weight=sample_weight, steps=steps,
+                                                         callbacks=callbacks, return_dict=return_dict))
+        trainer = Trainer(self._runtime, self.module, self.config, args, self._handler(callbacks, *evaluation_line_for(verbose)),
+                          StepOverrides.of(self, Model))
         metrics = trainer.evaluate(x, y, sample_weight=sample_weight, batch_size=batch_size, state=self.state,
-                                   control=self.control)
+                                   control=self.control, steps=steps)
         self.control = trainer.control
-        return metrics
+        return metrics if return_dict else as_list(metrics, self.metrics_names)
 
-    def predict(self, x: Any, *, batch_size: int = 32, callbacks: Sequence | None = None) -> Any:
-        """The module's outputs for every sample of `x`, concatenated in input order, on CPU."""
+    def predict(self, x: Any, *, batch_size: int = 32, verbose: int | str = "auto", steps: int | None = None,
+                callbacks: Sequence | None = None) -> Any:
+        """The module's outputs for every sample of `x` (or its first `steps` batches),
+        concatenated in input order, on CPU. `verbose` 1, 2 or "auto" prints Keras' line."""
         args = self.config.args if self.config is not None else TrainingArguments()
         if self._runtime.must_spawn(args):
-            return self._spawned("predict", args, dict(x=x, batch_size=batch_size, callbacks=callbacks))
-        trainer = Trainer(self._runtime, self.module, self.config, args, self._handler(callbacks))
-        out = trainer.predict(x, batch_size=batch_size, state=self.state, control=self.control)
+            return self._spawned("predict", args, dict(x=x, batch_size=batch_size, verbose=verbose, steps=steps,
+                                                        callbacks=callbacks))
+        trainer = Trainer(self._runtime, self.module, self.config, args, self._handler(callbacks, *evaluation_line_for(verbose)),
+                          StepOverrides.of(self, Model))
+        out = trainer.predict(x, batch_size=batch_size, state=self.state, control=self.control, steps=steps)
         self.control = trainer.control
         return out
 
@@ -234,41 +257,12 @@ class Model:
         self._runtime.release()
         self._module = None
 
-    # -- summary, save, load ----------------------------------------------------------------------
+    # -- summary (save and load: `fitkit.saving.Saving`) ---------------------------------------------
     def summary(self, example_input: Any = None) -> str:
         """A table of layers, output shapes (when an example input is known) and parameter counts.
 
         Returns the text (it also shows when echoed in a REPL or notebook)."""
         return summarize(self.module, example_input if example_input is not None else self._runtime.example)
-
-    def save(self, path: str) -> None:
-        """Save the weights and the compile configuration to one weights-only file at `path`."""
-        payload = {"format": "fitkit-model", "version": 1,
-                   "state_dict": {k: v.detach().cpu() for k, v in self.module.state_dict().items()},
-                   "config": self.config.to_json() if self.config is not None else None}
-        atomic_torch_save(payload, path)
-
-    @classmethod
-    def load(cls, path: str, module_or_model_init: torch.nn.Module | Callable) -> "Model":
-        """Load a model saved with `save` into `module_or_model_init`; compiled again when the
-        configuration was made of names (callables must be passed to `compile` again)."""
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"no saved model at `path`={path!r}: pass the file written by Model.save")
-        try:
-            payload = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as err:  # noqa: BLE001 - any unpickling failure means "not safe / not ours"
-            raise ValueError(f"{path!r} is not a fitkit model file that loads safely (weights only): {err}") from None
-        if not isinstance(payload, dict) or payload.get("format") != "fitkit-model":
-            raise ValueError(f"{path!r} is not a fitkit model file: expected one written by Model.save")
-        if isinstance(module_or_model_init, torch.nn.Module):
-            model = cls(module_or_model_init)
-        else:
-            model = cls(model_init=module_or_model_init)
-        model.module.load_state_dict(payload["state_dict"])
-        config = CompileConfig.from_json(payload["config"]) if payload.get("config") else None
-        if config is not None:
-            model.compile(config.optimizer, config.loss, config.metrics, **config.options)
-        return model
 
     def __repr__(self) -> str:
         name = type(self._module).__name__ if self._module is not None else "model_init"

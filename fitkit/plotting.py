@@ -6,6 +6,7 @@ mapping, such as a `history.history` loaded back from JSON.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -84,6 +85,7 @@ def plot_history(history: Mapping[str, Sequence[float]], epochs: Sequence[int] |
         import matplotlib.pyplot as plt
 
         figure = plt.figure(figsize=size)
+        _shown_once_in_notebooks(figure)
     else:  # for a file: no pyplot, no GUI backend, no window
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -114,3 +116,26 @@ def plot_history(history: Mapping[str, Sequence[float]], epochs: Sequence[int] |
         kind = os.path.splitext(path)[1][1:].lower() or "png"  # PNG unless the name says otherwise
         figure.savefig(path, format=kind, dpi=100)
     return figure
+
+
+def _shown_once_in_notebooks(figure: Any) -> None:
+    """Under a notebook's inline backend, a pyplot figure that is a cell's result is shown twice:
+    as the result, and again by the backend, which shows every pyplot figure at the cell's end.
+    Here the result's display shows it and takes it out of pyplot (`plt.close`), so the cell's
+    end does not show it again; a figure kept in a variable is still shown once, by the backend."""
+    import matplotlib
+
+    if "inline" in matplotlib.get_backend():
+        figure._ipython_display_ = functools.partial(_display_once, figure)
+
+
+def _display_once(figure: Any) -> None:
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+
+    hook = figure.__dict__.pop("_ipython_display_")  # shown the ordinary way, in the formats the notebook asks
+    try:
+        display(figure)
+    finally:
+        figure._ipython_display_ = hook
+    plt.close(figure)

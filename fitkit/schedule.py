@@ -7,12 +7,20 @@ micro-batches, and an epoch's last step may span fewer::
     steps_per_epoch(10, accumulation=4)                         # 3 (4 + 4 + 2 micro-batches)
     plan(10, epochs=5, max_steps=-1, accumulation=1)            # (5, 50)
     plan(10, epochs=5, max_steps=25, accumulation=1)            # (3, 25): max_steps wins
+    plan(10, epochs=1.5, max_steps=-1, accumulation=1)          # (2, 15): HF's float epochs
+    interval_steps(0.25, max_steps=30)                          # 8: HF's fraction of max_steps
     steps_in_epoch(2, per_epoch=10, max_steps=25)               # 5
 """
 
 from __future__ import annotations
 
+import logging
+import math
+import os
 import sys
+from typing import Any
+
+logger = logging.getLogger("fitkit")
 
 
 def steps_per_epoch(batches: int, accumulation: int) -> int:
@@ -20,16 +28,62 @@ def steps_per_epoch(batches: int, accumulation: int) -> int:
     return max(1, -(-batches // accumulation))
 
 
-def plan(batches: int | None, *, epochs: int, max_steps: int, accumulation: int) -> tuple[int, int]:
+def plan(batches: int | None, *, epochs: int | float, max_steps: int, accumulation: int) -> tuple[int, int]:
     """`(num_train_epochs, max_steps)` of a run. `max_steps > 0` decides the length when given;
     without a known epoch length (`batches=None`) it is the only bound, and the epoch count is
-    open (`sys.maxsize`); `max_steps` is 0 when nothing bounds the steps."""
+    open (`sys.maxsize`); `max_steps` is 0 when nothing bounds the steps. A float `epochs`
+    trains `ceil(epochs * steps per epoch)` steps over `ceil(epochs)` epochs, as HF does."""
     if batches is None:
-        return (sys.maxsize if max_steps > 0 else epochs), max(max_steps, 0)
+        return (sys.maxsize if max_steps > 0 else math.ceil(epochs)), max(max_steps, 0)
     per_epoch = steps_per_epoch(batches, accumulation)
     if max_steps > 0:
         return -(-max_steps // per_epoch), max_steps
-    return epochs, epochs * per_epoch
+    return math.ceil(epochs), math.ceil(epochs * per_epoch)
+
+
+def interval_steps(value: int | float, max_steps: int) -> int:
+    """`logging_steps` / `eval_steps` / `save_steps` in steps: a value below 1 is that fraction
+    of `max_steps`, rounded up (HF's rule; at least 1), else the value itself."""
+    if value < 1:
+        return max(1, math.ceil(max_steps * value))
+    return int(value)
+
+
+def checkpoint_differences(args: Any, state: Any, saved: Any) -> list[str]:
+    """What a resumed run plans otherwise than the checkpoint's `trainer_state.json` recorded
+    (HF's `compare_trainer_and_checkpoint_args`): logging / eval / save steps and the
+    per-device batch size, one line each (`state`: this run's plan, `saved`: the checkpoint's)."""
+    lines = []
+    for name in ("logging_steps", "eval_steps", "save_steps"):
+        now, then = getattr(state, name, None), getattr(saved, name, None)
+        if now is not None and then is not None and now != then:
+            lines.append(f"{name}: {now} (from args) != {then} (from trainer_state.json)")
+    now, then = getattr(args, "per_device_train_batch_size", None), getattr(saved, "train_batch_size", None)
+    if now is not None and then is not None and now != then:
+        lines.append(f"per_device_train_batch_size: {now} (from args) != {then} (from trainer_state.json)")
+    return lines
+
+
+def warn_on_resume(args: Any, state: Any, saved: Any) -> None:
+    """Warn, as HF does, when the resumed run's step intervals or batch size differ from the
+    checkpoint's, and forget a recorded best checkpoint that no longer exists."""
+    lines = checkpoint_differences(args, state, saved)
+    if lines:
+        logger.warning("The following arguments do not match the ones in the `trainer_state.json` within the "
+                       "checkpoint directory: \n\t%s", "\n\t".join(lines))
+    best = getattr(state, "best_model_checkpoint", None)
+    if best is not None and not os.path.isdir(best):
+        logger.warning("The best checkpoint %s recorded in the resumed state does not exist anymore. Ignoring it "
+                       "for this run.", best)
+        state.best_model_checkpoint = None
+
+
+def epoch_batches(batches: int | None, steps_per_epoch: int | None) -> int | None:
+    """Batches in an epoch: the data's (None: unknown), at most Keras' `steps_per_epoch`,
+    which also gives data of unknown length its epochs."""
+    if steps_per_epoch is None:
+        return batches
+    return steps_per_epoch if batches is None else min(batches, steps_per_epoch)
 
 
 def steps_in_epoch(epoch: int, *, per_epoch: int, max_steps: int) -> int:
@@ -38,3 +92,13 @@ def steps_in_epoch(epoch: int, *, per_epoch: int, max_steps: int) -> int:
     if max_steps:
         return max(1, min(per_epoch, max_steps - epoch * per_epoch))
     return per_epoch
+
+
+def unplanned_steps(epochs: int | float, batches: int, accumulation: int) -> int:
+    """Steps of the last epoch a float `epochs` does not train (0 for a whole number): what a
+    count of whole epochs overshoots by::
+
+        unplanned_steps(1.5, batches=8, accumulation=1)   # 4: 16 steps in 2 epochs, 12 planned
+    """
+    per_epoch = steps_per_epoch(batches, accumulation)
+    return math.ceil(epochs) * per_epoch - math.ceil(epochs * per_epoch)

@@ -1,5 +1,12 @@
 """Small shared pieces for the tests."""
 
+import contextlib
+import fcntl
+import os
+import random
+import socket
+import tempfile
+
 import torch
 
 from fitkit import TrainerCallback
@@ -68,3 +75,58 @@ class Script(TrainerCallback):
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         metrics[self.key] = self.values[self.i]
         self.i += 1
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+@contextlib.contextmanager
+def reserved_port():
+    """A TCP port for a launcher's rendezvous (`MASTER_PORT`, torchrun's `--master_port`) that no
+    concurrent test takes while the block runs::
+
+        with reserved_port() as port:
+            subprocess.run([..., "--master_port", str(port), ...])
+
+    Picking a port with bind(0) and closing it races: the kernel hands that port to the next
+    bind(0) or outgoing connection of any process before the launcher binds it. Ports below
+    the kernel's ephemeral range are never handed out that way; among them this one is free now
+    and held by no other test (an fcntl lock per port, released with the block or when the
+    test process dies).
+    """
+    low = _ephemeral_low()
+    candidates = list(range(max(1025, low - 12000), low))
+    random.Random().shuffle(candidates)  # its own generator: tests seed the global one
+    folder = os.path.join(tempfile.gettempdir(), "fitkit-test-ports")
+    os.makedirs(folder, exist_ok=True)
+    for port in candidates[:500]:
+        fd = os.open(os.path.join(folder, str(port)), os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another test holds it
+            os.close(fd)
+            continue
+        if not _bindable(port):  # some other program listens there
+            os.close(fd)
+            continue
+        try:
+            yield port
+        finally:
+            os.close(fd)
+        return
+    raise RuntimeError(f"no free TCP port below {low} for a rendezvous")
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore binds: TIME_WAIT is fine
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+    return True

@@ -8,6 +8,7 @@ from helpers import training_records
 
 from fitkit import Model, TrainerCallback
 from fitkit.callbacks import BackupAndRestore
+from fitkit.engine.checkpoint import CheckpointError
 
 
 class _Crash(Exception):
@@ -55,7 +56,56 @@ def test_backup_is_kept_when_asked(tmp_path):
 
 
 def test_bad_arguments():
-    with pytest.raises(ValueError, match="`save_freq`=0 is invalid"):
+    with pytest.raises(ValueError, match="Invalid value for argument `save_freq`: 0"):
         BackupAndRestore("b", save_freq=0)
-    with pytest.raises(ValueError, match="`backup_dir` is required"):
+    with pytest.raises(ValueError, match="Empty `backup_dir` argument passed"):
         BackupAndRestore("")
+
+
+def _flip_a_byte(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # the same size: only the digest tells
+    path.write_bytes(bytes(data))
+
+
+def _interrupted(tmp_path, **options):
+    backup = BackupAndRestore(str(tmp_path / "bak"), **options)
+    with pytest.raises(_Crash):
+        _run(backup, callbacks=[_CrashAt(20)])  # 8 steps an epoch: backups at steps 8 and 16
+    return backup
+
+
+@pytest.mark.parametrize("damage", ["flipped byte", "truncated"])
+def test_a_damaged_backup_is_an_error_naming_the_file_not_a_silent_restart(tmp_path, damage):
+    backup = _interrupted(tmp_path)
+    weights = tmp_path / "bak" / "checkpoint-16" / "state.pt"
+    if damage == "truncated":
+        weights.write_bytes(weights.read_bytes()[:100])
+    else:
+        _flip_a_byte(weights)
+    with pytest.raises(CheckpointError, match=r"BackupAndRestore cannot resume: the backup .*checkpoint-16.*state\.pt"):
+        _run(backup)
+    assert os.listdir(tmp_path / "bak") == ["checkpoint-16"]  # nothing deleted
+
+
+def test_double_checkpoint_keeps_two_and_falls_back_to_the_older_one(tmp_path, caplog):
+    reference = _run(BackupAndRestore(str(tmp_path / "ref")))
+    backup = _interrupted(tmp_path, double_checkpoint=True)
+    assert sorted(os.listdir(tmp_path / "bak")) == ["checkpoint-16", "checkpoint-8"]
+    _flip_a_byte(tmp_path / "bak" / "checkpoint-16" / "state.pt")
+    backup.delete_checkpoint = False
+    with caplog.at_level("WARNING", logger="fitkit"):
+        resumed = _run(backup, seed=123)
+    assert "newest backup" in caplog.text and "checkpoint-8" in caplog.text
+    assert training_records(resumed.state.log_history) == training_records(reference.state.log_history)
+    for a, b in zip(reference.module.parameters(), resumed.module.parameters()):
+        assert torch.equal(a, b)
+    assert sorted(os.listdir(tmp_path / "bak")) == ["checkpoint-24", "checkpoint-32", "damaged-checkpoint-16"]
+
+
+def test_double_checkpoint_with_both_backups_damaged_is_an_error(tmp_path):
+    backup = _interrupted(tmp_path, double_checkpoint=True)
+    for step in (8, 16):
+        _flip_a_byte(tmp_path / "bak" / f"checkpoint-{step}" / "state.pt")
+    with pytest.raises(CheckpointError, match="both backups are damaged"):
+        _run(backup)

@@ -46,12 +46,14 @@ def test_hf_metric_name_and_direction_from_the_arguments():
     assert len(history.epoch) == 3
 
 
-def test_hf_missing_metric_warns_once_and_does_not_stop():
+def test_hf_missing_metric_warns_then_the_run_stops_with_an_error():
+    # HF 5.x: the callback warns at on_evaluate, then the trainer's best-metric check raises,
+    # naming the evaluation's values
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _, history = fit([EarlyStoppingCallback(0)], epochs=3, metric_for_best_model="val_f1")
+        with pytest.raises(ValueError, match=r"'val_f1' matches none .*\(val_accuracy, val_loss\)"):
+            fit([EarlyStoppingCallback(0)], epochs=3, metric_for_best_model="val_f1")
     assert len([w for w in caught if "val_f1" in str(w.message)]) == 1
-    assert len(history.epoch) == 3
 
 
 def test_hf_state_layout():

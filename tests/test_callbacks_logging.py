@@ -2,7 +2,11 @@
 
 import copy
 import csv
+import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -44,12 +48,35 @@ def test_finite_losses_do_not_stop():
     assert stop.stopped_step is None and model.state.global_step == 8
 
 
-def test_with_epoch_logging_it_stops_at_the_end_of_the_epoch():
-    x, y = nan_data(5)
+def test_without_step_logging_it_still_stops_after_the_nan_batch():
+    x, y = nan_data(5)  # the first batch
     stop = TerminateOnNaN()
     model = compiled()
-    model.fit(x, y, batch_size=16, epochs=3, shuffle=False, callbacks=[stop], verbose=0, seed=0)
-    assert stop.stopped_step == 4 and model.state.global_step == 4 and model.state.epoch == 1.0
+    history = model.fit(x, y, batch_size=16, epochs=3, shuffle=False, callbacks=[stop], verbose=0, seed=0)
+    assert stop.stopped_step == 1 and model.state.global_step == 1
+    assert len(history.history["loss"]) == 1 and math.isnan(history.history["loss"][0])  # the epoch's record
+
+
+def test_a_logged_loss_that_is_not_finite_stops_too():
+    """The check of the logged losses stays (it covers values a callback or a step override logs)."""
+    def poison(args, state, control, logs=None, **kwargs):
+        if state.global_step == 5 and "loss" in logs:
+            logs["loss"] = float("inf")
+
+    stop = TerminateOnNaN()
+    model = compiled()
+    model.fit(*data(64), batch_size=16, epochs=3, logging_strategy="steps", logging_steps=1,
+              callbacks=[LambdaCallback(on_log=poison), stop], verbose=0, seed=0)
+    assert stop.stopped_step == 5 and model.state.global_step == 5
+
+
+def test_with_gradient_accumulation_a_nan_micro_batch_stops_its_optimizer_step():
+    x, y = nan_data(20)  # micro-batch 2 of 4 (batch_size 16): the first optimizer step of 2 micro-batches
+    stop = TerminateOnNaN()
+    model = compiled()
+    model.fit(x, y, batch_size=16, epochs=2, shuffle=False, gradient_accumulation_steps=2, callbacks=[stop],
+              verbose=0, seed=0)
+    assert stop.stopped_step == 1 and model.state.global_step == 1
 
 
 def test_raise_error_names_the_step():
@@ -57,6 +84,20 @@ def test_raise_error_names_the_step():
     with pytest.raises(RuntimeError, match="step 2"):
         compiled().fit(x, y, batch_size=16, epochs=1, shuffle=False, logging_strategy="steps", logging_steps=1,
                        callbacks=[TerminateOnNaN(raise_error=True)], verbose=0, seed=0)
+
+
+@pytest.mark.slow
+def test_every_process_stops_at_the_step_one_of_them_saw_nan(tmp_path):
+    """2-process DDP on CPU: the loss is NaN on rank 1 only; both stop at that step (the step's
+    loss is summed over the processes before it is read), none is left waiting."""
+    script = os.path.join(os.path.dirname(__file__), "scripts", "terminate_on_nan.py")
+    proc = subprocess.run([sys.executable, script, str(tmp_path)], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = []
+    for rank in (0, 1):
+        with open(tmp_path / f"rank-{rank}.json") as f:
+            results.append(json.load(f))
+    assert results == [{"rank": r, "stopped_step": 3, "global_step": 3} for r in (0, 1)]
 
 
 # -- CSVLogger -----------------------------------------------------------------------------------------------
@@ -71,13 +112,13 @@ def test_header_and_one_row_per_epoch(tmp_path):
     history = model.fit(*data(), batch_size=16, epochs=3, validation_data=data(16, 1), callbacks=[CSVLogger(path)],
                         verbose=0, seed=0)
     rows = read(path)
-    assert rows[0] == ["epoch", "accuracy", "learning_rate", "loss", "val_accuracy", "val_loss"]
+    assert rows[0] == ["epoch", "accuracy", "loss", "val_accuracy", "val_loss"]  # a constant rate is no column
     assert [r[0] for r in rows[1:]] == ["0", "1", "2"]
+    assert sorted(history.history) == rows[0][1:]  # the same keys as History
     for i, row in enumerate(rows[1:]):
         values = dict(zip(rows[0], row))
         for key in ("accuracy", "loss", "val_accuracy", "val_loss"):
             assert float(values[key]) == pytest.approx(history.history[key][i])
-        assert float(values["learning_rate"]) == pytest.approx(0.01)
 
 
 def test_each_row_is_on_disk_when_the_next_epoch_begins(tmp_path):
@@ -95,7 +136,7 @@ def test_append_continues_without_a_second_header(tmp_path):
     model.fit(*data(), batch_size=16, epochs=2, callbacks=[CSVLogger(path)], verbose=0, seed=0)
     model.fit(*data(), batch_size=16, epochs=3, callbacks=[CSVLogger(path, append=True)], verbose=0, seed=0)
     rows = read(path)
-    assert rows[0] == ["epoch", "accuracy", "learning_rate", "loss"]
+    assert rows[0] == ["epoch", "accuracy", "loss"]
     assert [r[0] for r in rows[1:]] == ["0", "1", "0", "1", "2"]
     model.fit(*data(), batch_size=16, epochs=1, callbacks=[CSVLogger(path)], verbose=0, seed=0)
     assert len(read(path)) == 2  # append=False starts the file again
@@ -107,8 +148,8 @@ def test_separator_and_validation_columns_missing_from_the_first_row(tmp_path):
     compiled(metrics=()).fit(*data(), batch_size=16, epochs=2, validation_data=data(16, 1), eval_strategy="steps",
                              eval_steps=4, callbacks=[CSVLogger(path, separator="\t")], verbose=0, seed=0)
     rows = read(path, "\t")
-    assert rows[0] == ["epoch", "learning_rate", "loss", "val_loss"]
-    assert rows[1][3] == "NA" and float(rows[2][3]) > 0
+    assert rows[0] == ["epoch", "loss", "val_loss"]
+    assert rows[1][2] == "NA" and float(rows[2][2]) > 0
 
 
 def test_load_state_cuts_rows_written_after_the_checkpoint(tmp_path):
@@ -116,7 +157,7 @@ def test_load_state_cuts_rows_written_after_the_checkpoint(tmp_path):
     logger = CSVLogger(path)
     compiled().fit(*data(), batch_size=16, epochs=3, callbacks=[logger], verbose=0, seed=0)
     state = logger.state()
-    assert state["epochs_written"] == 3 and state["columns"] == ["accuracy", "learning_rate", "loss"]
+    assert state["epochs_written"] == 3 and state["columns"] == ["accuracy", "loss"]
     resumed = CSVLogger(path)
     resumed.load_state({**state, "epochs_written": 1})
     compiled().fit(*data(), batch_size=16, epochs=2, callbacks=[resumed], verbose=0, seed=0)

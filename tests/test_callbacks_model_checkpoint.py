@@ -93,28 +93,39 @@ def test_weights_file_loads_into_a_fresh_module_and_predicts_the_same(tmp_path):
         assert torch.allclose(fresh(x), model.predict(x))
 
 
-def test_full_checkpoint_holds_optimizer_epoch_and_step(tmp_path):
-    path = tmp_path / "full-{epoch}.pt"
-    model, _ = fit([ModelCheckpoint(path)], epochs=2)
+def test_full_file_is_the_model_save_format_and_model_load_reads_it(tmp_path):
+    script = Script("val_loss", [2.0, 1.0])
+    model, _ = fit([script, ModelCheckpoint(tmp_path / "full-{epoch}.pt")], epochs=2)
     payload = torch.load(tmp_path / "full-2.pt", weights_only=True)
-    assert set(payload) == {"state_dict", "optimizer", "epoch", "global_step"}
-    assert payload["epoch"] == 2 and payload["global_step"] == 4
-    first = torch.load(tmp_path / "full-1.pt", weights_only=True)
-    assert first["epoch"] == 1 and first["global_step"] == 2
-    module = mlp(seed=9)
-    module.load_state_dict(payload["state_dict"])
-    optimizer = torch.optim.Adam(module.parameters())
-    optimizer.load_state_dict(payload["optimizer"])
-    assert optimizer.param_groups[0]["lr"] == 0.01
-    assert int(payload["optimizer"]["state"][0]["step"]) == 4
-    assert len(optimizer.state) == 4  # every parameter's moments came back
+    assert set(payload) == {"format", "version", "state_dict", "config"}
+    assert payload["format"] == "fitkit-model" and payload["config"] is None  # the callback sees the module only
+    for epoch in (1, 2):
+        loaded = Model.load(str(tmp_path / f"full-{epoch}.pt"), mlp(seed=9))
+        for k, v in script.weights[epoch - 1].items():
+            assert torch.equal(loaded.module.state_dict()[k], v)
+    x, _ = data(8, seed=5)
+    assert torch.allclose(loaded.predict(x), model.predict(x))  # the last file holds the final weights
+    model.save(str(tmp_path / "saved.pt"))  # Model.save writes the same layout, with the compile configuration
+    assert set(torch.load(tmp_path / "saved.pt", weights_only=True)) == set(payload)
 
 
 def test_integer_save_freq_counts_optimizer_steps(tmp_path):
     ckpt = ModelCheckpoint(tmp_path / "s-{step}.pt", save_freq=3)
     fit([ckpt], epochs=4)  # 2 steps per epoch, 8 steps
     assert files(tmp_path) == ["s-3.pt", "s-6.pt"]
-    assert torch.load(tmp_path / "s-6.pt", weights_only=True)["global_step"] == 6
+
+
+def test_batch_in_the_name_is_the_step_within_its_epoch(tmp_path):
+    ckpt = ModelCheckpoint(tmp_path / "e{epoch}-b{batch}-s{step}.pt", save_freq=1, save_weights_only=True)
+    fit([ckpt], epochs=2)  # 2 steps per epoch
+    assert files(tmp_path) == ["e1-b1-s1.pt", "e1-b2-s2.pt", "e2-b1-s3.pt", "e2-b2-s4.pt"]
+
+
+def test_batch_in_the_name_needs_an_integer_save_freq():
+    with pytest.raises(ValueError, match=r"\{batch\}.*save_freq=<steps>"):
+        ModelCheckpoint("w-{epoch}-{batch:02d}.pt")
+    with pytest.raises(ValueError, match="not a valid format string"):
+        ModelCheckpoint("w-{epoch.pt", save_freq=2)
 
 
 def test_without_validation_it_saves_on_the_training_log(tmp_path):
@@ -130,12 +141,29 @@ def test_unknown_name_in_filepath_is_a_clear_error(tmp_path):
     assert files(tmp_path) == []
 
 
-def test_missing_monitor_with_save_best_only_warns_once_and_saves_nothing(tmp_path):
+def test_missing_monitor_with_save_best_only_warns_once_and_saves_as_keras(tmp_path):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        fit([ModelCheckpoint(tmp_path / "w.pt", monitor="val_f1", save_best_only=True)], epochs=3)
+        fit([ModelCheckpoint(tmp_path / "w-{epoch}.pt", monitor="val_f1", save_best_only=True)], epochs=3)
     assert len([w for w in caught if "val_f1" in str(w.message)]) == 1
-    assert files(tmp_path) == []
+    assert files(tmp_path) == ["w-1.pt", "w-2.pt", "w-3.pt"]
+
+
+def test_verbose_messages_start_from_inf_as_keras(tmp_path, capsys):
+    fit([Script("val_loss", [2.0, 3.0]), ModelCheckpoint(tmp_path / "l.pt", save_best_only=True, verbose=1),
+         Script("val_accuracy", [0.5, 0.4]),
+         ModelCheckpoint(tmp_path / "a.pt", monitor="val_accuracy", save_best_only=True, verbose=1)], epochs=2)
+    out = capsys.readouterr().out
+    assert "Epoch 1: val_loss improved from inf to 2.00000, saving model to" in out
+    assert "Epoch 1: val_accuracy improved from -inf to 0.50000" in out
+    assert "Epoch 2: val_loss did not improve from 2.00000" in out
+    assert "None" not in out
+
+
+def test_an_existing_directory_as_the_file_is_a_clear_error(tmp_path):
+    (tmp_path / "w-1.pt").mkdir()
+    with pytest.raises(IsADirectoryError, match="existing directory"):
+        fit([ModelCheckpoint(tmp_path / "w-{epoch}.pt")], epochs=1)
 
 
 def test_argument_checks():

@@ -50,6 +50,7 @@ def test_real_transformers_callback_stops_training_where_it_asked(tmp_path):
     # log_history grows by the step-2 record, then the step-4 record + epoch-1 records (training, validation)
     assert [s[3] for s in cb.seen] == [0, 0, 1, 1, 4]
     assert "loss" in cb.logs[0] and "learning_rate" in cb.logs[0]
-    assert [sorted(m) for m in cb.metrics][0] == ["val_loss"]
+    assert [sorted(m) for m in cb.metrics][0] == ["eval_loss"]  # a transformers callback sees HF's names
+    assert model.history.history["val_loss"]  # fitkit's own records keep Keras names
     # the stop at step 5 ends the run in epoch 2; its epoch-end evaluation still runs
     assert len(cb.metrics) == 2

@@ -9,6 +9,7 @@ from helpers import Pairs, training_records
 
 from fitkit import Model, TrainerCallback
 from fitkit.engine import checkpoint as ckpt
+from fitkit.engine.manifest import file_digest
 
 
 def _net(seed):
@@ -42,6 +43,15 @@ class _CrashAt(_StopAt):
             raise _Crash(f"simulated crash at step {self.step}")
 
 
+class _StartStep(TrainerCallback):
+    """The step a run starts from (more than 0 only when it resumed)."""
+
+    step = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.step = state.global_step
+
+
 def _fit(out, form, seed=0, callbacks=(), **options):
     x, y = _data()
     model = Model(_net(seed)).compile("adam", "cross_entropy", ["accuracy"], learning_rate=1e-2,
@@ -66,7 +76,10 @@ def test_resumed_run_equals_the_uninterrupted_one(tmp_path, form, save):
     with pytest.raises(_Crash):
         _fit(tmp_path / "cut", form, callbacks=[_CrashAt(10)], **save)
     newest = ckpt.list_checkpoints(str(tmp_path / "cut"))[-1]
-    resumed = _fit(tmp_path / "cut", form, seed=99, resume_from_checkpoint=True, **save)  # other init
+    start = _StartStep()
+    resumed = _fit(tmp_path / "cut", form, seed=99, resume_from_checkpoint=True, callbacks=[start],  # other init
+                   **save)
+    assert start.step == int(newest.rsplit("-", 1)[1]) > 0  # it continued from the newest checkpoint
     assert int(newest.rsplit("-", 1)[1]) < 10
     assert resumed.state.global_step == full.state.global_step == 18
     assert training_records(resumed.state.log_history) == training_records(full.state.log_history)  # every value
@@ -140,6 +153,8 @@ def test_poisoned_checkpoint_is_refused_and_its_code_never_runs(tmp_path):
     torch.save(good, path / "state.pt")
     manifest = json.loads((path / ckpt.MANIFEST).read_text())
     manifest["files"]["state.pt"] = os.path.getsize(path / "state.pt")
+    # digests guard against corruption, not an attacker who rewrites them: weights-only loading does
+    manifest["digests"]["state.pt"] = file_digest(str(path / "state.pt"))
     (path / ckpt.MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match="refusing to load .*state.pt.*weights-only"):
         _fit(tmp_path, "tensors", resume_from_checkpoint=str(path))
@@ -148,7 +163,9 @@ def test_poisoned_checkpoint_is_refused_and_its_code_never_runs(tmp_path):
 
 def test_rotation_keeps_the_newest_and_the_best(tmp_path):
     model = _fit(tmp_path, "tensors", save_strategy="steps", save_steps=2, save_total_limit=2)
-    assert sorted(os.listdir(tmp_path), key=lambda n: int(n.split("-")[1])) == ["checkpoint-16", "checkpoint-18"]
+    # HF 5.x: checkpoint-12, written at the end of epoch 2 before the evaluation that found it best, is
+    # recorded as the best at the next save and kept; the newest is kept for resuming
+    assert sorted(os.listdir(tmp_path), key=lambda n: int(n.split("-")[1])) == ["checkpoint-12", "checkpoint-18"]
     assert model.state.global_step == 18
 
 

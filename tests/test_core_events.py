@@ -270,7 +270,7 @@ def test_history_is_a_callback_with_keras_fields(blobs):
                                                           logging_strategy="steps", logging_steps=3)
     assert isinstance(h, History) and isinstance(h, TrainerCallback)
     assert h.epoch == [0, 1] and len(h.history["loss"]) == 2
-    assert h.params == {"epochs": 2, "steps": 16, "verbose": 0}
+    assert h.params == {"epochs": 2, "steps": 8, "verbose": 0}
 
 
 def test_instance_attribute_handlers_are_listeners_and_removable_by_class():

@@ -70,9 +70,11 @@ def test_compile_with_text_numbers_trains(tmp_path):
     ({"weight_decay": "0.01x"}, "`weight_decay`='0.01x'", "finite number >= 0"),
     ({"weight_decay": -0.1}, "`weight_decay`=-0.1", ">= 0"),
     ({"learning_rate": float("nan")}, "`learning_rate`=nan", "finite"),
-    ({"epochs": "three"}, "`epochs`='three'", "integer > 0"),
-    ({"epochs": "3.0"}, "`epochs`='3.0'", "integer > 0"),
-    ({"epochs": 3.0}, "`epochs`=3.0", "integer > 0"),
+    ({"epochs": "three"}, "`epochs`='three'", "number of epochs > 0"),
+    ({"epochs": "-1.5"}, "`epochs`='-1.5'", "number of epochs > 0"),  # HF: epochs may be a float (1.5)
+    ({"epochs": 0.0}, "`epochs`=0.0", "number of epochs > 0"),
+    ({"logging_steps": 1.5}, "`logging_steps`=1.5", r"integer > 0 \(steps\) or a fraction in \(0, 1\)"),
+    ({"eval_delay": -1}, "`eval_delay`=-1", ">= 0"),
     ({"batch_size": 2.5}, "`batch_size`=2.5", "integer > 0"),
     ({"batch_size": True}, "`batch_size`=True", "integer > 0"),
     ({"max_steps": -5}, "`max_steps`=-5", "-1 to train by epochs"),
@@ -122,7 +124,7 @@ def test_fit_rejects_bad_values_before_any_step(tmp_path):
     run = Run(tmp_path)
     _raises(ValueError, run, r"^`max_steps`=-5 is invalid", max_steps=-5)
     _raises(ValueError, run, r"^`shuffle`='no' is invalid: pass True or False", shuffle="no")
-    _raises(ValueError, run, r"^`epochs`=0 is invalid: pass an integer > 0", epochs=0)
+    _raises(ValueError, run, r"^`epochs`=0 is invalid: pass a number of epochs > 0", epochs=0)
     _raises(ValueError, run, r"^`weight_decay`='heavy' is invalid", weight_decay="heavy")
 
 
@@ -186,7 +188,7 @@ def test_unknown_report_to_name_suggests_the_closest(tmp_path):
 
 
 def test_lambda_callback_suggests_the_event():
-    with pytest.raises(TypeError, match="^did you mean 'on_epoch_end'\\? LambdaCallback got unknown event"):
+    with pytest.raises(TypeError, match="^LambdaCallback: did you mean 'on_epoch_end'\\? `on_epoch_ends` is not one "):
         LambdaCallback(on_epoch_ends=print)
 
 

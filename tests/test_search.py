@@ -166,18 +166,28 @@ def test_errors_name_the_argument():
         bad.hyperparameter_search(x, y)
 
 
+# usage: worker.py STORAGE_URL FOLDER. A worker's first trial waits until the other worker has
+# started one too (a file each in FOLDER): however the two processes are scheduled, both get a
+# trial, and neither can finish the study alone first.
 WORKER = r"""
-import sys, torch, optuna
+import os, sys, time, torch, optuna
 from fitkit import Model
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 storage = optuna.storages.RDBStorage(sys.argv[1], engine_kwargs={"connect_args": {"timeout": 60}})
+folder = sys.argv[2]
 g = torch.Generator().manual_seed(0)
 x = torch.randn(240, 8, generator=g); y = (x[:, 0] > 0).long()
+waited = []
 def model_init(trial):
+    if trial is not None and not waited:
+        waited.append(trial.number)
+        open(os.path.join(folder, f"started-{os.getpid()}"), "w").close()
+        deadline = time.monotonic() + 120
+        while len([n for n in os.listdir(folder) if n.startswith("started-")]) < 2:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the other worker never started a trial")
+            time.sleep(0.02)  # polling for the other worker's file, not a timing assumption
     return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
-ran = []
-class Mark:
-    pass
 model = Model(model_init=model_init).compile("adam", "cross_entropy")
 model.hyperparameter_search(x, y, validation_split=0.25, n_trials=6, storage=storage, study_name="shared",
     load_if_exists=True, verbose=0, hp_space=lambda t: {"learning_rate": t.suggest_float("learning_rate", 1e-3, 1e-1),
@@ -191,8 +201,9 @@ def test_two_processes_share_one_storage(tmp_path):
     script.write_text(WORKER)
     url = f"sqlite:///{tmp_path / 'shared.db'}"
     optuna.create_study(study_name="shared", storage=url)
-    procs = [subprocess.Popen([sys.executable, str(script), url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for _ in range(2)]
+    (tmp_path / "started").mkdir()
+    procs = [subprocess.Popen([sys.executable, str(script), url, str(tmp_path / "started")], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=240) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err

@@ -69,24 +69,51 @@ def build_optimizer(
 
 
 def build_scheduler(
-    spec: str | Callable, optimizer: torch.optim.Optimizer, num_training_steps: int, warmup_steps: int
+    spec: Any, optimizer: torch.optim.Optimizer, num_training_steps: int, warmup_steps: int
 ):
-    """A step-wise scheduler, or None when the rate is constant (nothing to do per step)."""
-    if callable(spec) and not isinstance(spec, str):
+    """The run's scheduler, or None when the rate is constant (nothing to do per step).
+
+    `spec` is a name (HF's schedules: "constant", "linear", "cosine", each after a linear
+    warm-up over `warmup_steps` that starts the first step at rate 0), a callable
+    `(optimizer, num_training_steps) -> scheduler`, or a scheduler object built on the run's
+    optimizer (e.g. a torch `ReduceLROnPlateau`, stepped with the metric after each evaluation)::
+
+        build_scheduler("linear", opt, num_training_steps=100, warmup_steps=10)
+        build_scheduler(lambda o, n: torch.optim.lr_scheduler.ReduceLROnPlateau(o), opt, 100, 0)
+    """
+    if callable(spec) and not isinstance(spec, str) and not hasattr(spec, "optimizer"):
         return spec(optimizer, num_training_steps)
+    if not isinstance(spec, str):
+        return _own_scheduler(spec, optimizer)
     if spec == "constant" and warmup_steps == 0:
         return None
     total = max(num_training_steps, 1)
 
-    def factor(step: int) -> float:
+    def factor(step: int) -> float:  # HF's `get_{constant,linear,cosine}_schedule_with_warmup`
         if step < warmup_steps:
-            return (step + 1) / (warmup_steps + 1)
+            return step / max(1, warmup_steps)
         if spec == "constant":
             return 1.0
-        progress = (step - warmup_steps) / max(total - warmup_steps, 1)
-        progress = min(progress, 1.0)
         if spec == "linear":
-            return max(0.0, 1.0 - progress)
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
+            return max(0.0, (total - step) / max(1, total - warmup_steps))
+        progress = (step - warmup_steps) / max(1, total - warmup_steps)
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def _own_scheduler(scheduler: Any, optimizer: torch.optim.Optimizer) -> Any:
+    """A scheduler object the user built: it must drive the optimizer the run steps."""
+    inner = getattr(scheduler.optimizer, "optimizer", scheduler.optimizer)
+    if inner is not optimizer:
+        raise ValueError(
+            f"`lr_scheduler` is a {type(scheduler).__name__} built on another optimizer than the one this run steps: "
+            "pass the optimizer it was built on to compile (optimizer=that_optimizer), or pass a factory "
+            "lr_scheduler=lambda optimizer, num_training_steps: ... that builds it on the run's optimizer"
+        )
+    return scheduler
+
+
+def is_plateau(scheduler: Any) -> bool:
+    """True for a scheduler stepped with a metric after each evaluation, not per step."""
+    return isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)

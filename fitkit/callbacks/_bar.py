@@ -3,12 +3,14 @@
 A frame is a few lines of styled pieces with a fixed layout. In a terminal it is written
 as one string with precomputed colour codes (a redraw costs tens of microseconds; rich's
 general-purpose `Progress` / `Live` pipeline cost 0.1-0.4 ms a redraw here, between
-training steps). rich still provides the console (colour system, width) and, in notebooks,
-the live widget. rich is imported only when a display is created.
+training steps). In a notebook it is an IPython display updated in place (HTML with the same
+colours, and plain text), which needs no widget library. rich provides the console (colour
+system, width, notebook detection) and is imported only when a display is created.
 """
 
 from __future__ import annotations
 
+import html
 import sys
 import threading
 import time
@@ -56,22 +58,64 @@ def _clock(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}"
 
 
-def frame(rows: list[Row], now: float, width: int | None = None) -> list[list[tuple[str, str | None]]]:
-    """The lines to draw, each a list of `(text, rich style name or None)` pieces.
+Pieces = list[tuple[str, "str | None"]]
+
+
+def frame(rows: list[Row], now: float, width: int | None = None, values: bool = True) -> list[Pieces]:
+    """The lines to draw, one per row, each a list of `(text, rich style name or None)` pieces.
 
     With `width` (the terminal's), the bars shrink (down to 10 cells) so that the values
-    after them fit; what still does not fit is cut by the caller.
+    after them fit; what still does not fit is cut by the caller (or laid out by `layout`).
+    `values=False` leaves the logged values out.
     """
     title = max((len(row.title) for row in rows), default=0)
-    tails = [_tail(row, now) for row in rows]
+    tails = [_tail(row, now, values) for row in rows]
     bar = BAR_WIDTH
     if width is not None and tails:
-        longest = max(sum(len(piece) for piece, _ in tail) for tail in tails)
+        longest = max(_length(tail) for tail in tails)
         bar = max(10, min(BAR_WIDTH, width - title - 1 - longest))
     return [[(row.title.ljust(title) + " ", None)] + _bar(row, now, bar) + tail for row, tail in zip(rows, tails)]
 
 
-def _tail(row: Row, now: float) -> list[tuple[str, str | None]]:
+def layout(rows: list[Row], now: float, width: int) -> list[Pieces]:
+    """`frame` fitted to `width` columns. When the values do not fit after the bars, each row's
+    values go on lines of their own below it, aligned with the bar and broken between two
+    values, so that every value stays readable in a narrow (80-column) terminal::
+
+        Epoch 2/2    ━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━ 24/24 10.3 steps/s ETA 0:00:00
+                     loss: 0.9514 - accuracy: 0.3333 - val_loss: 0.8525
+                     val_accuracy: 0.3359
+    """
+    lines = frame(rows, now, width)
+    if all(_length(line) <= width for line in lines):
+        return lines
+    indent = max(len(row.title) for row in rows) + 1
+    if width - indent < 24:  # too little room beside the titles: indent by two only
+        indent = 2
+    out: list[Pieces] = []
+    for row, line in zip(rows, frame(rows, now, width, values=False)):
+        out.append(line)
+        out.extend([(" " * indent + text, None)] for text in wrap_values(row.values, width - indent))
+    return out
+
+
+def wrap_values(values: str, room: int) -> list[str]:
+    """`"loss: 0.1 - accuracy: 0.9 - ..."` as lines of at most `room` characters, broken only
+    between two values (a single value longer than `room` keeps a line of its own)."""
+    lines: list[str] = []
+    for value in values.split(" - ") if values else ():
+        if lines and len(lines[-1]) + 3 + len(value) <= room:
+            lines[-1] += " - " + value
+        else:
+            lines.append(value)
+    return lines
+
+
+def _length(pieces: Pieces) -> int:
+    return sum(len(piece) for piece, _ in pieces)
+
+
+def _tail(row: Row, now: float, values: bool = True) -> Pieces:
     """What follows the bar: steps, rate, ETA, values."""
     pieces: list[tuple[str, str | None]] = []
     total = "?" if row.total is None else str(row.total)
@@ -87,7 +131,7 @@ def _tail(row: Row, now: float) -> list[tuple[str, str | None]]:
         left = max(row.total - row.completed, 0)
         pieces.append((" ETA ", None))
         pieces.append((_clock(left / rate) if rate else "-:--:--", "progress.remaining"))
-    if row.values:
+    if values and row.values:
         pieces.append((" " + row.values, None))
     return pieces
 
@@ -119,8 +163,14 @@ class _Bars:
         if row in self.rows:
             self.rows.remove(row)
 
+    def finish(self, line: str) -> None:
+        """The bars give way to `line` (an epoch's summary): they are removed and the line
+        stays where they were."""
+        self.rows.clear()
+        self.print(line)
+
     def render(self) -> Any:
-        """The current frame as a rich `Text` (what a notebook shows; also handy in tests)."""
+        """The current frame as a rich `Text` (for tests, or to print it with rich)."""
         from rich.text import Text
 
         text = Text(no_wrap=True, overflow="ellipsis", end="")
@@ -222,7 +272,7 @@ class TerminalBars(_Bars):
         width = self._width
         codes = self._codes
         lines = []
-        for pieces in frame(self.rows, now, width):
+        for pieces in layout(self.rows, now, width):
             out, used = [], 0
             for piece, style in pieces:
                 if not piece:
@@ -280,25 +330,83 @@ class _Above:
 
 
 class NotebookBars(_Bars):
-    """Bars in a Jupyter output cell, through rich's `Live` (which shows a widget there)."""
+    """Bars in a notebook cell (Jupyter, VS Code, Colab): an IPython display updated in place.
+
+    Each epoch's bars are one display output (HTML in the terminal's colours, plain text as
+    its fallback) that `finish` turns into the epoch's line, so the cell keeps one line per
+    epoch and the live bar sits below the lines before it, as in a terminal. It needs IPython
+    only (no ipywidgets, no widget state saved in the notebook), and it leaves `sys.stdout`
+    and `sys.stderr` alone: what is printed meanwhile is ordinary output below the bars.
+
+    Example (in a notebook)::
+
+        bars = NotebookBars(Console())
+        row = bars.add_row("Epoch 1/3", total=100)
+        row.update(completed=40); bars.refresh()     # the display appears, then updates
+        bars.finish("Epoch 1/3 - 1.2s - 12ms/step - loss: 0.4000")
+        bars.stop()
+    """
 
     def __init__(self, console: Any):
-        from rich.live import Live
-
         super().__init__(console)
-        self._live = Live(console=console, auto_refresh=False, transient=True)
+        self._handle: Any = None  # the IPython DisplayHandle of the bars now shown
+        self._colours = {name: _colour(console, name) for name in _STYLES}
 
     def start(self) -> None:
-        self._live.start()
+        """Nothing shows until a row is drawn (so a fit that draws none leaves no output)."""
 
     def stop(self) -> None:
-        self._live.stop()
+        """Stop updating. Bars still up (an interrupted epoch) stay as their last frame."""
+        if self._handle is not None and self.rows:
+            self.refresh()
+        self._handle = None
+        self.rows.clear()
 
     def print(self, line: str) -> None:
-        self.console.print(line, markup=False, highlight=False, emoji=False, soft_wrap=True)
+        print(line, flush=True)
+
+    def finish(self, line: str) -> None:
+        self.rows.clear()
+        if self._handle is None:
+            self.print(line)
+        else:
+            self._handle.update({"text/plain": line}, raw=True)
+            self._handle = None  # the next epoch's bars are a new display, below this line
 
     def refresh(self) -> None:
-        self._live.update(self.render(), refresh=True)
+        if not self.rows:
+            return
+        bundle = self.bundle()
+        if self._handle is None:
+            from IPython.display import display
+
+            self._handle = display(bundle, raw=True, display_id=True)
+        else:
+            self._handle.update(bundle, raw=True)
+
+    def bundle(self) -> dict[str, str]:
+        """The current frame as a display's MIME bundle: `text/html` (coloured) and `text/plain`."""
+        lines = frame(self.rows, time.monotonic())
+        plain = "\n".join("".join(piece for piece, _ in line) for line in lines)
+        spans = []
+        for line in lines:
+            spans.append("".join(_span(piece, self._colours.get(style)) for piece, style in line))
+        return {"text/plain": plain, "text/html": _PRE + "\n".join(spans) + "</pre>"}
+
+
+#: Monospace as the notebook shows code output; a long list of values wraps instead of scrolling.
+_PRE = '<pre style="white-space: pre-wrap">'
+
+
+def _colour(console: Any, name: str) -> str | None:
+    """The CSS colour of a rich theme style (`#f92672`), None when it has none."""
+    colour = console.get_style(name).color
+    return colour.get_truecolor().hex if colour is not None else None
+
+
+def _span(text: str, colour: str | None) -> str:
+    text = html.escape(text)
+    return f'<span style="color: {colour}">{text}</span>' if colour else text
 
 
 def bars_for(console: Any) -> TerminalBars | NotebookBars:

@@ -18,7 +18,7 @@ from fitkit.logs import MAX, MIN, as_number, direction_from_name
 
 __all__ = [
     "EpochRecords", "EpochRecordsCallback", "MonitorCallback", "RunStateCallback", "available_names", "epoch_index",
-    "improves", "resolve_mode", "set_learning_rates",
+    "improves", "rate_text", "resolve_mode", "set_learning_rates",
 ]
 
 
@@ -186,6 +186,11 @@ def set_learning_rates(optimizer, lr_scheduler, new_lr: Callable[[int, float], f
     if changes and hasattr(lr_scheduler, "_last_lr"):
         lr_scheduler._last_lr = [float(g["lr"]) for g in groups]
     return changes
+
+
+def rate_text(rate: float) -> str:
+    """A learning rate as Keras prints it, without float noise: 1.0, 0.01, 5e-05."""
+    return str(float(f"{rate:.6g}"))
 
 
 def available_names(values: dict) -> str:

@@ -13,11 +13,36 @@ from typing import Any
 
 from fitkit.callbacks.base import TrainerCallback
 from fitkit.logs import BOOKKEEPING
+from fitkit.schedule import steps_per_epoch
 
 
 def epoch_index(state) -> int:
     """The 0-based index of the epoch `state` is in (or has just completed)."""
     return max(math.ceil(state.epoch or 0.0) - 1, 0)
+
+
+def epoch_steps(args, state, train_dataloader: Any = None, steps_per_epoch: int | None = None) -> int | None:
+    """Optimizer steps in one epoch of the run starting (Keras' `params["steps"]`), or None when
+    the training data has no length. Read at `on_train_begin`: the engine's `steps_per_epoch`
+    keyword when given, else worked out from the state or the loader."""
+    if steps_per_epoch is not None:
+        return steps_per_epoch
+    if state.max_steps and state.num_train_epochs and getattr(args, "max_steps", -1) <= 0:
+        return max(1, state.max_steps // state.num_train_epochs)  # the engine planned epochs x steps
+    try:
+        return steps_per_epoch(len(train_dataloader), getattr(args, "gradient_accumulation_steps", 1))
+    except TypeError:  # no loader, or one without a length
+        return None
+
+
+def rate_varies(lr_scheduler: Any, callbacks: Any) -> bool:
+    """Keras 3's rule for showing `learning_rate` in `History` and `CSVLogger`, decided once at
+    `on_train_begin` so both hold the same keys from the first epoch: True when a scheduler
+    steps the rate (`lr_scheduler` other than a constant rate without warm-up) or a callback of
+    the run changes it (one with `changes_learning_rate = True`: `ReduceLROnPlateau`,
+    `LearningRateScheduler`). `state.log_history` holds the rate with every training log
+    either way."""
+    return lr_scheduler is not None or any(getattr(cb, "changes_learning_rate", False) for cb in callbacks or ())
 
 
 class RunStateCallback(TrainerCallback):

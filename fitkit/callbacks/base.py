@@ -25,6 +25,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Protocol, runtime_checkable
 
+from fitkit.callbacks.hf_view import HFView, from_transformers
 from fitkit.options import closest
 
 logger = logging.getLogger("fitkit")
@@ -222,7 +223,7 @@ class TrainerCallback:
 
     def on_train_begin(self, args, state, control, **kwargs):
         """Called at the beginning of training; `metric_directions` maps each logged value
-        whose direction is known to "min" or "max"."""
+        whose direction is known to "min" or "max", `callbacks` is the run's callbacks in order."""
 
     def on_train_end(self, args, state, control, **kwargs):
         """Called at the end of training (also when training was stopped early)."""
@@ -386,6 +387,13 @@ class CallbackHandler(TrainerCallback):
         self.save_checkpoint = None
         #: "min" / "max" per logged name, set by the engine before `on_train_begin`.
         self.metric_directions: dict[str, str] = {}
+        #: Optimizer steps per epoch of the run starting (None: unknown), set by the engine and
+        #: passed to `on_train_begin` as the `steps_per_epoch` keyword (Keras' `params["steps"]`).
+        self.steps_per_epoch: int | None = None
+        if not any(k.__name__ == "DefaultFlowCallback" for cb in self.callbacks for k in type(cb).__mro__):
+            logger.warning("a run will not log, evaluate or save on schedule without a DefaultFlowCallback among its "
+                           "callbacks: add one with handler.add_callback(DefaultFlowCallback). The callbacks are:\n%s",
+                           self.callback_list)
 
     # -- the list ---------------------------------------------------------------------
     def add_callback(self, callback: TrainerCallback | type) -> None:
@@ -426,12 +434,20 @@ class CallbackHandler(TrainerCallback):
         found = self._listeners.get(event)
         if found is None:
             found = [
-                getattr(cb, event)
+                self._hf_wrapped(event, getattr(cb, event)) if from_transformers(cb, event) else getattr(cb, event)
                 for cb in self.callbacks
                 if callable(getattr(cb, event, None)) and not _does_nothing(getattr(cb, event))
             ]
             self._listeners[event] = found
         return found
+
+    def _hf_wrapped(self, event: str, method: Any) -> Any:
+        """A transformers callback's handler, given HF-shaped `args` and HF-named values
+        (`fitkit.callbacks.hf_view`); built when the listeners are, so fitkit's own pay nothing."""
+        view = self.__dict__.get("_hf_view")
+        if view is None:
+            view = self.__dict__["_hf_view"] = HFView(self)
+        return view.wrap(event, method)
 
     def invalidate(self) -> None:
         """Forget cached listeners (call after changing a callback's methods at run time)."""
@@ -478,11 +494,26 @@ class CallbackHandler(TrainerCallback):
     def load_states(self, states: dict[str, Any], control: TrainerControl) -> None:
         """Give each callback its saved state back: `load_state(dict)` for a `Stateful` one,
         else the `"attributes"` of HF's `{"args": ..., "attributes": ...}` set on it. Control
-        flags come back too, except `should_training_stop`: a resumed run decides that anew."""
-        for key, value in states.get("TrainerControl", {}).get("args", {}).items():
-            if key != "should_training_stop":
+        flags come back too, except `should_training_stop`: a resumed run decides that anew.
+
+        As HF restores an `ExportableState` callback, the saved constructor `"args"` come back
+        too (a callback built with defaults gets `early_stopping_patience=5` back), and
+        repeated callbacks of one class get their saved states in order. Attributes and args
+        are set only where the callback declares them (the `"attributes"` / `"args"` its own
+        `state()` returns) and already holds plain data: never a dunder, a method, a property
+        or another callable, nor a name it does not have. Keys left out are named in a warning,
+        and so are saved states of callbacks this run does not have."""
+        flags = states.get("TrainerControl")
+        flags = flags.get("args") if isinstance(flags, dict) else None
+        names = {f.name for f in dataclasses.fields(TrainerControl)} - {"should_training_stop"}
+        for key, value in (flags.items() if isinstance(flags, dict) else ()):
+            if key in names and isinstance(value, bool):
                 setattr(control, key, value)
         seen: dict[str, int] = {}
+        absent = sorted(set(states) - {"TrainerControl"} - {type(cb).__name__ for cb in self.callbacks})
+        if absent:
+            logger.warning("Checkpoint included callbacks not included in current configuration. Ignoring. (%s)",
+                           ", ".join(absent))
         for cb in self.callbacks:
             name = type(cb).__name__
             if name == "TrainerControl" or name not in states:
@@ -494,10 +525,38 @@ class CallbackHandler(TrainerCallback):
                     continue
                 saved = saved[index]
             if isinstance(cb, Stateful) and callable(cb.load_state):
-                cb.load_state(saved)
-            elif isinstance(saved, dict):
-                for key, value in saved.get("attributes", {}).items():
-                    setattr(cb, key, value)
+                cb.load_state(saved)  # the callback's own code decides what its state sets
+                continue
+            skipped = []
+            for section in ("args", "attributes"):
+                values = saved.get(section, {}) if isinstance(saved, dict) else None
+                skipped += self._restore_attributes(cb, values, section) if isinstance(values, dict) else [section]
+            if skipped:
+                logger.warning("not restoring %s of %s from the checkpoint: a callback gets back only the data "
+                               "attributes its state() declares", ", ".join(map(repr, skipped)), name)
+
+    @staticmethod
+    def _restore_attributes(cb: Any, attributes: dict, section: str = "attributes") -> list:
+        """Set on `cb` each saved attribute it declares as data (in its own `state()[section]`);
+        return the keys left out."""
+        try:
+            own = cb.state() if callable(getattr(cb, "state", None)) else None
+        except Exception:  # noqa: BLE001 - a state() that fails declares nothing
+            own = None
+        declared = own.get(section) if isinstance(own, dict) else None
+        declared = declared if isinstance(declared, dict) else {}
+        skipped = []
+        for key, value in attributes.items():
+            missing = object()
+            current = inspect.getattr_static(cb, key, missing) if isinstance(key, str) else missing
+            on_class = inspect.getattr_static(type(cb), key, None) if isinstance(key, str) else None
+            if (not isinstance(key, str) or key not in declared or key.startswith("__") or current is missing
+                    or callable(current)
+                    or hasattr(type(on_class), "__get__")):  # a method, property or other descriptor
+                skipped.append(key)
+            else:
+                setattr(cb, key, value)
+        return skipped
 
     def has_listeners(self, event: str) -> bool:
         return bool(self.listeners(event))
@@ -509,7 +568,8 @@ class CallbackHandler(TrainerCallback):
     def on_train_begin(self, args, state, control):
         control._new_training()
         return self.call_event("on_train_begin", args, state, control,
-                               metric_directions=dict(self.metric_directions))
+                               metric_directions=dict(self.metric_directions), callbacks=tuple(self.callbacks),
+                               steps_per_epoch=self.steps_per_epoch)
 
     def on_train_end(self, args, state, control, **kwargs):
         return self.call_event("on_train_end", args, state, control, **kwargs)
@@ -525,8 +585,8 @@ class CallbackHandler(TrainerCallback):
         control._new_step()
         return self.call_event("on_step_begin", args, state, control)
 
-    def on_substep_end(self, args, state, control):
-        return self.call_event("on_substep_end", args, state, control)
+    def on_substep_end(self, args, state, control, **kwargs):
+        return self.call_event("on_substep_end", args, state, control, **kwargs)
 
     def on_pre_optimizer_step(self, args, state, control):
         return self.call_event("on_pre_optimizer_step", args, state, control)
@@ -534,8 +594,8 @@ class CallbackHandler(TrainerCallback):
     def on_optimizer_step(self, args, state, control):
         return self.call_event("on_optimizer_step", args, state, control)
 
-    def on_step_end(self, args, state, control):
-        return self.call_event("on_step_end", args, state, control)
+    def on_step_end(self, args, state, control, **kwargs):
+        return self.call_event("on_step_end", args, state, control, **kwargs)
 
     def on_evaluate(self, args, state, control, metrics):
         control.should_evaluate = False
@@ -552,5 +612,5 @@ class CallbackHandler(TrainerCallback):
         control.should_log = False
         return self.call_event("on_log", args, state, control, logs=logs)
 
-    def on_prediction_step(self, args, state, control):
-        return self.call_event("on_prediction_step", args, state, control)
+    def on_prediction_step(self, args, state, control, **kwargs):
+        return self.call_event("on_prediction_step", args, state, control, **kwargs)

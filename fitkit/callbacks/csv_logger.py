@@ -6,7 +6,7 @@ import csv
 import os
 from typing import Any
 
-from fitkit.callbacks._run import EpochRecordsCallback, epoch_index
+from fitkit.callbacks._run import EpochRecordsCallback, epoch_index, rate_varies
 from fitkit.callbacks.base import Order
 from fitkit.logs import LEARNING_RATE, as_number
 
@@ -14,10 +14,12 @@ from fitkit.logs import LEARNING_RATE, as_number
 class CSVLogger(EpochRecordsCallback):
     """Stream each epoch's values to `filename`: one row per epoch, flushed as it is written.
 
-    A row merges everything the epoch logged: the training loss and metrics, `learning_rate`,
-    and the validation values (`val_loss`, ...). The columns are `epoch` (0-based, as Keras)
-    then the names of the first row in sorted order; when the run evaluates but the first row
-    has no `val_` values (evaluation every few epochs), the `val_` columns are added for you.
+    A row merges everything the epoch logged: the training loss and metrics and the validation
+    values (`val_loss`, ...), plus `learning_rate` when the rate varies in the run (the rule
+    `History` follows, as in Keras 3: a scheduler steps it or a callback such as
+    `ReduceLROnPlateau` changes it). The columns are `epoch` (0-based, as Keras) then the names
+    of the first row in sorted order; when the run evaluates but the first row has no `val_`
+    values (evaluation every few epochs), the `val_` columns are added for you.
     A value an epoch did not log is written as `NA`. The row is written once the epoch's
     records are complete (after its end-of-epoch evaluation, see `ModelCheckpoint`).
 
@@ -42,7 +44,7 @@ class CSVLogger(EpochRecordsCallback):
         model = Model(torch.nn.Linear(4, 2)).compile("adam", "cross_entropy", ["accuracy"])
         model.fit(x, y, epochs=3, validation_split=0.25, callbacks=[CSVLogger("training.csv")], verbose=0)
         print(open("training.csv").read())
-        # epoch,accuracy,learning_rate,loss,val_accuracy,val_loss
+        # epoch,accuracy,loss,val_accuracy,val_loss
         # 0,0.53125,0.001,0.71...
     """
 
@@ -64,6 +66,7 @@ class CSVLogger(EpochRecordsCallback):
         self._evaluates = False
         self._active = False
         self._continue_file = False  # a loaded state: continue the file after its rows
+        self._show_rate = False  # `learning_rate` is a column (see `rate_varies`)
 
     # -- file ----------------------------------------------------------------------------------
     def _read_existing(self) -> tuple[list[str] | None, list[str]]:
@@ -117,7 +120,7 @@ class CSVLogger(EpochRecordsCallback):
         if self._writer is None:
             self._open()
         if self.columns is None:
-            keys = sorted(record)
+            keys = sorted(k for k in record if self._show_rate or k != LEARNING_RATE)
             if self._evaluates and not any(k.startswith("val_") for k in keys):
                 keys += [f"val_{k}" for k in keys if k != LEARNING_RATE]
             self.columns = keys
@@ -137,6 +140,7 @@ class CSVLogger(EpochRecordsCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._evaluates = getattr(args, "eval_strategy", "no") not in (None, "no")
+        self._show_rate = rate_varies(kwargs.get("lr_scheduler"), kwargs.get("callbacks"))
         self._close()
         self._active = state.is_world_process_zero
         super().on_train_begin(args, state, control, **kwargs)  # reset(), unless a state was just loaded

@@ -8,7 +8,10 @@ from fitkit.callbacks.base import Order, TrainerCallback
 class DefaultFlowCallback(TrainerCallback):
     """Always first in a run's callbacks. Sets `control.should_log`, `should_evaluate` and
     `should_save` by steps or at epoch end as the arguments ask, honours
-    `logging_first_step`, and stops training at `max_steps`.
+    `logging_first_step` and `eval_delay`, and stops training at `max_steps`, as Hugging
+    Face's 5.x flow does: with `eval_strategy="steps"` the last step is evaluated too when it
+    is not an evaluation step, and with `save_strategy="steps"` it is saved (with "epoch", the
+    epoch end that follows saves it, once).
 
     Example (it is added for you; this shows what it reads)::
 
@@ -24,13 +27,17 @@ class DefaultFlowCallback(TrainerCallback):
             control.should_log = True
         if args.logging_strategy == "steps" and state.logging_steps > 0 and step % state.logging_steps == 0:
             control.should_log = True
-        if args.eval_strategy == "steps" and state.eval_steps > 0 and step % state.eval_steps == 0:
+        delay = getattr(args, "eval_delay", 0) or 0
+        by_steps = args.eval_strategy == "steps" and state.eval_steps > 0 and delay <= step
+        if by_steps and step % state.eval_steps == 0:
             control.should_evaluate = True
         if args.save_strategy == "steps" and state.save_steps > 0 and step % state.save_steps == 0:
             control.should_save = True
         if state.max_steps > 0 and step >= state.max_steps:
             control.should_training_stop = True
-            if args.save_strategy not in ("no", "best"):
+            if by_steps:  # the last step is evaluated even off the eval_steps grid (HF 5.x)
+                control.should_evaluate = True
+            if args.save_strategy == "steps":
                 control.should_save = True
         return control
 
@@ -38,8 +45,39 @@ class DefaultFlowCallback(TrainerCallback):
         # Keras keeps one record per epoch: with step logging the epoch's exact averages are logged too.
         if args.logging_strategy in ("epoch", "steps"):
             control.should_log = True
-        if args.eval_strategy == "epoch":
-            control.should_evaluate = True
+        delay = getattr(args, "eval_delay", 0) or 0
+        if (args.eval_strategy == "epoch" and delay <= (state.epoch or 0)
+                and round(state.epoch or 0) % getattr(args, "validation_freq", 1) == 0):
+            control.should_evaluate = True  # Keras' validation_freq: every that many epochs
         if args.save_strategy == "epoch":
             control.should_save = True
         return control
+
+
+def metric_candidates(name: str) -> list[str]:
+    """The names `metric_for_best_model` may be logged under: HF's `eval_accuracy` and a bare
+    `accuracy` are fitkit's `val_accuracy` (and the other way round)::
+
+        metric_candidates("accuracy")       # ['accuracy', 'val_accuracy', 'eval_accuracy']
+        metric_candidates("eval_accuracy")  # ['eval_accuracy', 'val_accuracy']
+    """
+    for prefix, other in (("eval_", "val_"), ("val_", "eval_")):
+        if name.startswith(prefix):
+            return [name, other + name[len(prefix):]]
+    return [name, "val_" + name, "eval_" + name]
+
+
+def best_metric_key(name: str, values, required: bool = True) -> str | None:
+    """The key of `values` (an evaluation's metrics) that `metric_for_best_model`=`name` means.
+    None when none matches and not `required`; with `required`, a `ValueError` listing the
+    evaluation's names."""
+    for key in metric_candidates(name):
+        if key in values:
+            return key
+    if not required:
+        return None
+    raise ValueError(
+        f"`metric_for_best_model`={name!r} matches none of the evaluation's values "
+        f"({', '.join(sorted(values)) or 'none'}): pass one of them (HF's 'eval_' spelling and a bare name work "
+        "too, e.g. 'accuracy' or 'eval_accuracy' for 'val_accuracy')"
+    )

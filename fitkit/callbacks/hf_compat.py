@@ -7,8 +7,8 @@ Code written for `transformers.Trainer` can keep these names::
 
 from __future__ import annotations
 
+import logging
 import operator
-import warnings
 from typing import Any, Mapping
 
 from fitkit.callbacks._monitor import MonitorCallback
@@ -17,6 +17,7 @@ from fitkit.logs import MAX, MIN, as_number
 
 #: HF's name for the progress display.
 ProgressCallback = ProgressBar
+logger = logging.getLogger("fitkit")
 
 
 class EarlyStoppingCallback(MonitorCallback):
@@ -28,11 +29,13 @@ class EarlyStoppingCallback(MonitorCallback):
     direction is `greater_is_better`; when that is None, the compiled metric's own
     `higher_is_better` (the run's `metric_directions`) when known, else lower is better for
     names containing `"loss"` and higher otherwise. An evaluation counts as an improvement when
-    the value beats the best so far by more than `early_stopping_threshold`. The counter
+    the value beats `state.best_metric` (the run's best so far, which the trainer moves after
+    the evaluation's events, as HF) by more than `early_stopping_threshold`. The counter
     restarts on an improvement; training stops once it reaches `early_stopping_patience`,
     checked after every evaluation (so, as in HF, `early_stopping_patience=0` stops at the
     first evaluation). Only evaluations during `fit` are seen, and the counter restarts at
-    each `fit`. For Keras semantics (`min_delta`, `baseline`, `restore_best_weights`) use
+    each `fit`. As HF's, it needs evaluations (`eval_strategy` "no" is a `ValueError` at
+    `on_train_begin`) and warns when `load_best_model_at_end` is off. For Keras semantics (`min_delta`, `baseline`, `restore_best_weights`) use
     `fitkit.callbacks.EarlyStopping`.
 
     Args:
@@ -116,12 +119,13 @@ class EarlyStoppingCallback(MonitorCallback):
         return None
 
     def check_metric_value(self, args, state, control, metric_value: float) -> None:
-        """HF's test: reset the counter on an improvement larger than the threshold, else count."""
-        better = operator.gt if self._greater else operator.lt
-        if self.best_metric is None or (
-            better(metric_value, self.best_metric)
-            and abs(metric_value - self.best_metric) > self.early_stopping_threshold
-        ):
+        """HF's test: reset the counter on an improvement over `state.best_metric` larger than
+        the threshold, else count. Driven outside a trainer (`state.best_metric` never set), the
+        callback's own best stands in for it."""
+        greater = getattr(args, "greater_is_better", None)
+        better = operator.gt if (self._greater if greater is None else greater) else operator.lt
+        best = state.best_metric if getattr(state, "best_metric", None) is not None else self.best_metric
+        if best is None or (better(metric_value, best) and abs(metric_value - best) > self.early_stopping_threshold):
             self.early_stopping_patience_counter = 0
         else:
             self.early_stopping_patience_counter += 1
@@ -134,12 +138,11 @@ class EarlyStoppingCallback(MonitorCallback):
         self.monitor = getattr(args, "metric_for_best_model", None) or "val_loss"
         super().on_train_begin(args, state, control, **kwargs)
         if getattr(args, "eval_strategy", "no") in (None, "no"):
-            warnings.warn(
-                "EarlyStoppingCallback needs evaluations: pass validation data (eval_strategy 'epoch' or 'steps'); "
-                "without them it does nothing",
-                UserWarning,
-                stacklevel=2,
-            )
+            raise ValueError("EarlyStoppingCallback needs evaluations: pass validation data (validation_data or "
+                             "validation_split) with eval_strategy 'epoch' or 'steps'; `eval_strategy` is 'no'")
+        if not getattr(args, "load_best_model_at_end", False):
+            logger.warning("Using EarlyStoppingCallback without load_best_model_at_end=True: once training is "
+                           "finished, the best model will not be loaded automatically.")
 
     # -- checkpoint state (HF's ExportableState layout) --------------------------------------------
     def state(self) -> dict:
@@ -155,6 +158,11 @@ class EarlyStoppingCallback(MonitorCallback):
         }
 
     def load_state(self, state: dict) -> None:
+        saved_args = state.get("args") if isinstance(state.get("args"), dict) else {}
+        if "early_stopping_patience" in saved_args:  # HF rebuilds the callback from its saved args
+            self.early_stopping_patience = int(saved_args["early_stopping_patience"])
+        if "early_stopping_threshold" in saved_args:
+            self.early_stopping_threshold = float(saved_args["early_stopping_threshold"] or 0.0)
         attributes = state.get("attributes", state)
         self.early_stopping_patience_counter = int(attributes.get("early_stopping_patience_counter", 0))
         best = attributes.get("best_metric")

@@ -7,8 +7,9 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+from fitkit.callbacks._run import epoch_steps, rate_varies
 from fitkit.callbacks.base import TrainerCallback
-from fitkit.logs import NOT_VALUES
+from fitkit.logs import BOOKKEEPING, NOT_VALUES
 
 
 class History(TrainerCallback):
@@ -21,6 +22,12 @@ class History(TrainerCallback):
         hist = Model(net).compile("adam", "cross_entropy", ["accuracy"]).fit(x, y, epochs=3)
         hist.history["loss"]      # [1.9, 1.1, 0.7]
         hist.epoch                # [0, 1, 2]
+        hist.params               # {"epochs": 3, "steps": 1, "verbose": "auto"}: steps per epoch
+
+    `learning_rate` is there when the rate varies in the run, as in Keras 3: a scheduler
+    steps it (`lr_scheduler` other than a constant rate) or a callback changes it
+    (`ReduceLROnPlateau`, `LearningRateScheduler`, any with `changes_learning_rate = True`).
+    `CSVLogger` follows the same rule, so both hold the same keys.
     """
 
     def __init__(self) -> None:
@@ -28,9 +35,13 @@ class History(TrainerCallback):
         self.epoch: list[int] = []
         self.params: dict[str, Any] = {}
         self._rows: dict[int, dict[str, float]] = {}
+        self._skip = NOT_VALUES
 
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.params = {"epochs": state.num_train_epochs, "steps": state.max_steps, "verbose": args.verbose}
+    def on_train_begin(self, args, state, control, lr_scheduler=None, callbacks=(), train_dataloader=None,
+                       steps_per_epoch=None, **kwargs):
+        steps = epoch_steps(args, state, train_dataloader, steps_per_epoch)
+        self.params = {"epochs": state.num_train_epochs, "steps": steps, "verbose": args.verbose}
+        self._skip = BOOKKEEPING if rate_varies(lr_scheduler, callbacks) else NOT_VALUES
         self._rows = {}
         for record in state.log_history:  # a resumed run: the epochs before the checkpoint
             self._add(record.get("epoch"), record)
@@ -46,7 +57,7 @@ class History(TrainerCallback):
             return
         row = self._rows.setdefault(max(math.ceil(epoch or 0.0) - 1, 0), {})
         for key, value in logs.items():
-            if key not in NOT_VALUES and isinstance(value, (int, float)) and not isinstance(value, bool):
+            if key not in self._skip and isinstance(value, (int, float)) and not isinstance(value, bool):
                 row[key] = float(value)
 
     def _rebuild(self) -> None:

@@ -6,7 +6,7 @@ import inspect
 import math
 from typing import Callable
 
-from fitkit.callbacks._monitor import set_learning_rates
+from fitkit.callbacks._monitor import rate_text, set_learning_rates
 from fitkit.callbacks.base import TrainerCallback
 
 
@@ -42,9 +42,12 @@ class LearningRateScheduler(TrainerCallback):
 
         x, y = torch.randn(128, 4), torch.randn(128, 1)
         model = Model(torch.nn.Linear(4, 1)).compile("sgd", "mse", learning_rate=0.1)
-        model.fit(x, y, epochs=4, callbacks=[LearningRateScheduler(halve_after_two)], verbose=0)
-        print([r["learning_rate"] for r in model.state.log_history])   # [0.1, 0.1, 0.05, 0.025]
+        history = model.fit(x, y, epochs=4, callbacks=[LearningRateScheduler(halve_after_two)], verbose=0)
+        print(history.history["learning_rate"])   # [0.1, 0.1, 0.05, 0.025]
     """
+
+    #: `History` and `CSVLogger` show `learning_rate` in runs with this callback.
+    changes_learning_rate = True
 
     def __init__(self, schedule: Callable, verbose: int = 0) -> None:
         if not callable(schedule):
@@ -71,7 +74,7 @@ class LearningRateScheduler(TrainerCallback):
 
         changes = set_learning_rates(optimizer, lr_scheduler, new_rate)
         if self.verbose and state.is_world_process_zero and changes:
-            rates = ", ".join(f"{new:.4g}" for _, new in changes)
+            rates = ", ".join(rate_text(new) for _, new in changes)
             print(f"Epoch {epoch + 1}: LearningRateScheduler setting learning rate to {rates}.", flush=True)
         return None
 

@@ -27,15 +27,16 @@ def _number(value: float) -> str:
 def format_logs(logs: dict) -> str:
     """Keras' epoch values: `loss: 0.1234 - accuracy: 0.9612 - val_loss: ...`.
 
-    Numbers only, in the order they were logged; positions (`epoch`, `step`) and the
-    learning rate are left out.
+    Numbers only: training values first, then validation (`val_`) ones, each in the order
+    they were logged (with `eval_strategy="steps"` an evaluation may be logged before the
+    epoch's training values); positions (`epoch`, `step`) and the learning rate are left out.
     """
-    parts = []
+    training, validation = [], []
     for key, value in logs.items():
         if key in NOT_VALUES or isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
-        parts.append(f"{key}: {_number(float(value))}")
-    return " - ".join(parts)
+        (validation if key.startswith("val_") else training).append(f"{key}: {_number(float(value))}")
+    return " - ".join(training + validation)
 
 
 def format_duration(seconds: float) -> str:
@@ -99,22 +100,25 @@ def _live_console() -> Any:
     return None
 
 
-#: Live displays started and not yet stopped. A run that raised leaves its display open (no
-#: event follows an exception); the next run, or the interpreter's exit, stops it, which gives
-#: the terminal back its cursor and sys.stdout / sys.stderr back their streams.
-_OPEN_DISPLAYS: list = []
+#: Live displays started and not yet stopped. No event follows an exception (a
+#: `KeyboardInterrupt` from a notebook's stop button included), so `fit` calls
+#: `close_displays` on its way out, whatever the way; the interpreter's exit does too. That
+#: gives the terminal back its cursor and sys.stdout / sys.stderr back their streams.
+_OPEN_DISPLAYS: list["ProgressBar"] = []
 
 
-def _stop_open_displays() -> None:
+def close_displays() -> None:
+    """Stop every live display still open (the engine calls this when `fit` exits)."""
     while _OPEN_DISPLAYS:
-        progress = _OPEN_DISPLAYS.pop()
+        bar = _OPEN_DISPLAYS.pop()
         try:
-            progress.stop()
+            bar._stop_display()
         except Exception:  # noqa: BLE001 - best effort on a display left by a failed run
             pass
 
 
-atexit.register(_stop_open_displays)
+_stop_open_displays = close_displays  # its former name, which tests/test_display.py calls
+atexit.register(close_displays)
 
 
 class ProgressBar(TrainerCallback):
@@ -129,7 +133,8 @@ class ProgressBar(TrainerCallback):
 
     When stdout is not a terminal (a pipe, a log file), and with `bar=False`
     (`fit(verbose=2)`), only that line is printed, once per epoch, with no control
-    characters.
+    characters. In a notebook the bars are an IPython display updated in place (no
+    ipywidgets needed) that becomes the epoch's line.
 
     The bar is redrawn at most every `refresh_seconds`; a training step costs a counter
     increment and a clock read. Values come from `on_log` records only: the live loss appears
@@ -157,6 +162,7 @@ class ProgressBar(TrainerCallback):
         self._epoch_logs: dict = {}
         self._steps = self._steps_before = 0
         self._epoch_started = self._train_ended = 0.0
+        self._eval_seconds, self._eval_started = 0.0, None  # evaluations within the training (eval_strategy="steps")
         self._ending = False  # on_epoch_end has fired: the next closing record ends the line
         self._task = self._val_task = None
         self._total: int | None = None  # the epoch's steps, when known up front
@@ -166,20 +172,25 @@ class ProgressBar(TrainerCallback):
     # -- display ---------------------------------------------------------------------------
     def _start_display(self) -> None:
         self._progress = None
-        _stop_open_displays()  # a run that died with an exception may have left one behind
+        close_displays()  # one left behind by a run that died before `fit` could close it
         console = _live_console() if self.bar else None
         if console is not None:
             from fitkit.callbacks._bar import bars_for
 
             self._progress = bars_for(console)
-            _OPEN_DISPLAYS.append(self._progress)
+            _OPEN_DISPLAYS.append(self)
             self._progress.start()
 
     def _stop_display(self) -> None:
+        """Close the display. Bars still up (a fit that raised) first count what was done, so
+        a display that keeps its last frame (a notebook's) shows where the run stopped."""
         progress, self._progress = self._progress, None
+        if self in _OPEN_DISPLAYS:
+            _OPEN_DISPLAYS.remove(self)
         if progress is not None:
-            if progress in _OPEN_DISPLAYS:
-                _OPEN_DISPLAYS.remove(progress)
+            for row, done in ((self._task, self._steps), (self._val_task, self._val_steps)):
+                if row is not None:
+                    row.update(completed=done)
             progress.stop()
 
     def _refresh(self, now: float) -> None:
@@ -190,12 +201,6 @@ class ProgressBar(TrainerCallback):
             self._val_task.update(completed=self._val_steps)
         self._progress.refresh()
 
-    def _print(self, line: str) -> None:
-        if self._progress is not None:  # above the live bars
-            self._progress.print(line)
-        else:
-            print(line, flush=True)
-
     def _epoch_total(self, state, epoch: int) -> int | None:
         """Optimizer steps in this epoch, when they can be known."""
         if self._steps_per_epoch is None:
@@ -203,19 +208,18 @@ class ProgressBar(TrainerCallback):
         return steps_in_epoch(epoch, per_epoch=self._steps_per_epoch, max_steps=state.max_steps)
 
     def _finish_epoch(self) -> None:
-        """Print the epoch's line (and drop its bars)."""
+        """Print the epoch's line in place of its bars."""
         if not self._epoch_index:
             return
         now = time.monotonic()
-        train_seconds = (self._train_ended or now) - self._epoch_started
+        train_seconds = (self._train_ended or now) - self._epoch_started - self._eval_seconds
         run = self._steps - self._steps_before
         per_step = train_seconds / run if run > 0 else None
         line = epoch_line(self._epoch_index, self._epochs, now - self._epoch_started, per_step, self._epoch_logs)
-        if self._progress is not None:  # drop the bars: printing the line redraws what is left (nothing)
-            for task in (self._val_task, self._task):
-                if task is not None:
-                    self._progress.remove_row(task)
-        self._print(line)
+        if self._progress is not None:
+            self._progress.finish(line)
+        else:
+            print(line, flush=True)
         self._reset_epoch()
 
     # -- events --------------------------------------------------------------------------------
@@ -276,6 +280,8 @@ class ProgressBar(TrainerCallback):
         if not self._active or not self._epoch_index:  # evaluate() / predict() outside fit
             return
         self._val_steps += 1
+        if self._eval_started is None:
+            self._eval_started = time.monotonic()
         if self._progress is None:
             return
         if self._val_task is None:
@@ -307,6 +313,9 @@ class ProgressBar(TrainerCallback):
     def on_evaluate(self, args, state, control, **kwargs):
         if not self._active:
             return
+        if self._eval_started is not None and not self._ending:  # inside the training time: not a step's
+            self._eval_seconds += time.monotonic() - self._eval_started
+        self._eval_started = None
         if self._val_task is not None:
             self._progress.remove_row(self._val_task)
             self._val_task = None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fitkit.callbacks._monitor import MonitorCallback, epoch_index, improves, set_learning_rates
+from fitkit.callbacks._monitor import MonitorCallback, epoch_index, improves, rate_text, set_learning_rates
 
 
 class ReduceLROnPlateau(MonitorCallback):
@@ -36,8 +36,11 @@ class ReduceLROnPlateau(MonitorCallback):
         model = Model(torch.nn.Linear(8, 1)).compile("sgd", "mse", learning_rate=0.1)
         plateau = ReduceLROnPlateau(monitor="val_loss", factor=0.5, patience=2, min_lr=1e-4)
         history = model.fit(x, y, epochs=20, validation_split=0.25, callbacks=[plateau], verbose=0)
-        print([r["learning_rate"] for r in model.state.log_history if "learning_rate" in r])
+        print(history.history["learning_rate"])   # one rate per epoch, as in Keras
     """
+
+    #: `History` and `CSVLogger` show `learning_rate` in runs with this callback.
+    changes_learning_rate = True
 
     def __init__(
         self,
@@ -96,7 +99,7 @@ class ReduceLROnPlateau(MonitorCallback):
             self.cooldown_counter = self.cooldown
             self.wait = 0
             if self.verbose and state.is_world_process_zero:
-                rates = ", ".join(f"{new:.4g}" for _, new in changes)
+                rates = ", ".join(rate_text(new) for _, new in changes)
                 print(f"Epoch {epoch_index(state) + 1}: ReduceLROnPlateau reducing learning rate to {rates}.",
                       flush=True)
         return None

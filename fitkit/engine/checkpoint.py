@@ -2,33 +2,43 @@
 below it (atomic writes of `output_dir/checkpoint-{global_step}/` through `fabric.save`).
 
 A checkpoint is written under a temporary name and renamed when complete, with a manifest
-written last; a directory without a valid manifest is never treated as a checkpoint.
+(every file's size and SHA-256, `fitkit.engine.manifest`) written last; a directory without a
+valid manifest is never treated as a checkpoint, and one is verified before it is loaded.
 
     checkpointer = Checkpointer(fabric, args, state, handler, module=m, optimizer=o, scheduler=s)
-    snapshot = checkpointer.resume(checkpointer.resume_path(callbacks))   # or None: a fresh run
-    path = checkpointer.save(loop.snapshot(), control)                    # when control.should_save
+    with checkpointer.writing():                                          # one writer per output_dir
+        snapshot = checkpointer.resume(checkpointer.resume_path(callbacks))   # or None: a fresh run
+        path = checkpointer.save(loop.snapshot(), control)                    # when control.should_save
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
+import secrets
 import shutil
 from dataclasses import fields
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from fitkit.callbacks.base import TrainerControl, TrainerState
+from fitkit.engine import run_lock
+from fitkit.engine.elastic import load_state, saved_layout
+from fitkit.engine.manifest import FORMAT_VERSION, MANIFEST, CheckpointError, sizes_match, verify, write_manifest
 from fitkit.engine.rng import rng_state, set_rng_state  # noqa: F401 - set_rng_state: part of this module's API
 from fitkit.engine.snapshot import LoopSnapshot
-from fitkit.options import error_line
+from fitkit.options import error_line, writes_to_output_dir
+from fitkit.schedule import warn_on_resume
 
-FORMAT_VERSION = 1
-MANIFEST = "fitkit_checkpoint.json"
 STATE_FILE = "trainer_state.json"
 ARGS_FILE = "training_args.json"
 WEIGHTS = "state.pt"
+#: What every checkpoint's manifest must list (`state.pt` is a file, or a directory when sharded).
+REQUIRED = (WEIGHTS, STATE_FILE)
+#: A checkpoint being written: `.tmp-checkpoint-{step}-{token}`, the token unique to the run.
+TMP_PREFIX = ".tmp-checkpoint-"
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 logger = logging.getLogger("fitkit")
 
@@ -43,13 +53,58 @@ PLAN_FIELDS = frozenset({
 class Checkpointer:
     """One run's checkpoints: writes them (into `output_dir`, or another directory for a
     callback such as `BackupAndRestore`), rotates them without losing the best one, resumes
-    from one and loads the best model at the end when asked."""
+    from one and loads the best model at the end when asked.
+
+    Inside `writing()` the run holds its directories (one writer each, see `run_lock`); every
+    checkpoint it resumes or loads is verified first (every file's digest, `manifest.verify`)."""
 
     def __init__(self, fabric: Any, args: Any, state: TrainerState, handler: Any, *, module: Any, optimizer: Any,
                  scheduler: Any = None):
         self.fabric, self.args, self.state, self.handler = fabric, args, state, handler
         self.module, self.optimizer, self.scheduler = module, optimizer, scheduler
         self.last: str | None = None  # the newest checkpoint written into `output_dir`
+        self._locks: dict[str, Any] | None = None  # by real path, while `writing()` runs
+        self._token: str | None = None  # this run's part of temporary names, the same on every process
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """Hold `output_dir` for the block when this run writes there (and, from its first save,
+        any other directory a save writes into): a second run on one of them is refused with a
+        `run_lock.DirectoryInUseError` naming the holder. Released at the end, also on an error."""
+        self._locks = {}
+        try:
+            if writes_to_output_dir(self.args):
+                self._hold(self.args.output_dir, "`output_dir`")
+            yield
+        finally:
+            locks, self._locks = self._locks, None
+            for lock in locks.values():
+                if lock is not None:
+                    lock.release()
+
+    def _hold(self, directory: str, argument: str) -> None:
+        key = os.path.realpath(directory)
+        if self._locks is not None and key not in self._locks:
+            self._locks[key] = self._on_zero(lambda: _held(directory, argument), share=False)
+
+    def _on_zero(self, fn: Callable[[], Any], share: bool = True) -> Any:
+        """`fn()` run on the global-zero process alone; every process returns its result (with
+        `share`) or raises its error, so no process waits for one that failed."""
+        result, problem = None, None
+        if self.fabric.is_global_zero:
+            try:
+                result = fn()
+            except Exception as err:  # noqa: BLE001 - raised again below, on every process
+                problem = err
+        if self.fabric.world_size > 1:
+            sent = problem if problem is None or isinstance(problem, (CheckpointError, run_lock.DirectoryInUseError)) \
+                else RuntimeError(f"on the global-zero process: {error_line(problem)}")
+            shared, received = self.fabric.broadcast((result if share else None, sent))
+            if not self.fabric.is_global_zero:
+                result, problem = shared, received
+        if problem is not None:
+            raise problem
+        return result
 
     def save(self, snapshot: LoopSnapshot, control: TrainerControl, directory: str | None = None,
              limit: int | None = None) -> str:
@@ -57,13 +112,19 @@ class Checkpointer:
         `save_total_limit` in `output_dir` (never the best one), `limit` elsewhere."""
         own = directory is None
         directory = self.args.output_dir if own else directory
+        self._hold(directory, "`output_dir`" if own else "directory")
+        if self._token is None:
+            self._token = self._on_zero(lambda: secrets.token_hex(4))
         state = self.state
         state.stateful_callbacks = self.handler.export_states(control)
-        if own and state.best_global_step == state.global_step:  # this checkpoint holds the best model
-            state.best_model_checkpoint = checkpoint_path(directory, state.global_step)
+        best = checkpoint_path(directory, state.best_global_step) if state.best_global_step else None
+        # This checkpoint holds the best model, or an earlier one does (saved at the step an
+        # evaluation later found best, as HF records it): kept by rotation either way.
+        if own and best and (state.best_global_step == state.global_step or os.path.isdir(best)):
+            state.best_model_checkpoint = best
         extra = {"rng": rng_state(), "loop": snapshot.to_payload()}
         path = save_checkpoint(self.fabric, directory, state=state, args=self.args, module=self.module,
-                               optimizer=self.optimizer, scheduler=self.scheduler, extra=extra)
+                               optimizer=self.optimizer, scheduler=self.scheduler, extra=extra, token=self._token)
         if self.fabric.is_global_zero:
             if own:
                 rotate(directory, self.args.save_total_limit, keep=state.best_model_checkpoint)
@@ -75,14 +136,18 @@ class Checkpointer:
 
     def resume_path(self, callbacks: Iterable[Any]) -> str | None:
         """`resume_from_checkpoint` resolved, else a checkpoint a callback offers through
-        `checkpoint_to_resume(args)` (e.g. `BackupAndRestore`), else None."""
+        `checkpoint_to_resume(args)` (e.g. `BackupAndRestore`), else None. Verified on the
+        global-zero process before anything is loaded (see `resolve`)."""
+        return self._on_zero(lambda: self._choose(callbacks))
+
+    def _choose(self, callbacks: Iterable[Any]) -> str | None:
         if self.args.resume_from_checkpoint:
             return resolve(self.args.resume_from_checkpoint, self.args.output_dir)
         for cb in callbacks:
             offer = getattr(cb, "checkpoint_to_resume", None)
             path = offer(self.args) if callable(offer) else None
             if path:
-                return path
+                return verified(path)
         return None
 
     def resume(self, path: str | None) -> LoopSnapshot | None:
@@ -93,26 +158,54 @@ class Checkpointer:
         payload = load_checkpoint(self.fabric, path, module=self.module, optimizer=self.optimizer)
         if self.scheduler is not None and "scheduler" in payload:
             self.scheduler.load_state_dict(payload["scheduler"])
-        saved = TrainerState.load_from_json(os.path.join(path, STATE_FILE))
+        saved = _saved_state(path)
         for f in fields(TrainerState):
             if f.name not in PLAN_FIELDS:
                 setattr(self.state, f.name, getattr(saved, f.name))
+        warn_on_resume(self.args, self.state, saved)  # other step intervals or batch size; a lost best checkpoint
         logger.info("resuming from %s at step %d", path, self.state.global_step)
         return LoopSnapshot.from_payload(payload["loop"], rng=payload["rng"], callbacks=self.state.stateful_callbacks)
 
     def load_best(self) -> None:
-        """With `load_best_model_at_end`, put the best checkpoint's weights back into the module."""
+        """With `load_best_model_at_end`, put the best checkpoint's weights back into the module
+        (verified first)."""
         if self.args.load_best_model_at_end and self.state.best_model_checkpoint:
-            load_checkpoint(self.fabric, self.state.best_model_checkpoint, module=self.module, optimizer=None)
+            path = self._on_zero(lambda: verified(self.state.best_model_checkpoint))
+            load_checkpoint(self.fabric, path, module=self.module, optimizer=None)
 
 
-def _files(path: str) -> dict[str, int]:
-    out = {}
-    for root, _, names in os.walk(path):
-        for name in names:
-            full = os.path.join(root, name)
-            out[os.path.relpath(full, path)] = os.path.getsize(full)
-    return out
+def _held(directory: str, argument: str) -> Any:
+    """`directory`'s lock, taken; then what an interrupted run left there is tidied (see `recover`)."""
+    lock = run_lock.acquire(directory, argument)
+    recover(directory)
+    return lock
+
+
+def recover(directory: str) -> None:
+    """Tidy the temporary checkpoints an interrupted run left in `directory` (call it only while
+    holding the directory): one that is complete and whose `checkpoint-N` is missing (the run died
+    while replacing it) becomes `checkpoint-N`; any other is removed, with a warning."""
+    leftovers = sorted((n for n in os.listdir(directory) if n.startswith(TMP_PREFIX)),
+                       key=lambda n: n.endswith("-replaced"))  # the newer content first
+    for name in leftovers:
+        path = os.path.join(directory, name)
+        step = name[len(TMP_PREFIX):].split("-", 1)[0]
+        final = checkpoint_path(directory, int(step)) if step.isdigit() else None
+        if final and not os.path.exists(final) and is_complete(path):
+            logger.warning("recovering %s from %s, a complete checkpoint an interrupted run had not renamed yet",
+                           final, path)
+            os.replace(path, final)
+        else:
+            logger.warning("removing %s: an incomplete checkpoint an interrupted run left behind", path)
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _saved_state(path: str) -> TrainerState:
+    try:
+        return TrainerState.load_from_json(os.path.join(path, STATE_FILE))
+    except (OSError, ValueError, TypeError) as err:
+        raise CheckpointError(f"checkpoint {path!r} is damaged: {STATE_FILE} cannot be read ({error_line(err)}); "
+                              "resume from an earlier checkpoint or delete this one") from None
 
 
 def checkpoint_path(output_dir: str, global_step: int) -> str:
@@ -120,49 +213,186 @@ def checkpoint_path(output_dir: str, global_step: int) -> str:
 
 
 def save_checkpoint(fabric, output_dir: str, *, state, args, module, optimizer, scheduler=None,
-                    extra: dict[str, Any] | None = None) -> str:
-    """Write a complete checkpoint for `state.global_step` and return its final path."""
+                    extra: dict[str, Any] | None = None, token: str = "") -> str:
+    """Write a complete checkpoint for `state.global_step` and return its final path.
+
+    It is written under `.tmp-checkpoint-{step}-{token}` (`token`: the same on every process,
+    unique to the run) and renamed when complete. When a write fails (disk full, read-only,
+    quota) the temporary directory is removed and every process raises `CheckpointWriteError`
+    naming the checkpoint, the space it needs and the earlier checkpoint that is intact."""
     final = checkpoint_path(output_dir, state.global_step)
-    tmp = os.path.join(output_dir, f".tmp-checkpoint-{state.global_step}")
-    if fabric.is_global_zero:
-        os.makedirs(output_dir, exist_ok=True)
+    tmp = os.path.join(output_dir, f"{TMP_PREFIX}{state.global_step}-{token or os.getpid()}")
+    zero = fabric.is_global_zero
+    failure = _agree(fabric, _attempt(lambda: _prepare(output_dir, tmp)) if zero else None)
+    if failure is None:
+        payload: dict[str, Any] = {"model": module}
+        if optimizer is not None:
+            payload["optimizer"] = optimizer
+        if scheduler is not None:
+            payload["scheduler"] = scheduler.state_dict()
+        if extra:
+            payload.update(extra)
+        failure = _attempt(lambda: fabric.save(os.path.join(tmp, WEIGHTS), payload))
+        if failure is not None and fabric.world_size > 1 and type(failure).__name__ != "CheckpointException":
+            # `fabric.save` ends with a barrier, which the others have reached and this process skipped
+            # (DCP's own error is raised on every process: then all skipped it)
+            fabric.barrier()
+        if failure is None and zero:
+            failure = _attempt(lambda: _finish(tmp, final, state, args, optimizer))
+        failure = _agree(fabric, failure)
+    if failure is None:
+        return final
+    if zero:
         shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-    fabric.barrier()
-    payload: dict[str, Any] = {"model": module}
-    if optimizer is not None:
-        payload["optimizer"] = optimizer
-    if scheduler is not None:
-        payload["scheduler"] = scheduler.state_dict()
-    if extra:
-        payload.update(extra)
-    fabric.save(os.path.join(tmp, WEIGHTS), payload)
-    if fabric.is_global_zero:
-        state.save_to_json(os.path.join(tmp, STATE_FILE))
-        with open(os.path.join(tmp, ARGS_FILE), "w", encoding="utf-8") as f:
-            f.write(args.to_json_string())
-        manifest = {"format": "fitkit-checkpoint", "version": FORMAT_VERSION, "global_step": state.global_step,
-                    "optimizer": optimizer_class(optimizer), "files": _files(tmp)}
-        with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:
-            json.dump(manifest, f, indent=2)
-            f.flush()
-            os.fsync(f.fileno())
-        if os.path.exists(final):
-            shutil.rmtree(final)
+    if _is_write_error(failure):
+        raise CheckpointWriteError(_unwritten(final, failure, module, optimizer)) from failure
+    raise failure
+
+
+def _prepare(output_dir: str, tmp: str) -> None:
+    os.makedirs(output_dir, exist_ok=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+
+
+def _finish(tmp: str, final: str, state: TrainerState, args: Any, optimizer: Any) -> None:
+    """The global-zero process's part, after the weights: the JSON files, the manifest (last,
+    with every file's digest), then the rename."""
+    state.save_to_json(os.path.join(tmp, STATE_FILE))
+    with open(os.path.join(tmp, ARGS_FILE), "w", encoding="utf-8") as f:
+        f.write(args.to_json_string())
+    write_manifest(tmp, {"format": "fitkit-checkpoint", "version": FORMAT_VERSION, "global_step": state.global_step,
+                         "optimizer": optimizer_class(optimizer)})
+    replaced = f"{tmp}-replaced" if os.path.exists(final) else None  # a temporary name: swept when left
+    if replaced:
+        os.replace(final, replaced)
+    try:
         os.replace(tmp, final)
-    fabric.barrier()
-    return final
+    except OSError:
+        if replaced:
+            os.replace(replaced, final)
+        raise
+    if replaced:
+        shutil.rmtree(replaced, ignore_errors=True)
+    _sync_directory(os.path.dirname(final))
+
+
+def _sync_directory(path: str) -> None:
+    """Make a rename in `path` durable (where the platform allows opening a directory)."""
+    try:
+        fd = os.open(path or ".", os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _attempt(write: Callable[[], Any]) -> Exception | None:
+    try:
+        write()
+    except Exception as err:  # noqa: BLE001 - agreed on by every process, then raised
+        return err
+    return None
+
+
+def _agree(fabric: Any, failure: Exception | None) -> Exception | None:
+    """Whether a write failed on any process (a collective, standing for a barrier): this
+    process's error, else one saying what the global-zero process met."""
+    if fabric.world_size == 1:
+        return failure
+    import torch
+
+    flags = fabric.all_reduce(torch.tensor(float(failure is not None), device=fabric.device), reduce_op="sum")
+    if not flags.item():
+        return None
+    said = fabric.broadcast(None if failure is None else (str(failure).strip(), _is_write_error(failure)))
+    if failure is not None:
+        return failure
+    if said is None:
+        return OSError("another process could not write its part of the checkpoint")
+    text = f"on the global-zero process: {said[0]}"
+    return OSError(text) if said[1] else CheckpointError(f"writing the checkpoint failed {text}")
+
+
+def _is_write_error(err: BaseException) -> bool:
+    """A failure of the storage (disk full, read-only, quota, ...), as the writers raise it: an
+    OSError, torch's zip writer's error or DCP's gathered one (which may wrap another rank's)."""
+    text = str(err)
+    return isinstance(err, OSError) or "PytorchStreamWriter failed" in text or "file write failed" in text or (
+        type(err).__name__ == "CheckpointException" and ("Errno" in text or "OSError" in text))
+
+
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint could not be written (disk full, read-only, quota): nothing half-written is
+    left, the earlier checkpoints are intact and the run can be resumed once space is freed."""
+
+
+def _unwritten(final: str, failure: BaseException, module: Any, optimizer: Any) -> str:
+    directory = os.path.dirname(final)
+    earlier = list_checkpoints(directory)
+    need, basis = _space_needed(earlier[-1] if earlier else None, module, optimizer)
+    try:
+        free = f"{_size(shutil.disk_usage(directory).free)} are free there now"
+    except OSError:
+        free = "the free space there is unknown"
+    intact = (f"The newest complete checkpoint, {earlier[-1]!r}, is intact" if earlier
+              else f"No earlier checkpoint exists in {directory!r}")
+    return (f"could not write the checkpoint {final!r} ({error_line(failure)}); its incomplete files were removed. "
+            f"It needs about {_size(need)} ({basis}) and {free}. {intact}, and the model, optimizer and training "
+            f"state of this run were not changed by the failed save: free space (or make {directory!r} writable, or "
+            "pass another `output_dir`) and run again with resume_from_checkpoint=True to continue"
+            + (" from it" if earlier else ""))
+
+
+def _space_needed(previous: str | None, module: Any, optimizer: Any) -> tuple[int, str]:
+    """Bytes a checkpoint takes: the previous one's files, else the model's and optimizer's tensors."""
+    if previous is not None:
+        try:
+            with open(os.path.join(previous, MANIFEST), encoding="utf-8") as f:
+                return sum(json.load(f)["files"].values()), f"the size of {os.path.basename(previous)}"
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass
+    total = 0
+    try:
+        states = [module.state_dict()] + ([optimizer.state_dict().get("state", {})] if optimizer is not None else [])
+        for tree in states:
+            total += sum(_bytes(v) for v in _leaves(tree))
+    except Exception:  # noqa: BLE001 - an estimate only
+        return 0, "unknown: the model's tensors could not be measured"
+    return total, "the model's and optimizer's tensors"
+
+
+def _leaves(tree: Any) -> Iterator[Any]:
+    if isinstance(tree, dict):
+        for value in tree.values():
+            yield from _leaves(value)
+    elif isinstance(tree, (list, tuple)):
+        for value in tree:
+            yield from _leaves(value)
+    else:
+        yield tree
+
+
+def _bytes(value: Any) -> int:
+    return value.numel() * value.element_size() if hasattr(value, "element_size") else 0
+
+
+def _size(n: int) -> str:
+    for unit in ("bytes", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
 
 
 def is_complete(path: str) -> bool:
-    """True when `path` holds a manifest whose files all exist with their recorded sizes."""
-    manifest = _manifest(path)
-    try:
-        return manifest.get("format") == "fitkit-checkpoint" and all(
-            os.path.getsize(os.path.join(path, name)) == size for name, size in manifest["files"].items()
-        )
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
+    """True when `path` holds a manifest whose files all exist, inside it, with their recorded
+    sizes: cheap (no file is read), for listing; `verified` checks the content before a load."""
+    return sizes_match(path)
 
 
 def list_checkpoints(output_dir: str) -> list[str]:
@@ -192,44 +422,66 @@ def rotate(output_dir: str, limit: int | None, keep: str | None = None) -> list[
 
 
 # -- reading ---------------------------------------------------------------------------------
-class CheckpointError(ValueError):
-    """A checkpoint path that does not exist, is incomplete, is not a fitkit checkpoint, or was
-    written for another model or optimizer."""
-
-
 _FIX = "resume with the same model and optimizer, or start a fresh `output_dir` (or `resume_from_checkpoint=False`)"
 
 
 def resolve(resume: bool | str | None, output_dir: str) -> str | None:
-    """The checkpoint to resume from: the newest complete one for `True`, else the path given.
+    """The checkpoint to resume from, verified (`verified`): for `True` the newest one in
+    `output_dir` that verifies, else the path given, which must verify.
 
-    Incomplete or corrupted checkpoint directories are skipped with a warning, never picked.
+    With `True`, incomplete checkpoint directories are skipped with a warning, and so is each
+    newer checkpoint that fails verification (named, with what differs); when checkpoints exist
+    but none verifies, CheckpointError. Listing reads no file's content (`is_complete`); only
+    the checkpoint picked (and, falling back, the next one) is read in full.
     """
     if not resume:
         return None
     if resume is True:
-        if os.path.isdir(output_dir):
-            for name in sorted(os.listdir(output_dir)):
-                full = os.path.join(output_dir, name)
-                if (_NAME.match(name) and not is_complete(full)) or name.startswith(".tmp-checkpoint-"):
-                    logger.warning("ignoring incomplete checkpoint %s (no valid manifest)", full)
-        found = list_checkpoints(output_dir)
-        if not found:
-            logger.warning("resume_from_checkpoint=True but %r holds no complete checkpoint; starting fresh",
-                           output_dir)
-            return None
-        return found[-1]
+        return _newest_verified(output_dir)
     path = os.fspath(resume)
     if not os.path.exists(path):
         raise CheckpointError(
             f"`resume_from_checkpoint`={path!r} does not exist: pass a checkpoint directory "
             "(output_dir/checkpoint-N) or True for the newest one in `output_dir`"
         )
-    if not is_complete(path):
+    if not os.path.isfile(os.path.join(path, MANIFEST)):
         raise CheckpointError(
             f"`resume_from_checkpoint`={path!r} is not a complete fitkit checkpoint: expected a directory "
             f"holding {MANIFEST} with the files it lists ({WEIGHTS}, {STATE_FILE})"
         )
+    return verified(path)
+
+
+def _newest_verified(output_dir: str) -> str | None:
+    if os.path.isdir(output_dir):
+        for name in sorted(os.listdir(output_dir)):
+            full = os.path.join(output_dir, name)
+            if (_NAME.match(name) and not is_complete(full)) or name.startswith(TMP_PREFIX):
+                logger.warning("ignoring incomplete checkpoint %s (no valid manifest)", full)
+    found = list_checkpoints(output_dir)
+    if not found:
+        logger.warning("resume_from_checkpoint=True but %r holds no complete checkpoint; starting fresh", output_dir)
+        return None
+    for path in reversed(found):
+        try:
+            return verified(path)
+        except CheckpointError as err:
+            logger.warning("skipping checkpoint %s, which fails verification (%s); trying the one before it",
+                           path, err)
+    raise CheckpointError(
+        f"`resume_from_checkpoint`=True but none of the {len(found)} checkpoints in {output_dir!r} verifies (each "
+        "one is named in a warning above): restore them from a copy, or move them away and pass "
+        "resume_from_checkpoint=False to start fresh")
+
+
+def verified(path: str) -> str:
+    """`path`, after checking every file of the checkpoint against its manifest (sizes, digests,
+    JSON, paths inside it: `manifest.verify`); a CheckpointError naming the file otherwise."""
+    try:
+        verify(path, REQUIRED)
+    except OSError as err:
+        raise CheckpointError(f"checkpoint {path!r} cannot be read ({error_line(err)}); resume from an earlier "
+                              "checkpoint or check the file permissions") from None
     return path
 
 
@@ -244,8 +496,7 @@ def load_checkpoint(fabric, path: str, *, module, optimizer) -> dict[str, Any]:
     weights = os.path.join(path, WEIGHTS)
     try:
         check_fits(path, module=module, optimizer=optimizer)
-        targets = {"model": module} if optimizer is None else {"model": module, "optimizer": optimizer}
-        remainder = fabric.load(weights, targets, strict=optimizer is not None, weights_only=True)
+        remainder = load_state(fabric, weights, module=module, optimizer=optimizer, strict=optimizer is not None)
     except CheckpointError:
         raise
     except Exception as err:  # noqa: BLE001 - every failure here means "refuse this file"
@@ -268,19 +519,26 @@ def optimizer_class(optimizer: Any) -> str | None:
 
 def check_fits(path: str, *, module, optimizer) -> None:
     """Raise CheckpointError when the checkpoint at `path` was written for another optimizer class
-    or, for a single-file checkpoint, another set of parameter names and shapes (read from the
-    file memory-mapped: the tensors' data is not read). Sharded checkpoints are checked by loading."""
+    or another set of parameter names and shapes (read from the file memory-mapped, or from the
+    shards' metadata: the tensors' data is not read)."""
     saved_class = _manifest(path).get("optimizer")
     current = optimizer_class(optimizer)
     if optimizer is not None and saved_class and saved_class != current:
         raise CheckpointError(f"cannot resume from {path!r}: it was written with the optimizer {saved_class} and "
                               f"this run uses {current}; {_FIX}")
     weights = os.path.join(path, WEIGHTS)
-    if not os.path.isfile(weights):
+    try:
+        payload = saved_layout(weights)  # one file or DCP shards: names and shapes, not the data
+    except Exception as err:  # noqa: BLE001 - pickled code: refused by the caller, with its own message
+        if "weights_only" in str(err) or "Unsupported global" in str(err) or "pickle" in str(err).lower():
+            raise
+        raise CheckpointError(f"cannot read {weights!r}: the file is truncated or corrupted ({error_line(err)}); "
+                              "resume from an earlier checkpoint or delete this one") from None
+    if payload is None:  # another layout (e.g. DeepSpeed's directory): checked by loading
         return
-    import torch
-
-    payload = torch.load(weights, map_location="cpu", weights_only=True, mmap=True)
+    if not isinstance(payload, dict):
+        raise CheckpointError(f"cannot read {weights!r}: it does not hold a fitkit checkpoint's contents; "
+                              "resume from an earlier checkpoint or delete this one")
     problems = _state_differences(payload.get("model") or {}, module.state_dict())
     if problems:
         raise CheckpointError(f"cannot resume from {path!r}: it holds the weights of another model ({problems}); "

@@ -89,31 +89,32 @@ class CheckMemo:
 
 
 def check_data(stepper: Stepper, module: torch.nn.Module, source: DataSource | None, *, metrics: Any = (),
-               training: bool = False, with_loss: bool = True, memo: CheckMemo | None = None) -> None:
+               training: bool = False, with_loss: bool = True, memo: CheckMemo | None = None) -> Batch | None:
     """Check the first batch of `source` (nothing for None) against `module` (the user's, not
     Fabric's wrapper), the stepper's loss (unless `with_loss` is False: predict) and the
     `metrics` specs; raise ValueError / TypeError naming `source.name` and the fix. With a
     `memo`, in-memory data already checked against the same module, loss and metrics is not
-    checked again."""
+    checked again. Returns the batch it checked (None when it checked none)."""
     if source is None:
-        return
+        return None
     key = memo.key(source, id(module), id(stepper.loss), tuple(map(id, metrics)), training, with_loss,
                    stepper.direct) if memo is not None else None
     if key is not None and memo.seen(key):
-        return
-    _check(stepper, module, source, metrics=metrics, training=training, with_loss=with_loss)
+        return None
+    batch = _check(stepper, module, source, metrics=metrics, training=training, with_loss=with_loss)
     if memo is not None:
         memo.add(key)
+    return batch
 
 
 def _check(stepper: Stepper, module: torch.nn.Module, source: DataSource, *, metrics: Any, training: bool,
-           with_loss: bool) -> None:
+           with_loss: bool) -> Batch | None:
     batch = source.first_batch()
     names = _Names(source.name, isinstance(source, TensorSource))
     if batch is None:
         if stepper.fabric.world_size == 1:  # a rank's shard may be empty while another's is not
             raise ValueError(f"`{source.name}` is empty: it yields no batch; pass at least one sample")
-        return
+        return None
     loss = stepper.loss if with_loss else None
     if with_loss:
         _check_targets_given(batch, loss, names, training)
@@ -122,6 +123,7 @@ def _check(stepper: Stepper, module: torch.nn.Module, source: DataSource, *, met
     _warn_non_finite(stats, names)
     if stepper.direct and _probe_safe(module):
         _probe(stepper, batch, names, stats, metrics, with_loss)
+    return batch
 
 
 def keeps_float64(module: torch.nn.Module) -> bool:

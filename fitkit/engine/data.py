@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 
 from fitkit.engine.batch import LABEL_KEYS, Batch, first_leaf, batch_size_of, split_batch  # noqa: F401 - re-exported
+from fitkit.engine.collate import SampleList, is_sample_list, loader_options
 from fitkit.engine.rng import rng_state, set_rng_state
 from fitkit.engine.step import set_loader_epoch
 from fitkit.tensors import map_tensors
@@ -58,6 +59,39 @@ def epoch_permutation(size: int, seed: int | None, epoch: int) -> torch.Tensor:
     return torch.randperm(size, generator=g)
 
 
+def deal(order: torch.Tensor, skip: int, rank: int, world_size: int, pad: bool = True) -> torch.Tensor:
+    """`rank`'s share of an epoch's `order` from global sample `skip` on: the rest dealt round
+    robin, as DistributedSampler deals, and (`pad`) made a multiple of `world_size` with the
+    order's first samples, so every process makes as many steps. From `skip=0` this is
+    DistributedSampler's share; from a resume point it is the rest of the same order, whatever
+    the number of processes now."""
+    rest = order[skip:]
+    if world_size == 1:
+        return rest
+    extra = (-len(rest)) % world_size if pad else 0
+    if extra:
+        rest = torch.cat([rest, order.repeat(math.ceil(extra / len(order)))[:extra]])
+    return rest[rank::world_size]
+
+
+def resume_batch(total: int, samples: int, batch_size: int, world_size: int, batches: int,
+                 drop_last: bool = False) -> int:
+    """The number, in an epoch of `batches` micro-batches per process, of the batch at which an
+    epoch of `total` samples continues after `samples` of them (over all processes): the
+    batches left are those the rest makes when dealt to `world_size` processes."""
+    left = math.ceil((total - samples) / world_size)
+    left_batches = left // batch_size if drop_last else math.ceil(left / batch_size)
+    return max(batches - left_batches, 0)
+
+
+def _process() -> tuple[int, int]:
+    """(rank, world size) of the process group, (0, 1) without one."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
 class DataSource:
     """Something that yields batches each epoch."""
 
@@ -79,6 +113,17 @@ class DataSource:
         """The batches of `epoch` from batch number `start` on."""
         raise NotImplementedError
 
+    def resume_at(self, position: Any) -> int:
+        """Continue a resumed epoch where `position` (a `LoopSnapshot`) left it: return the
+        batch number `batches(epoch, start)` then starts from. This default counts batches, for
+        data that cannot count samples (a list of batches)."""
+        return position.batch
+
+    def consumed(self, epoch: int, batches: int) -> int | None:
+        """The samples of `epoch`, over all processes, consumed once each process has taken
+        `batches` micro-batches of it (None when this data cannot tell)."""
+        return None
+
     def first_batch(self) -> Batch | None:
         """One batch to check before training (None when there is none), read without moving any
         random number generator: the run goes on exactly as without it."""
@@ -89,7 +134,45 @@ class DataSource:
             set_rng_state(saved)
 
 
-class TensorSource(DataSource):
+class CountsSamples(DataSource):
+    """Data whose batches are cut from one order of the epoch's samples dealt to the processes
+    (`deal`): its position is counted in samples over all processes, so an epoch resumed on
+    another number of processes, or with another batch size, continues at the same sample."""
+
+    _resumed: tuple[int, int, int] | None = None  # a resumed epoch: (epoch, batch number, samples)
+
+    def geometry(self) -> tuple[int, int, int, bool] | None:
+        """(samples per epoch, batch size per process, processes, drop_last), None if unknown."""
+        raise NotImplementedError
+
+    def resume_at(self, position: Any) -> int:
+        geometry = self.geometry()
+        if position.samples is None or geometry is None:  # a checkpoint that counted batches
+            return position.batch
+        total, batch_size, world_size, drop_last = geometry
+        start = resume_batch(total, position.samples, batch_size, world_size, len(self), drop_last)
+        self._resumed = (position.epoch, start, position.samples)
+        return start
+
+    def consumed(self, epoch: int, batches: int) -> int | None:
+        geometry = self.geometry()
+        if geometry is None:
+            return None
+        total, batch_size, world_size, _ = geometry
+        resumed_epoch, start, samples = self._resumed or (None, 0, 0)
+        if resumed_epoch != epoch:
+            start, samples = 0, 0
+        return min(samples + (batches - start) * batch_size * world_size, total)
+
+    def skipped(self, epoch: int, start: int) -> int:
+        """The samples (over all processes) before batch number `start` of `epoch`."""
+        if self._resumed is not None and self._resumed[:2] == (epoch, start):
+            return self._resumed[2]
+        _, batch_size, world_size, _ = self.geometry()
+        return start * batch_size * world_size
+
+
+class TensorSource(CountsSamples):
     """In-memory tensors, batched by slicing (`index_select` when shuffled)."""
 
     def __init__(self, x, y=None, sample_weight=None, *, batch_size: int, shuffle: bool, seed: int | None,
@@ -132,36 +215,35 @@ class TensorSource(DataSource):
     def first_batch(self) -> Batch | None:
         """A batch of this process's first samples, in storage order: slices, no permutation
         (any batch serves the checks, and shuffling a large dataset costs)."""
-        return next(self._batches(None, 0), None)
+        return next(self._batches(None, self.offset, self.num_samples), None)
 
-    def order(self, epoch: int) -> torch.Tensor | None:
-        """The sample indices of this process for `epoch`, or None for contiguous slices."""
+    def geometry(self) -> tuple[int, int, int, bool]:
+        return self.total, self.batch_size, self.world_size, self.drop_last
+
+    def order(self, epoch: int, skip: int = 0) -> torch.Tensor | None:
+        """The sample indices of this process for `epoch` from global sample `skip` on, or None
+        for contiguous slices."""
         if not self.shuffle and (self.world_size == 1 or not self.pad):
             return None
-        if self.shuffle:
-            perm = epoch_permutation(self.total, self.seed, epoch)
-        else:
-            perm = torch.arange(self.total)
-        if self.world_size > 1:
-            if self.pad:  # as DistributedSampler: repeat from the start so every rank has as many
-                extra = self.num_samples * self.world_size - self.total
-                if extra:
-                    perm = torch.cat([perm, perm[:extra]])
-            perm = perm[self.rank :: self.world_size]
-        return perm
+        perm = epoch_permutation(self.total, self.seed, epoch) if self.shuffle else torch.arange(self.total)
+        return deal(perm, skip, self.rank, self.world_size, self.pad)
 
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
-        return self._batches(self.order(epoch), start)
+        skip = self.skipped(epoch, start)
+        order = self.order(epoch, skip)
+        if order is None:  # contiguous: one process (skip in samples), or an evaluation block
+            return self._batches(None, self.offset + skip, self.num_samples - skip)
+        return self._batches(order, 0, len(order))
 
-    def _batches(self, order: torch.Tensor | None, start: int) -> Iterator[Batch]:
-        """Batches from number `start` on, in `order` (None: contiguous slices, views)."""
+    def _batches(self, order: torch.Tensor | None, offset: int, n: int) -> Iterator[Batch]:
+        """The batches of `n` samples: `order[:n]`, or (None) the slice from `offset` (views)."""
         device = first_leaf(self.x).device
         if order is not None:
             order = order.to(device)
-        bs, n, offset = self.batch_size, self.num_samples, self.offset
+        bs = self.batch_size
         x, y, sw, cw = self.x, self.y, self.sample_weight, self.class_weight
         positional = not isinstance(x, dict)
-        for b in range(start, len(self)):
+        for b in range(n // bs if self.drop_last else math.ceil(n / bs)):
             lo, hi = b * bs, min((b + 1) * bs, n)
             if order is None:
                 take = lambda t: t[offset + lo : offset + hi]  # noqa: E731 - a view, no copy
@@ -201,28 +283,40 @@ class BlockSampler(torch.utils.data.Sampler):
         return iter(range(self.start, self.end))
 
 
-class EpochSampler(torch.utils.data.Sampler):
+class EpochSampler(torch.utils.data.DistributedSampler):
     """The sampler fitkit builds for a map-style Dataset: a permutation seeded by `seed + epoch`,
-    so any epoch's order can be rebuilt, and `skip` drops the first indices (a resume mid-epoch
-    starts at the right sample without loading the ones before it)."""
+    so any epoch's order can be rebuilt, and `skip` drops its first samples (a resume mid-epoch
+    starts at the right sample without loading the ones before it). Under several processes it
+    deals the order itself (`deal`), as DistributedSampler does; being one, Fabric keeps it. The
+    processes are read from the process group when iterating: none exists when it is built."""
 
-    def __init__(self, size: int, shuffle: bool, seed: int | None):
+    def __init__(self, size: int, shuffle: bool, seed: int | None):  # noqa: D107 - no super().__init__: see above
         self.size, self.shuffle, self.seed = size, shuffle, seed
         self.epoch = 0
-        self.skip = 0
+        self.skip = 0  # samples of the epoch's order, over all processes
+        self.drop_last = False
+
+    @property
+    def rank(self) -> int:  # type: ignore[override]
+        return _process()[0]
+
+    @property
+    def num_replicas(self) -> int:  # type: ignore[override]
+        return _process()[1]
 
     def use_epoch(self, epoch: int, skip: int = 0) -> None:
         self.epoch, self.skip = epoch, skip
 
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
     def __len__(self) -> int:
-        return self.size
+        return math.ceil(self.size / self.num_replicas)
 
     def __iter__(self) -> Iterator[int]:
-        if self.shuffle:
-            order = epoch_permutation(self.size, self.seed, self.epoch)[self.skip :]
-        else:
-            order = torch.arange(self.skip, self.size)
-        return iter(order.tolist())
+        order = epoch_permutation(self.size, self.seed, self.epoch) if self.shuffle else torch.arange(self.size)
+        rank, world_size = _process()
+        return iter(deal(order, self.skip, rank, world_size).tolist())
 
 
 def evaluation_shard(loader: DataLoader, rank: int, world_size: int) -> DataLoader:
@@ -242,7 +336,7 @@ def evaluation_shard(loader: DataLoader, rank: int, world_size: int) -> DataLoad
                       pin_memory=loader.pin_memory, drop_last=False, generator=loader.generator)
 
 
-class LoaderSource(DataSource):
+class LoaderSource(CountsSamples):
     """A DataLoader (given, or built over a Dataset) or any re-iterable of batches."""
 
     def __init__(self, loader: Iterable, *, num_samples: int | None = None):
@@ -261,11 +355,34 @@ class LoaderSource(DataSource):
         iterator is created; an exact mid-epoch resume replays that RNG state."""
         return self.sampler is None
 
+    def geometry(self) -> tuple[int, int, int, bool] | None:
+        batch_size = getattr(self.loader, "batch_size", None)
+        if self.num_samples is None or not isinstance(batch_size, int):
+            return None  # a re-iterable of batches, an IterableDataset, a batch sampler
+        world_size = _process()[1] if self.distributed else 1
+        return self.num_samples, batch_size, world_size, bool(getattr(self.loader, "drop_last", False))
+
+    def resume_at(self, position: Any) -> int:
+        geometry = self.geometry()
+        if self.sampler is not None or position.samples is None or geometry is None:
+            return super().resume_at(position)  # fitkit's sampler continues at the very sample
+        _, batch_size, world_size, _ = geometry
+        start, off = divmod(position.samples, batch_size * world_size)
+        if off or position.world_size != world_size:
+            logger.warning(
+                "resuming a DataLoader you built at sample %d of epoch %d (written by %d processes) on %d x batch %d: "
+                "its sampler's order depends on the processes, so the epoch continues after %d samples of this run's "
+                "order, which may repeat or skip some; pass in-memory tensors or a map-style Dataset to continue at "
+                "the same sample", position.samples, position.epoch, position.world_size, world_size, batch_size,
+                start * batch_size * world_size)
+        self._resumed = (position.epoch, start, start * batch_size * world_size)
+        return start
+
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
         loader = self.loader
-        skip_in_sampler = self.sampler is not None and not self.distributed
+        skip_in_sampler = self.sampler is not None
         if self.sampler is not None:
-            self.sampler.use_epoch(epoch, start * self.loader.batch_size if skip_in_sampler else 0)
+            self.sampler.use_epoch(epoch, self.skipped(epoch, start))
         set_loader_epoch(loader, epoch)
         # Create the iterator and fetch the first batch now, not lazily: samplers draw their order
         # from the RNG at the first fetch, and a resuming caller restores the RNG right after this.
@@ -389,21 +506,24 @@ def adapt(
     seed: int | None = None,
     name: str = "x",
     cast_float64: bool = True,
+    args: Any = None,
 ) -> tuple[DataSource | None, tuple | None]:
     """Turn user input into a `DataSource` named `name` (the argument it came from).
 
     Returns the source and, for in-memory data, the `(x, y, sample_weight)` tensors (so a
     validation split can be taken). `x` may be an `(x, y[, sample_weight])` tuple itself.
-    In-memory float64 values become float32 unless `cast_float64` is False.
+    In-memory float64 values become float32 unless `cast_float64` is False. A list of per-sample
+    dicts is a Dataset (`fitkit.engine.collate`); `args` (the run's `TrainingArguments`) gives the
+    DataLoader fitkit builds over a Dataset its `data_collator` and `dataloader_*` options.
     """
     source, tensors = _adapt(x, y, sample_weight, batch_size=batch_size, shuffle=shuffle, seed=seed, name=name,
-                             cast_float64=cast_float64)
+                             cast_float64=cast_float64, args=args)
     source.name = name
     return source, tensors
 
 
 def _adapt(x: Any, y: Any, sample_weight: Any, *, batch_size: int, shuffle: bool, seed: int | None, name: str,
-           cast_float64: bool) -> tuple[DataSource, tuple | None]:
+           cast_float64: bool, args: Any = None) -> tuple[DataSource, tuple | None]:
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
         raise ValueError(f"`batch_size`={batch_size!r} is invalid: pass an integer > 0")
     if x is None:
@@ -433,8 +553,10 @@ def _adapt(x: Any, y: Any, sample_weight: Any, *, batch_size: int, shuffle: bool
             raise ValueError(f"`{name}` is an empty DataLoader: it yields no batch")
         n = len(x.dataset) if hasattr(x.dataset, "__len__") else None
         return LoaderSource(x, num_samples=n), None
+    if is_sample_list(x):
+        x = SampleList(x)
     if isinstance(x, Dataset):
-        return _dataset_source(x, batch_size=batch_size, shuffle=shuffle, seed=seed, name=name), None
+        return _dataset_source(x, batch_size=batch_size, shuffle=shuffle, seed=seed, name=name, args=args), None
     if isinstance(x, Iterable) and not isinstance(x, (str, bytes)):
         if iter(x) is x:
             raise TypeError(
@@ -447,7 +569,8 @@ def _adapt(x: Any, y: Any, sample_weight: Any, *, batch_size: int, shuffle: bool
     )
 
 
-def _dataset_source(x: Dataset, *, batch_size: int, shuffle: bool, seed: int | None, name: str) -> LoaderSource:
+def _dataset_source(x: Dataset, *, batch_size: int, shuffle: bool, seed: int | None, name: str,
+                    args: Any = None) -> LoaderSource:
     """A DataLoader fitkit builds over a Dataset: an `EpochSampler` for a map-style one."""
     iterable = isinstance(x, IterableDataset)
     if not iterable and len(x) == 0:  # type: ignore[arg-type]
@@ -455,10 +578,11 @@ def _dataset_source(x: Dataset, *, batch_size: int, shuffle: bool, seed: int | N
     # The loader's own generator: creating an iterator never draws from the global RNG.
     g = torch.Generator()
     g.manual_seed(seed or 0)
+    options = loader_options(args, x)
     if iterable:
-        return LoaderSource(DataLoader(x, batch_size=batch_size, generator=g))
+        return LoaderSource(DataLoader(x, batch_size=batch_size, generator=g, **options))
     sampler = EpochSampler(len(x), shuffle, seed)  # type: ignore[arg-type]
-    loader = DataLoader(x, batch_size=batch_size, sampler=sampler, generator=g)
+    loader = DataLoader(x, batch_size=batch_size, sampler=sampler, generator=g, **options)
     source = LoaderSource(loader, num_samples=len(x))  # type: ignore[arg-type]
     source.sampler = sampler
     return source

@@ -9,6 +9,7 @@ import warnings
 from typing import Any
 
 from fitkit.arguments import TrainingArguments
+from fitkit.engine.quiet import QuietWhenSpawned, import_lightning, quiet_lightning
 from fitkit.engine.strategies import SPAWN_STRATEGIES, deepspeed_strategy, fsdp2_strategy, is_deepspeed
 from fitkit.options import unknown_name
 
@@ -31,6 +32,9 @@ def check_devices(args: TrainingArguments) -> None:
     if isinstance(args.strategy, str) and args.strategy not in STRATEGY_NAMES and not args.strategy.endswith(".json"):
         raise ValueError(unknown_name("strategy", args.strategy, "strategy", STRATEGY_NAMES,
                                       " (or pass a lightning_fabric Strategy instance)"))
+    if args.fsdp_sharding != "full" and args.strategy != "fsdp":
+        raise ValueError(f"`fsdp_sharding`={args.fsdp_sharding!r} applies to strategy='fsdp', and this run uses "
+                         f"strategy={args.strategy!r}: pass strategy='fsdp', or leave fsdp_sharding='full'")
     accelerator = _available_accelerator(args.accelerator)
     _check_device_count(args.devices, accelerator)
 
@@ -109,6 +113,7 @@ def _precision(args: TrainingArguments, accelerator: str) -> Any:
 
 def build_fabric(args: TrainingArguments):
     """Create and launch a Fabric for these arguments."""
+    import_lightning()  # the first import, without the notebook note it makes tqdm print
     from lightning_fabric import Fabric
 
     check_devices(args)
@@ -128,11 +133,16 @@ def build_fabric(args: TrainingArguments):
             )
         strategy = deepspeed_strategy(strategy)
     elif strategy == "fsdp":
-        strategy = fsdp2_strategy(precision, args.fsdp_wrap, full_checkpoint=args.fsdp_full_checkpoint)
+        strategy = fsdp2_strategy(precision, args.fsdp_wrap, full_checkpoint=args.fsdp_full_checkpoint,
+                                  sharding=args.fsdp_sharding)
         if precision in ("bf16-mixed", "16-mixed"):
             precision = "32-true"  # FSDP2's MixedPrecisionPolicy does the casting
+    quiet_lightning(args)  # Lightning's banner and notices only when `log_level` asks
     fabric = Fabric(accelerator=accelerator, devices=args.devices, strategy=strategy, precision=precision,
                     num_nodes=args.num_nodes)
+    quiet_lightning(args, fabric.global_rank, fabric.local_rank)  # the ranks, now known
+    if is_spawning(args):
+        fabric.fitkit_quiet = QuietWhenSpawned(args)  # goes with the Fabric into the processes it starts
     if not _launched_by_cli() and not is_spawning(args):
         fabric.launch()
         if fabric.world_size > 1:

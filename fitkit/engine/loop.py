@@ -8,22 +8,28 @@ device and read back only when logged: the loop never calls `.item()` per step.
 
 from __future__ import annotations
 
+import itertools
 import logging
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 
 from fitkit.adapters.metrics import MetricSet
 from fitkit.arguments import TrainingArguments
 from fitkit.callbacks.base import CallbackHandler, StopTraining, TrainerControl, TrainerState
-from fitkit.engine.checkpoint import Checkpointer
+from fitkit.engine.checkpoint import Checkpointer, checkpoint_path
 from fitkit.engine.data import Batch, DataSource
+from fitkit.engine.eval_prediction import PredictionCollector
+from fitkit.engine.overrides import StepMeans, StepOverrides, StepTools, as_data, step_values
 from fitkit.engine.preemption import Preemption
 from fitkit.engine.rng import rng_state, set_rng_state
 from fitkit.engine.run_metrics import RunMetrics
 from fitkit.engine.running_loss import EpochLoss
 from fitkit.engine.snapshot import LoopSnapshot
 from fitkit.engine.step import Stepper
+from fitkit.adapters.optimizers import is_plateau
+from fitkit.callbacks.flow import best_metric_key
+from fitkit.schedule import epoch_batches, unplanned_steps
 from fitkit.tensors import map_tensors, tensors_of, to_cpu
 
 logger = logging.getLogger("fitkit")
@@ -33,16 +39,22 @@ class Loop:
     """Train / evaluate / predict over one `Stepper`, firing events on `handler`.
 
     `directions` maps logged names to "min"/"max" (from the metric objects) for tracking the
-    best model; `checkpointer` is None outside `fit` (nothing is saved then).
+    best model; `checkpointer` is None outside `fit` (nothing is saved then). `overrides` are a
+    `Model` subclass's own steps; `tools` is then what they use (see `fitkit.engine.overrides`).
     """
 
     def __init__(self, stepper: Stepper, handler: CallbackHandler, args: TrainingArguments, state: TrainerState,
                  control: TrainerControl, *, metrics: list, scheduler: Any = None,
-                 checkpointer: Checkpointer | None = None, directions: dict[str, str] | None = None):
+                 checkpointer: Checkpointer | None = None, directions: dict[str, str] | None = None,
+                 overrides: StepOverrides | None = None):
         self.stepper, self.fabric = stepper, stepper.fabric
         self.handler, self.args, self.state, self.control = handler, args, state, control
         self.metric_specs = metrics
         self.scheduler, self.checkpointer = scheduler, checkpointer
+        # A plateau scheduler steps with the metric after each evaluation; any other, per step.
+        self.plateau = scheduler if is_plateau(scheduler) else None
+        self.step_scheduler = None if self.plateau is not None else scheduler
+        self.step_lr: Any = None  # the rate the last step used (HF logs it); read as a number when logged
         self.directions = directions or {}
         self.train_metrics = MetricSet(metrics)
         self.val_metrics = MetricSet(metrics, prefix="val_")
@@ -51,19 +63,28 @@ class Loop:
         sigterm = args.save_on_sigterm if args.save_on_sigterm is not None else args.save_strategy != "no"
         self.preemption = Preemption(self.fabric, enabled=sigterm)  # acts only while `train` runs
         self.val: DataSource | None = None
+        self.source: DataSource | None = None  # the training data: checkpoints count positions in it
         self.position: tuple[int, int] = (0, 0)  # (epoch, micro-batches consumed in it)
         self.epoch_rng: dict | None = None  # RNG at epoch start, for loaders that draw from it
         self._warned_best = False
+        self.overrides = overrides or StepOverrides()
+        self.step_means = StepMeans(self.fabric.device)  # what an overridden train_step returns
+        self.tools: StepTools | None = None
+        if self.overrides:
+            self.tools = StepTools(stepper, self.call_event, self._apply_gradients)
+        self._carry = self._carried_events()
+        self.first_epoch = 0  # Keras' initial_epoch
 
     # -- training -----------------------------------------------------------------------------
     def train(self, train: DataSource, val: DataSource | None, resume: LoopSnapshot | None = None) -> None:
         """Run the epochs; `resume` is where a checkpoint left off (None: from the start)."""
         args, state, cb = self.args, self.state, self.handler
-        self.val = val
+        self.source, self.val = train, val
         level = args.get_process_log_level(self.fabric.global_rank, self.fabric.local_rank)
         if level is not None:
             logger.setLevel(level)
         self.stepper.train_mode(True)
+        self._carry = self._carried_events()
         self.control = cb.on_train_begin(args, state, self.control)
         if resume:  # after on_train_begin, which resets Keras-style callbacks
             cb.load_states(resume.callbacks, self.control)
@@ -83,19 +104,38 @@ class Loop:
         self.control = cb.on_train_end(args, state, self.control, preempted=self.preemption.preempted)
 
     def _epochs(self, train: DataSource, resume: LoopSnapshot | None) -> None:
-        start = resume.epoch if resume else 0
+        start = resume.epoch if resume else self.first_epoch
+        self._stop_requested(reset=True)
         for epoch in range(start, self.state.num_train_epochs):
             self._run_epoch(epoch, train, resume if resume and epoch == start else None)
-            if self.control.should_training_stop:
+            if self.control.should_training_stop or self._stop_requested():
                 break
+
+    def _stop_requested(self, reset: bool = False) -> bool:
+        """Keras' `stop_training`: True when a callback set it on the module (or through the
+        `Model`); it is cleared when training starts, as Keras does."""
+        module = self.handler.model
+        if module is None:
+            return False
+        if reset:
+            if module.__dict__.get("stop_training"):
+                module.__dict__["stop_training"] = False
+            return False
+        if module.__dict__.get("stop_training"):
+            self.control.should_training_stop = True
+            return True
+        return False
 
     def _run_epoch(self, epoch: int, train: DataSource, resume: LoopSnapshot | None) -> None:
         self.control = self.handler.on_epoch_begin(self.args, self.state, self.control)
         self.train_metrics.reset()
+        self.step_means.reset()
         self.loss.new_epoch()
-        start = self._restore_epoch(resume) if resume else 0
+        start = self._restore_epoch(resume, train) if resume else 0
         batches = self._epoch_batches(train, epoch, start, resume)
-        n_batches = len(train) if train.has_len() else None
+        n_batches = epoch_batches(len(train) if train.has_len() else None, self.args.steps_per_epoch)
+        if self.args.steps_per_epoch is not None:
+            batches = itertools.islice(batches, max(n_batches - start, 0))
         stopped = self._steps(epoch, batches, start, n_batches)
         self._end_epoch(epoch, n_batches, stopped)
 
@@ -105,45 +145,77 @@ class Loop:
         accum = args.gradient_accumulation_steps
         add_loss = self.loss.running.add
         metrics = self.train_metrics if self.train_metrics else None
+        own_step, carry = self.overrides.train_step, self._carry
         micro, cycle = 0, 1
         for i, batch in enumerate(batches, start):
             if micro == 0:
                 cycle = accum if n_batches is None else min(accum, n_batches - i)
                 self.control = cb.on_step_begin(args, state, self.control)
             micro += 1
-            loss, out = stepper.forward_backward(batch, cycle, last=micro == cycle)
-            add_loss(loss, batch.size)
-            if metrics is not None and batch.target is not None:
-                metrics.update(out, batch.target)
+            if own_step is None:
+                loss, out = stepper.forward_backward(batch, cycle, last=micro == cycle)
+                add_loss(loss, batch.size)
+                if metrics is not None and batch.target is not None:
+                    metrics.update(out, batch.target)
+            else:
+                loss, out = self._own_train_step(batch, cycle, last=micro == cycle)
             if micro < cycle:
-                self.control = cb.on_substep_end(args, state, self.control)
+                self.control = (cb.on_substep_end(args, state, self.control, batch=as_data(batch), outputs=out,
+                                                  loss=loss) if carry["on_substep_end"]
+                                else cb.on_substep_end(args, state, self.control))
                 continue
             micro = 0
-            self._optimizer_step()
+            if own_step is None:
+                self._apply_gradients()
+                stepper.zero_grad()
             state.global_step += 1
             state.epoch = epoch + (i + 1) / n_batches if n_batches else float(epoch)
             self.position = (epoch, i + 1)  # where a checkpoint written from here resumes
-            self.control = cb.on_step_end(args, state, self.control)
+            self.control = (cb.on_step_end(args, state, self.control, batch=as_data(batch), outputs=out, loss=loss)
+                            if carry["on_step_end"] else cb.on_step_end(args, state, self.control))
             if self._after_step():
                 return True
         return False
 
-    def _optimizer_step(self) -> None:
-        """Clip, step the optimizer and the scheduler, clear the gradients (HF's event order)."""
+    def _apply_gradients(self) -> None:
+        """Clip, step the optimizer and the scheduler (HF's event order); an overridden
+        `train_step` runs this through `self.optimizer.step()`."""
         args, state, cb, stepper = self.args, self.state, self.handler, self.stepper
         stepper.clip(args.max_grad_norm)
         self.control = cb.on_pre_optimizer_step(args, state, self.control)
         stepper.step()
         self.control = cb.on_optimizer_step(args, state, self.control)
-        if self.scheduler is not None:
-            self.scheduler.step()
-        stepper.zero_grad()
+        if self.step_scheduler is not None:
+            self.step_lr = stepper.optimizer.param_groups[0]["lr"]  # before the update, as HF logs it; no host read
+            self.step_scheduler.step()
+
+    def _carried_events(self) -> dict[str, bool]:
+        """Events with a listener: only those get the `batch`, `outputs` and `loss` keywords."""
+        return {e: self.handler.has_listeners(e) for e in ("on_step_end", "on_substep_end", "on_prediction_step")}
+
+    def _own_train_step(self, batch: Batch, cycle: int, last: bool) -> tuple[torch.Tensor | None, None]:
+        """One micro-batch through an overridden `train_step`; its values are averaged per epoch."""
+        with self.tools.micro_batch(cycle, last):
+            values = step_values(self.overrides.train_step(as_data(batch)), "train_step")
+        loss = values.get("loss")
+        if loss is not None:
+            loss = loss if isinstance(loss, torch.Tensor) else torch.tensor(float(loss), device=self.fabric.device)
+            self.loss.running.add(loss, batch.size)
+        extras = {name: value for name, value in values.items() if name != "loss"}
+        if extras:
+            self.step_means.add(extras, batch.size)
+        return loss, None
+
+    def call_event(self, event: str, **kwargs: Any) -> None:
+        """Fire `event` (a documented one or a custom name) on every callback that has it."""
+        self.control = self.handler.call_event(event, self.args, self.state, self.control, **kwargs)
 
     def _after_step(self) -> bool:
         """Log / evaluate / save as `control` asks; True when the epoch should end here."""
         control = self.control
         if self.preemption.due(self.state.global_step):  # SIGTERM: finish this step, checkpoint, stop
             control.should_save = control.should_training_stop = True
+        self._stop_requested()
         if control.should_log or control.should_evaluate or control.should_save:
             self._log_evaluate_save(epoch_end=False)
         return self.control.should_epoch_stop or self.control.should_training_stop
@@ -169,14 +241,23 @@ class Loop:
         self.log(summary)
 
     # -- resuming -------------------------------------------------------------------------------
-    def _restore_epoch(self, resume: LoopSnapshot) -> int:
-        """Put back the resumed epoch's running sums; return the micro-batches it had consumed."""
+    def _restore_epoch(self, resume: LoopSnapshot, train: DataSource) -> int:
+        """Put back the resumed epoch's running sums; return the batch number this run continues
+        from: the same sample, whatever the number of processes and batch size now (training by
+        epochs, `max_steps` is then counted again in this run's steps)."""
+        start = train.resume_at(resume) if resume.mid_epoch else 0
+        batches = epoch_batches(len(train) if train.has_len() else None, self.args.steps_per_epoch)
+        if self.args.max_steps <= 0 and batches:
+            self.state.max_steps = resume.steps_to_end(self.state.global_step, start, batches,
+                                                       self.state.num_train_epochs, self.args.gradient_accumulation_steps)
+            self.state.max_steps -= unplanned_steps(self.args.num_train_epochs, batches,
+                                                    self.args.gradient_accumulation_steps)  # epochs=1.5
         if not resume.mid_epoch:
             return 0
         self.loss.restore(resume)
         if self.fabric.global_rank == 0:  # metric states were synced over all processes when saved
             self.train_metrics.load_state(resume.metrics)
-        return resume.batch
+        return start
 
     def _epoch_batches(self, train: DataSource, epoch: int, start: int, resume: LoopSnapshot | None):
         """The epoch's batches from `start`, with the RNG where the first run had it."""
@@ -193,11 +274,12 @@ class Loop:
     def snapshot(self) -> LoopSnapshot:
         """Where the loop is, for a checkpoint: data position and the epoch's running sums."""
         epoch, batch = self.position
+        world_size = self.fabric.world_size
         if not batch:
-            return LoopSnapshot(epoch=epoch, batch=0)
+            return LoopSnapshot(epoch=epoch, batch=0, samples=0, world_size=world_size)
         sums = self.loss.export()  # over all processes: before the metric states, as every process does
-        return LoopSnapshot(epoch=epoch, batch=batch, **sums, metrics=self.train_metrics.export_state(),
-                            epoch_rng=self.epoch_rng)
+        return LoopSnapshot(epoch=epoch, batch=batch, samples=self.source.consumed(epoch, batch), world_size=world_size,
+                            **sums, metrics=self.train_metrics.export_state(), epoch_rng=self.epoch_rng)
 
     def checkpoint(self, directory: str | None = None, limit: int | None = None) -> str:
         """Write a resumable checkpoint now (into `output_dir` by default); callbacks receive
@@ -210,7 +292,7 @@ class Loop:
         if self.control.should_log:
             self._log_training(epoch_end)
         if self.control.should_evaluate and self.val is not None:
-            metrics = self.evaluate(self.val, prefix="val_")
+            metrics = self.evaluate(self.val, prefix="val_", steps=self.args.validation_steps)
             self.log(dict(metrics))
             self.control = cb.on_evaluate(args, state, self.control, metrics)
             if self._track_best(metrics) and args.save_strategy == "best":  # after on_evaluate, as HF
@@ -228,33 +310,58 @@ class Loop:
             if count:
                 logs["loss"] = total / count
                 logs.update(self.train_metrics.compute())
+            if self.step_means:
+                logs.update(self.step_means.compute(self.fabric))
         else:
             mean = self.loss.mean_since_log()  # one host read per logging step
             if mean is not None:
                 logs["loss"] = mean
-        logs["learning_rate"] = self.stepper.learning_rate()
+            if self.step_means:
+                logs.update(self.step_means.since_log())
+        rate = self.step_lr if self.step_scheduler is not None else None
+        logs["learning_rate"] = self.stepper.learning_rate() if rate is None else float(rate)
         self.log(logs)
 
     def _track_best(self, metrics: dict[str, float]) -> bool:
-        """Update `state.best_metric` from an evaluation; True when this one is the new best."""
+        """Update `state.best_metric` from an evaluation (and step a plateau scheduler with it);
+        True when this one is the new best. A checkpoint already written at this step (saved
+        before the evaluation) is recorded as the best one at once, so no rotation removes it."""
         args, state = self.args, self.state
-        name = args.metric_for_best_model
-        if name not in metrics:
+        name = best_metric_key(args.metric_for_best_model, metrics, required=self._needs_best())
+        if name is None:
             if not self._warned_best:
                 logger.warning("`metric_for_best_model`=%r is not among the evaluation values %s; "
-                               "no best model is tracked", name, sorted(metrics))
+                               "no best model is tracked", args.metric_for_best_model, sorted(metrics))
                 self._warned_best = True
             return False
         value = metrics[name]
+        if self.plateau is not None:
+            self.plateau.step(value)
+        if not self._is_better(name, value):
+            return False
+        state.best_metric, state.best_global_step = value, state.global_step
+        last = self.checkpointer.last if self.checkpointer is not None else None
+        if last is not None and last == checkpoint_path(args.output_dir, state.global_step):
+            state.best_model_checkpoint = last
+        return True
+
+    def _needs_best(self) -> bool:
+        """Whether the run relies on `metric_for_best_model` (then a name matching no evaluation
+        value is an error): set by the user, or read by the best model, `save_strategy="best"`
+        or a plateau scheduler."""
+        args = self.args
+        return (args.metric_for_best_model != "val_loss" or args.load_best_model_at_end
+                or args.save_strategy == "best" or self.plateau is not None)
+
+    def _is_better(self, name: str, value: float) -> bool:
+        """Whether `value` of `name` beats `state.best_metric`."""
+        args, state = self.args, self.state
         greater = args.greater_is_better
         if greater is None:  # the metric object's own direction, else HF's rule
             known = self.directions.get(name)
             greater = known == "max" if known else "loss" not in name
         best = state.best_metric
-        if best is None or (value > best if greater else value < best):
-            state.best_metric, state.best_global_step = value, state.global_step
-            return True
-        return False
+        return best is None or (value > best if greater else value < best)
 
     def log(self, logs: dict[str, float]) -> None:
         state = self.state
@@ -264,15 +371,18 @@ class Loop:
         self.control = self.handler.on_log(self.args, state, self.control, logs)
 
     # -- evaluation and prediction ------------------------------------------------------------
-    def evaluate(self, source: DataSource, prefix: str = "") -> dict[str, float]:
+    def evaluate(self, source: DataSource, prefix: str = "", steps: int | None = None) -> dict[str, float]:
         """Exact averages over `source`: loss weighted by samples, metrics over all of them."""
-        fabric, cb, stepper = self.fabric, self.handler, self.stepper
+        if self.overrides.test_step is not None:
+            return self._own_evaluate(source, prefix, steps)
+        fabric, stepper, carry = self.fabric, self.stepper, self._carry["on_prediction_step"]
         metrics = self.val_metrics if prefix else MetricSet(self.metric_specs)
         metrics.reset()
+        collector = PredictionCollector.of(self.args)  # HF's compute_metrics, when set
         total = torch.zeros((), device=fabric.device, dtype=torch.float64)
         count, with_loss = 0, False
         with stepper.inference():
-            for batch in source.batches(0):
+            for batch in first(source.batches(0), steps):
                 loss, out = stepper.forward(batch)
                 if loss is not None:
                     total += loss.detach().double() * batch.size
@@ -280,7 +390,9 @@ class Loop:
                 count += batch.size
                 if metrics and batch.target is not None:
                     metrics.update(out, batch.target)
-                self.control = cb.on_prediction_step(self.args, self.state, self.control)
+                if collector is not None:
+                    collector.add(out, batch.target)
+                self._prediction_step(batch, out, loss, carry)
         if fabric.world_size > 1:
             total = fabric.all_reduce(total, reduce_op="sum")
             count = int(fabric.all_reduce(torch.tensor(count, device=fabric.device), reduce_op="sum"))
@@ -290,23 +402,59 @@ class Loop:
         if with_loss:
             results[prefix + "loss"] = float(total) / count
         results.update(metrics.compute())
+        if collector is not None:
+            gather = (lambda t: _gather_blocks(fabric, t)) if fabric.world_size > 1 else (lambda t: t)
+            results.update(collector.compute(gather, prefix))
         return results
 
-    def predict(self, source: DataSource) -> Any:
+    def _own_evaluate(self, source: DataSource, prefix: str, steps: int | None) -> dict[str, float]:
+        """`evaluate` through an overridden `test_step`: its values, sample-weighted means."""
+        means, carry = StepMeans(self.fabric.device), self._carry["on_prediction_step"]
+        count = 0
+        with self.stepper.inference():
+            for batch in first(source.batches(0), steps):
+                values = step_values(self.overrides.test_step(as_data(batch)), "test_step")
+                means.add(values, batch.size)
+                count += batch.size
+                self._prediction_step(batch, None, values.get("loss"), carry)
+        if self.fabric.world_size > 1:
+            count = int(self.fabric.all_reduce(torch.tensor(count, device=self.fabric.device), reduce_op="sum"))
+        if count == 0:
+            raise ValueError("the evaluation data is empty: pass at least one sample")
+        return means.compute(self.fabric, prefix)
+
+    def _prediction_step(self, batch: Batch, outputs: Any, loss: Any, carry: bool) -> None:
+        cb = self.handler
+        if carry:
+            self.control = cb.on_prediction_step(self.args, self.state, self.control, batch=as_data(batch),
+                                                 outputs=outputs, loss=loss)
+        else:
+            self.control = cb.on_prediction_step(self.args, self.state, self.control)
+
+    def predict(self, source: DataSource, steps: int | None = None) -> Any:
         """The outputs for every sample of `source`, in input order, on CPU."""
-        cb, stepper = self.handler, self.stepper
+        stepper, own_step = self.stepper, self.overrides.predict_step
+        carry = self._carry["on_prediction_step"]
         outputs: list = []
         with stepper.inference():
-            for batch in source.batches(0):
-                _, out = stepper.forward(batch, with_loss=False)
+            for batch in first(source.batches(0), steps):
+                if own_step is None:
+                    _, out = stepper.forward(batch, with_loss=False)
+                else:
+                    out = own_step(as_data(batch))
                 outputs.append(map_tensors(torch.Tensor.detach, out))
-                self.control = cb.on_prediction_step(self.args, self.state, self.control)
+                self._prediction_step(batch, out, None, carry)
         if not outputs and self.fabric.world_size == 1:
             raise ValueError("`x` is empty: pass at least one sample to predict")
         out = _concat(outputs) if outputs else None
         if self.fabric.world_size > 1:
             out = _gather_blocks(self.fabric, out)
         return to_cpu(out)
+
+
+def first(batches: Iterable[Batch], steps: int | None) -> Iterable[Batch]:
+    """The first `steps` batches (Keras' `steps` / `validation_steps`), or all for None."""
+    return batches if steps is None else itertools.islice(batches, steps)
 
 
 def _gather_blocks(fabric, out: Any) -> Any:

@@ -1,14 +1,20 @@
 """`RunningLoss`: the epoch's sample-weighted loss sum, kept on the device.
 
-A step only appends its (detached) loss to a list; the list is folded into the sum with one
-`stack` and one `sum` per batch size every `FOLD_EVERY` steps and whenever the sum is read.
-That is one device operation per step fewer than adding each loss as it comes (on a GPU, a
-kernel launch saved per step), and never a host read.
+A step only appends its (detached) loss to a list; every `FOLD_EVERY` steps of the epoch the
+list is folded into the sum with one `stack` and one `sum` per batch size. That is one device
+operation per step fewer than adding each loss as it comes (on a GPU, a kernel launch saved per
+step), and never a host read.
+
+The folds fall on fixed steps of the epoch, whatever reads the sum in between: a read (a log, a
+checkpoint) adds what is pending to a copy. Float addition is not associative, so folding at a
+read would make the logged losses depend on when checkpoints were written; this way a run
+logs the same bits with or without checkpoints, and a resumed run (which gets the pending
+losses back from the checkpoint) the same bits as an uninterrupted one.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 
@@ -40,28 +46,43 @@ class RunningLoss:
         pending.append((loss.detach(), size))
         self.count += size
         if len(pending) >= FOLD_EVERY:
-            self._fold()
+            _fold_into(self._sum, pending)
+            pending.clear()
 
     @property
     def total(self) -> torch.Tensor:
-        """The weighted sum so far, as a 0-dim float32 tensor on the device (no host read)."""
-        if self._pending:
-            self._fold()
-        return self._sum
+        """The weighted sum so far, as a 0-dim float32 tensor on the device (no host read).
+        Reading it changes nothing: what is pending is added to a copy."""
+        if not self._pending:
+            return self._sum
+        return _fold_into(self._sum.clone(), self._pending)
 
-    def set(self, total: float, count: int) -> None:
-        """Start from a saved sum and count (a resumed epoch)."""
-        self._pending.clear()
+    def parts(self) -> tuple[torch.Tensor, list[tuple[torch.Tensor, int]]]:
+        """The folded sum and the `(loss, size)` pairs not folded yet (what a checkpoint keeps)."""
+        return self._sum, list(self._pending)
+
+    def set(self, total: float, count: int, pending: Iterable[tuple[float, int]] = ()) -> None:
+        """Start from a saved sum and count (a resumed epoch), and the losses that were still
+        pending then (so the next folds fall on the same steps as in the first run)."""
         self._sum.fill_(total)
+        device = self._sum.device
+        # float64 holds any saved loss dtype exactly; `_fold_into` casts as the first run did
+        self._pending = [(torch.tensor(loss, dtype=torch.float64, device=device), int(size))
+                         for loss, size in pending]
         self.count = count
+        if len(self._pending) >= FOLD_EVERY:  # saved by a version that folded less often
+            _fold_into(self._sum, self._pending)
+            self._pending.clear()
 
-    def _fold(self) -> None:
-        by_size: dict[int, list[torch.Tensor]] = {}
-        for loss, size in self._pending:
-            by_size.setdefault(size, []).append(loss)
-        self._pending.clear()
-        for size, losses in by_size.items():  # usually one size, two with a short last batch
-            self._sum.add_(torch.stack(losses).to(self._sum.dtype).sum(), alpha=size)
+
+def _fold_into(total: torch.Tensor, pending: list[tuple[torch.Tensor, int]]) -> torch.Tensor:
+    """Add the pending losses to `total` in place, one `stack` and `sum` per batch size."""
+    by_size: dict[int, list[torch.Tensor]] = {}
+    for loss, size in pending:
+        by_size.setdefault(size, []).append(loss)
+    for size, losses in by_size.items():  # usually one size, two with a short last batch
+        total.add_(torch.stack(losses).to(total.dtype).sum(), alpha=size)
+    return total
 
 
 class EpochLoss:
@@ -117,14 +138,17 @@ class EpochLoss:
 
     # -- checkpoints ------------------------------------------------------------------------
     def export(self) -> dict[str, Any]:
-        """The sums a mid-epoch checkpoint needs (over all processes, and per process)."""
+        """The sums a mid-epoch checkpoint needs: over all processes, and per process
+        (`by_rank[r]` = `[sum, count, folded sum, pending losses, their batch sizes]`)."""
         total, count = self.totals()
-        sums: dict[str, Any] = {"epoch_loss": total, "epoch_count": count, "logged_loss": self.logged_loss,
-                                "logged_count": self.logged_count, "by_rank": None}
+        mine = self._rank_record()
         if self.fabric.world_size > 1:
-            gathered = self.fabric.all_gather(self._local())
-            sums["by_rank"] = gathered.reshape(self.fabric.world_size, 2).tolist()
-        return sums
+            gathered = self.fabric.all_gather(mine).reshape(self.fabric.world_size, -1)
+            by_rank = [_decode(row) for row in gathered.tolist()]
+        else:
+            by_rank = [_decode(mine.tolist())]
+        return {"epoch_loss": total, "epoch_count": count, "logged_loss": self.logged_loss,
+                "logged_count": self.logged_count, "by_rank": by_rank}
 
     def restore(self, snapshot: Any) -> None:
         """Continue a resumed epoch from a `LoopSnapshot`'s sums."""
@@ -132,10 +156,36 @@ class EpochLoss:
         self.logged_loss, self.logged_count = snapshot.logged_loss, snapshot.logged_count
         by_rank = snapshot.by_rank
         if by_rank and len(by_rank) == fabric.world_size:  # each process continues its own sums
-            self.running.set(by_rank[fabric.global_rank][0], int(by_rank[fabric.global_rank][1]))
+            total, count, *parts = by_rank[fabric.global_rank]
+            if parts:  # the folded sum and what was pending: later folds fall as in the first run
+                folded, losses, sizes = parts
+                self.running.set(folded, int(count), zip(losses, sizes))
+            else:  # a checkpoint of an older version
+                self.running.set(total, int(count))
         elif fabric.global_rank == 0:  # another world size: count the global sums once
             self.running.set(snapshot.epoch_loss, snapshot.epoch_count)
 
     def _local(self) -> torch.Tensor:
         count = torch.tensor(float(self.running.count), dtype=torch.float64, device=self.fabric.device)
         return torch.stack([self.running.total.double(), count])
+
+    def _rank_record(self) -> torch.Tensor:
+        """This process's sums as one float64 vector of a fixed length (for `all_gather`):
+        sum, count, folded sum, number pending, the pending losses, their sizes (zero-padded)."""
+        folded, pending = self.running.parts()
+        record = torch.zeros(4 + 2 * FOLD_EVERY, dtype=torch.float64, device=self.fabric.device)
+        record[:2] = self._local()
+        record[2] = folded.double()
+        record[3] = len(pending)
+        if pending:
+            n = len(pending)
+            record[4:4 + n] = torch.stack([loss.double() for loss, _ in pending])
+            record[4 + FOLD_EVERY:4 + FOLD_EVERY + n] = torch.tensor([float(s) for _, s in pending],
+                                                                    dtype=torch.float64)
+        return record
+
+
+def _decode(row: list[float]) -> list[Any]:
+    n = int(row[3])
+    sizes = [int(s) for s in row[4 + FOLD_EVERY:4 + FOLD_EVERY + n]]
+    return [row[0], int(row[1]), row[2], row[4:4 + n], sizes]

@@ -41,6 +41,7 @@ class Runtime:
         self.example: Any = None  # the first in-memory training input (summary's shapes)
         self.in_child = False  # inside a process a spawn strategy started
         self.checked = CheckMemo()  # in-memory data whose first batch was checked already
+        self.tools: Any = None  # during a call with overridden steps: their `StepTools`
 
     # -- Fabric, module, optimizer ------------------------------------------------------------
     def launch(self, args: TrainingArguments) -> Any:

@@ -10,6 +10,7 @@ Fabric's private members lives in this module.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -27,11 +28,13 @@ class Stepper:
         stepper.clip(1.0); stepper.step(); stepper.zero_grad()
     """
 
-    def __init__(self, fabric: Any, module: torch.nn.Module, optimizer: Any, loss: Loss | None):
+    def __init__(self, fabric: Any, module: torch.nn.Module, optimizer: Any, loss: Loss | None,
+                 compute_loss: Callable[..., torch.Tensor] | None = None):
         self.fabric = fabric
         self.module = module  # as set up by Fabric: what callbacks and checkpoints see
         self.optimizer = optimizer  # Fabric's wrapper
         self.loss = loss
+        self.compute_loss = compute_loss  # a `Model.compute_loss` override, replacing `loss`
         self.direct = plain_single_device(fabric)
         # The one place the path is chosen: what forward, backward, clipping and the optimizer call.
         if self.direct:
@@ -42,8 +45,13 @@ class Stepper:
             self.forward_module = module
             self._backward = fabric.backward
             inner = optimizer
+        if not any(p.requires_grad for p in module.parameters()):  # Keras trains it: loss reported, nothing updated
+            self._backward = frozen_backward()
+            inner = getattr(inner, "optimizer", inner)  # torch's own step: a no-op without gradients, no grad scaler
         self._inner_optimizer = inner
         self.zero_grad: Callable[[], None] = grad_clearer(inner, self.direct) if optimizer is not None else _nothing
+        if compute_loss is not None:
+            self.forward = self._forward_with_compute_loss  # type: ignore[method-assign]
 
     # -- forward and backward -------------------------------------------------------------
     def forward(self, batch: Batch, with_loss: bool = True) -> tuple[torch.Tensor | None, Any]:
@@ -62,6 +70,18 @@ class Stepper:
             return None, out
         return scalar_loss(loss_fn(primary_output(out), target, batch.sample_weight)), out
 
+    def _forward_with_compute_loss(self, batch: Batch, with_loss: bool = True) -> tuple[torch.Tensor | None, Any]:
+        """`forward` when a `Model` subclass overrides `compute_loss(x, y, y_pred, sample_weight)`."""
+        inputs = batch.inputs
+        out = self.forward_module(**inputs) if isinstance(inputs, dict) else self.forward_module(*inputs)
+        if not with_loss:
+            return None, out
+        x = inputs[0] if isinstance(inputs, tuple) and len(inputs) == 1 else inputs
+        loss = self.compute_loss(x, batch.target, out, batch.sample_weight)
+        if not isinstance(loss, torch.Tensor):
+            raise TypeError(f"`compute_loss` must return a scalar tensor, got {type(loss).__name__}")
+        return scalar_loss(loss), out
+
     def forward_backward(self, batch: Batch, cycle: int, last: bool) -> tuple[torch.Tensor, Any]:
         """Forward and backward of one micro-batch of an accumulation cycle of `cycle`; the
         gradient sync between processes is skipped until the `last` one."""
@@ -69,6 +89,16 @@ class Stepper:
             with self.fabric.no_backward_sync(self.module, enabled=not last):
                 return self._forward_backward(batch, cycle)
         return self._forward_backward(batch, cycle)
+
+    def no_sync(self, cycle: int, last: bool):
+        """A context in which backward skips the gradient sync, except at the `last` micro-batch."""
+        if cycle > 1 and not self.direct:
+            return self.fabric.no_backward_sync(self.module, enabled=not last)
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward on this run's path (Fabric's, with its precision and strategy, or torch's)."""
+        self._backward(loss)
 
     def _forward_backward(self, batch: Batch, cycle: int) -> tuple[torch.Tensor, Any]:
         loss, out = self.forward(batch)
@@ -110,6 +140,22 @@ class Stepper:
 
 def _nothing() -> None:
     return None
+
+
+def frozen_backward() -> Callable[[torch.Tensor], None]:
+    """The backward of a module none of whose parameters requires grad: there is nothing to
+    compute (torch would raise "element 0 of tensors does not require grad"); the first call
+    warns, once per run."""
+    warned: list[bool] = []
+
+    def backward(loss: torch.Tensor) -> None:
+        if not warned:
+            warned.append(True)
+            warnings.warn("no parameter of the module requires grad (all are frozen): fit reports the loss and "
+                          "updates nothing; unfreeze the ones to train with `p.requires_grad_(True)`",
+                          UserWarning, stacklevel=3)
+
+    return backward
 
 
 def scalar_loss(loss: torch.Tensor) -> torch.Tensor:

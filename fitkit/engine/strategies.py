@@ -1,5 +1,9 @@
 """Strategies fitkit builds itself: `strategy="fsdp"` is PyTorch FSDP2 (`fully_shard`) through
-Fabric's `ModelParallelStrategy`, which, unlike Fabric's FSDP1 strategy, also runs on CPU."""
+Fabric's `ModelParallelStrategy`, which, unlike Fabric's FSDP1 strategy, also runs on CPU;
+`fsdp_sharding="hybrid"` shards within each node and replicates across nodes.
+
+    fsdp2_strategy("bf16-mixed", wrap={torch.nn.TransformerEncoderLayer}, sharding="hybrid")
+"""
 
 from __future__ import annotations
 
@@ -48,31 +52,43 @@ def _mixed_precision(precision: str | None):
     return MixedPrecisionPolicy()
 
 
-def fsdp2_strategy(precision: str | None, wrap: Any = None, full_checkpoint: bool = False):
-    """FSDP2 over all processes (data parallel only), with per-layer sharding and the
-    mixed-precision policy mapped from `precision`. Checkpoints are sharded (DCP) unless
-    `full_checkpoint`."""
+def fsdp2_strategy(precision: str | None, wrap: Any = None, full_checkpoint: bool = False, sharding: str = "full"):
+    """FSDP2 (data parallel only), with per-layer sharding and the mixed-precision policy mapped
+    from `precision`. `sharding="full"` shards over all processes; `"hybrid"` shards within each
+    node and replicates across nodes (HSDP: a 2-D device mesh `(replicate, shard)` of
+    `num_nodes x devices`), so the all-gathers stay on the fast links inside a node. Checkpoints
+    are sharded (DCP) unless `full_checkpoint`."""
     from lightning_fabric.strategies import ModelParallelStrategy
 
     should_wrap = _wrap_policy(wrap)
     policy = _mixed_precision(precision)
 
-    def parallelize(module: torch.nn.Module, device_mesh) -> torch.nn.Module:
-        from torch.distributed.fsdp import fully_shard
-
-        mesh = device_mesh["data_parallel"]
-        for sub in list(module.modules())[1:][::-1]:  # innermost first, the root last
-            if should_wrap(sub):
-                fully_shard(sub, mesh=mesh, mp_policy=policy)
-        fully_shard(module, mesh=mesh, mp_policy=policy)
-        return module
-
     class FSDP2Strategy(ModelParallelStrategy):
-        """ModelParallelStrategy with every process in one data-parallel (sharding) group."""
+        """ModelParallelStrategy with every process in one data-parallel group: each reads its
+        own share of the data; the parameters are sharded over all of them, or per node."""
 
         def setup_environment(self) -> None:
             self._data_parallel_size = self.num_nodes * self.num_processes
             self._tensor_parallel_size = 1
             super().setup_environment()
 
-    return FSDP2Strategy(parallelize_fn=parallelize, save_distributed_checkpoint=not full_checkpoint)
+        def parallelize(self, module: torch.nn.Module, device_mesh) -> torch.nn.Module:
+            from torch.distributed.fsdp import fully_shard
+
+            mesh = device_mesh["data_parallel"] if sharding == "full" else self.hybrid_mesh()
+            for sub in list(module.modules())[1:][::-1]:  # innermost first, the root last
+                if should_wrap(sub):
+                    fully_shard(sub, mesh=mesh, mp_policy=policy)
+            fully_shard(module, mesh=mesh, mp_policy=policy)
+            return module
+
+        def hybrid_mesh(self):
+            """Ranks `node * devices + local rank` in rows by node: dim 0 replicates, dim 1 shards."""
+            from torch.distributed.device_mesh import init_device_mesh
+
+            return init_device_mesh(self.root_device.type, (self.num_nodes, self.num_processes),
+                                    mesh_dim_names=("replicate", "shard"))
+
+    strategy = FSDP2Strategy(parallelize_fn=lambda module, mesh: strategy.parallelize(module, mesh),
+                             save_distributed_checkpoint=not full_checkpoint)
+    return strategy

@@ -12,7 +12,9 @@ The `Model` facade builds one per call; nothing here knows the facade.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 from typing import Any
 
 import torch
@@ -21,15 +23,19 @@ from fitkit.adapters.metrics import metric_directions
 from fitkit.adapters.optimizers import build_scheduler
 from fitkit.arguments import TrainingArguments
 from fitkit.callbacks.base import CallbackHandler, TrainerControl, TrainerState
+from fitkit.callbacks.progress import close_displays
 from fitkit.compile_config import CompileConfig
 from fitkit.engine.checkpoint import Checkpointer
 from fitkit.engine.checks import check_data, keeps_float64
 from fitkit.engine.data import DataSource, adapt, class_weight_table, split_validation
+from fitkit.engine.loader_view import eval_loader
 from fitkit.engine.loop import Loop
+from fitkit.engine.overrides import StepOverrides
 from fitkit.engine.rng import seed_everything
 from fitkit.engine.runtime import Runtime
 from fitkit.engine.step import Stepper
-from fitkit.schedule import plan
+from fitkit.hf_arguments import prepare_module, run_optimizer
+from fitkit.schedule import epoch_batches, interval_steps, plan, steps_per_epoch
 
 logger = logging.getLogger("fitkit")
 
@@ -38,14 +44,16 @@ class Trainer:
     """Runs one call over a `Runtime`: `fit`, `evaluate` or `predict`.
 
     `config` is the compile configuration (None before `compile`: then only `predict` runs);
-    `handler` holds this call's callbacks. After the call, `state` and `control` are the run's,
-    and `checkpointer.last` the newest checkpoint `fit` wrote.
+    `handler` holds this call's callbacks; `overrides` the steps a `Model` subclass overrides.
+    After the call, `state` and `control` are the run's, and `checkpointer.last` the newest
+    checkpoint `fit` wrote.
     """
 
     def __init__(self, runtime: Runtime, module: torch.nn.Module, config: CompileConfig | None,
-                 args: TrainingArguments, handler: CallbackHandler):
+                 args: TrainingArguments, handler: CallbackHandler, overrides: StepOverrides | None = None):
         self.runtime, self.module, self.config = runtime, module, config
         self.args, self.handler = args, handler
+        self.overrides = overrides or StepOverrides()
         self.state: TrainerState | None = None
         self.control = TrainerControl()
         self.checkpointer: Checkpointer | None = None
@@ -53,30 +61,43 @@ class Trainer:
 
     # -- fit ------------------------------------------------------------------------------------
     def fit(self, x: Any, y: Any = None, *, sample_weight: Any = None, validation_data: Any = None,
-            validation_split: float = 0.0, class_weight: dict | None = None, trial: dict | None = None) -> None:
-        """Train. `trial` (`{"trial_name", "trial_params"}`) marks a search trial's run. After a
-        SIGTERM the checkpoint is written, `on_train_end` fires and `SystemExit(0)` is raised."""
+            validation_split: float = 0.0, class_weight: dict | None = None, trial: dict | None = None,
+            initial_epoch: int = 0) -> None:
+        """Train. `trial` (`{"trial_name", "trial_params"}`) marks a search trial's run;
+        `initial_epoch` (Keras) the epoch to start at. After a SIGTERM the checkpoint is
+        written, `on_train_end` fires and `SystemExit(0)` is raised."""
         seed_everything(self.args.seed)
+        prepare_module(self.module, self.args)
         fabric, wrapped = self.runtime.setup(self.module, self.args)
-        optimizer = self.runtime.optimizer_for(self.config.optimizer, self.args)
+        optimizer = self.runtime.optimizer_for(run_optimizer(self.config.optimizer, self.args), self.args)
         train, val = self._sources(x, y, sample_weight, validation_data, validation_split)
         if class_weight is not None:
             train.class_weight = class_weight_table(class_weight, fabric.device)
         args = self.args = _with_evaluation(self.args, val)
-        state = self.state = self._new_state(train, fabric, trial)
-        _check_eval_steps(args, state)
-        scheduler = build_scheduler(args.lr_scheduler, optimizer, state.max_steps or 1,
-                                    args.warmup_steps or int(args.warmup_ratio * state.max_steps))
+        state = self.state = self._new_state(train, fabric, trial, initial_epoch)
+        # Built over the torch optimizer that is stepped (not Fabric's wrapper), so torch sees
+        # each step and does not warn that the scheduler stepped first.
+        scheduler = build_scheduler(args.lr_scheduler, getattr(optimizer, "optimizer", optimizer), state.max_steps or 1,
+                                    args.warmup_steps or math.ceil(args.warmup_ratio * state.max_steps))
         loop = self._fit_loop(wrapped, optimizer, scheduler, train, val)
+        loop.first_epoch = initial_epoch
         # The first batches against the module, loss and metrics: before any step or file.
-        memo = self.runtime.checked
-        check_data(loop.stepper, self.module, train, metrics=self.config.metrics, training=True, memo=memo)
-        check_data(loop.stepper, self.module, val, metrics=self.config.metrics, memo=memo)
-        resume = self.checkpointer.resume(self.checkpointer.resume_path(self.handler.callbacks))
-        try:
-            loop.train(train, val, resume)
-        finally:
-            self.control = loop.control
+        memo, own = self.runtime.checked, self.overrides
+        if own.train_step is None:  # an overridden step decides what a batch is
+            first = check_data(loop.stepper, self.module, train, metrics=self.config.metrics, training=True, memo=memo)
+            if self.runtime.example is None and first is not None:  # data from a loader: summary()'s shapes
+                self.runtime.example = first.inputs
+        if own.test_step is None:
+            check_data(loop.stepper, self.module, val, metrics=self.config.metrics, memo=memo)
+        with self.checkpointer.writing():  # one run writes into output_dir at a time
+            resume = self.checkpointer.resume(self.checkpointer.resume_path(self.handler.callbacks))
+            try:
+                self.runtime.tools = loop.tools
+                loop.train(train, val, resume)
+            finally:
+                self.runtime.tools = None
+                self.control = loop.control
+                close_displays()  # also after an exception or KeyboardInterrupt: streams and cursor back
         if loop.preemption.preempted:
             # A scheduler sent SIGTERM: the checkpoint is written and on_train_end has fired.
             self.preempted = True
@@ -91,14 +112,18 @@ class Trainer:
         directions = metric_directions(self.config.metrics)
         handler.model, handler.optimizer, handler.lr_scheduler = self.module, optimizer, scheduler
         handler.train_dataloader = getattr(train, "loader", None)
-        handler.eval_dataloader = getattr(val, "loader", None) if val is not None else None
+        handler.eval_dataloader = eval_loader(val)  # sized for in-memory data too
         handler.metric_directions = directions
+        batches = epoch_batches(len(train) if train.has_len() else None, self.args.steps_per_epoch)
+        handler.steps_per_epoch = None if batches is None else steps_per_epoch(batches,
+                                                                              self.args.gradient_accumulation_steps)
         self.control = TrainerControl()
         self.checkpointer = Checkpointer(fabric, self.args, state, handler, module=wrapped, optimizer=optimizer,
                                          scheduler=scheduler)
-        stepper = Stepper(fabric, wrapped, optimizer, self.config.loss_fn)
+        stepper = Stepper(fabric, wrapped, optimizer, self.config.loss_fn, self.overrides.compute_loss)
         loop = Loop(stepper, handler, self.args, state, self.control, metrics=self.config.metrics,
-                    scheduler=scheduler, checkpointer=self.checkpointer, directions=directions)
+                    scheduler=scheduler, checkpointer=self.checkpointer, directions=directions,
+                    overrides=self.overrides)
         handler.save_checkpoint = loop.checkpoint
         return loop
 
@@ -126,43 +151,52 @@ class Trainer:
     def _source(self, x: Any, y: Any, sample_weight: Any, *, batch_size: int, shuffle: bool, seed: int | None,
                 pad: bool, name: str = "x") -> tuple[DataSource, tuple | None]:
         source, tensors = adapt(x, y, sample_weight, batch_size=batch_size, shuffle=shuffle, seed=seed, name=name,
-                                cast_float64=not keeps_float64(self.module))
+                                cast_float64=not keeps_float64(self.module), args=self.args)
         return self.runtime.place(source, pad), tensors
 
-    def _new_state(self, train: DataSource, fabric: Any, trial: dict | None) -> TrainerState:
+    def _new_state(self, train: DataSource, fabric: Any, trial: dict | None, initial_epoch: int = 0) -> TrainerState:
         args = self.args
-        epochs, max_steps = plan(len(train) if train.has_len() else None, epochs=args.num_train_epochs,
-                                 max_steps=args.max_steps, accumulation=args.gradient_accumulation_steps)
+        batches = epoch_batches(len(train) if train.has_len() else None, args.steps_per_epoch)
+        epochs, max_steps = plan(batches, epochs=args.num_train_epochs, max_steps=args.max_steps,
+                                 accumulation=args.gradient_accumulation_steps)
         state = TrainerState(
             epoch=0.0, max_steps=max_steps, num_train_epochs=epochs, train_batch_size=args.batch_size,
-            logging_steps=args.logging_steps, eval_steps=args.eval_steps or args.logging_steps,
-            save_steps=args.save_steps, is_world_process_zero=fabric.is_global_zero,
+            logging_steps=interval_steps(args.logging_steps, max_steps),
+            eval_steps=interval_steps(args.eval_steps or args.logging_steps, max_steps),
+            save_steps=interval_steps(args.save_steps, max_steps), is_world_process_zero=fabric.is_global_zero,
             is_local_process_zero=fabric.local_rank == 0,
         )
         if trial is not None:
             state.is_hyper_param_search = True
             state.trial_name, state.trial_params = trial["trial_name"], trial["trial_params"]
+        if initial_epoch:
+            _start_at_epoch(state, initial_epoch, batches, args)
         return state
 
     # -- evaluate and predict --------------------------------------------------------------------
     def evaluate(self, x: Any, y: Any = None, *, sample_weight: Any = None, batch_size: int = 32,
-                 state: TrainerState, control: TrainerControl) -> dict[str, float]:
+                 state: TrainerState, control: TrainerControl, steps: int | None = None) -> dict[str, float]:
         """Loss and metrics over `x`, unprefixed; fires `on_prediction_step` and `on_evaluate`."""
         loop = self._eval_loop(state, control)
         source, _ = self._source(x, y, sample_weight, batch_size=batch_size, shuffle=False, seed=None, pad=False)
-        check_data(loop.stepper, self.module, source, metrics=loop.metric_specs, memo=self.runtime.checked)
-        metrics = loop.evaluate(source)
+        if self.overrides.test_step is None:
+            check_data(loop.stepper, self.module, source, metrics=loop.metric_specs, memo=self.runtime.checked)
+        with self._tools(loop):
+            metrics = loop.evaluate(source, steps=steps)
         self.control = self.handler.on_evaluate(self.args, state, loop.control, metrics)
         return metrics
 
-    def predict(self, x: Any, *, batch_size: int = 32, state: TrainerState, control: TrainerControl) -> Any:
+    def predict(self, x: Any, *, batch_size: int = 32, state: TrainerState, control: TrainerControl,
+                steps: int | None = None) -> Any:
         """The outputs for every sample of `x`; fires `on_prediction_step` and `on_predict`."""
         loop = self._eval_loop(state, control)
         if isinstance(x, tuple) and len(x) in (2, 3) and all(isinstance(v, torch.Tensor) for v in x):
             x = x[0]  # an (x, y) pair: predict on x
         source, _ = self._source(x, None, None, batch_size=batch_size, shuffle=False, seed=None, pad=False)
-        check_data(loop.stepper, self.module, source, with_loss=False, memo=self.runtime.checked)
-        out = loop.predict(source)
+        if self.overrides.predict_step is None:
+            check_data(loop.stepper, self.module, source, with_loss=False, memo=self.runtime.checked)
+        with self._tools(loop):
+            out = loop.predict(source, steps=steps)
         self.control = self.handler.on_predict(self.args, state, loop.control, {})
         return out
 
@@ -173,8 +207,17 @@ class Trainer:
         state.is_world_process_zero = fabric.is_global_zero
         state.is_local_process_zero = fabric.local_rank == 0
         loss_fn, metrics = (self.config.loss_fn, self.config.metrics) if self.config else (None, [])
-        stepper = Stepper(fabric, wrapped, self.runtime.optimizer, loss_fn)
-        return Loop(stepper, self.handler, self.args, state, control, metrics=metrics)
+        stepper = Stepper(fabric, wrapped, self.runtime.optimizer, loss_fn, self.overrides.compute_loss)
+        return Loop(stepper, self.handler, self.args, state, control, metrics=metrics, overrides=self.overrides)
+
+    @contextlib.contextmanager
+    def _tools(self, loop: Loop):
+        """The loop's `StepTools` on the runtime while it runs (overridden steps reach them there)."""
+        self.runtime.tools = loop.tools
+        try:
+            yield
+        finally:
+            self.runtime.tools = None
 
 
 def _with_evaluation(args: TrainingArguments, val: DataSource | None) -> TrainingArguments:
@@ -190,14 +233,14 @@ def _with_evaluation(args: TrainingArguments, val: DataSource | None) -> Trainin
     return args
 
 
-def _check_eval_steps(args: TrainingArguments, state: TrainerState) -> None:
-    """`eval_strategy="steps"` with `eval_steps` left to `logging_steps` on a run that ends before
-    that many steps would never evaluate: say so instead of training without a word."""
-    if args.eval_strategy != "steps" or args.eval_steps is not None or not state.max_steps:
-        return
-    if state.eval_steps > state.max_steps:
-        raise ValueError(
-            f"`eval_strategy`='steps' evaluates every `eval_steps` steps, which defaults to `logging_steps`="
-            f"{args.logging_steps}, but this run makes only {state.max_steps} steps, so it would never evaluate: "
-            f"pass `eval_steps` (e.g. eval_steps={max(1, state.max_steps // 4)}) or eval_strategy='epoch'"
-        )
+def _start_at_epoch(state: TrainerState, initial_epoch: int, batches: int | None, args: TrainingArguments) -> None:
+    """Keras' `initial_epoch`: the run starts at that epoch, as if the earlier ones were done
+    (so step counts, schedules of saves and evaluations, and the display line up)."""
+    if isinstance(initial_epoch, bool) or not isinstance(initial_epoch, int) or initial_epoch < 0:
+        raise ValueError(f"`initial_epoch`={initial_epoch!r} is invalid: pass the 0-based epoch to start at")
+    if initial_epoch >= state.num_train_epochs:
+        raise ValueError(f"`initial_epoch`={initial_epoch} leaves nothing to train: `epochs`={state.num_train_epochs} "
+                         "is the epoch to stop at (as in Keras), not a count; pass epochs > initial_epoch")
+    state.epoch = float(initial_epoch)
+    if batches is not None:
+        state.global_step = initial_epoch * (-(-batches // args.gradient_accumulation_steps))

@@ -152,7 +152,7 @@ class MLflowCallback(TrackingCallback):
                     run_tags[_PARENT_TAG] = active.info.run_id
             if self.parent_run_id is not None:
                 run_tags[_PARENT_TAG] = self.parent_run_id
-            name = label or os.environ.get("MLFLOW_RUN_NAME") or None
+            name = label or os.environ.get("MLFLOW_RUN_NAME") or getattr(args, "run_name", None) or None
             run = client.create_run(experiment_id, run_name=name, tags=run_tags)
             self.run_id = run.info.run_id
         self._exit_hook = atexit.register(self._abandoned)

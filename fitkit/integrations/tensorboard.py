@@ -18,7 +18,7 @@ class TensorBoardCallback(TrackingCallback):
     hyperparameters (`args.to_sanitized_dict()`, secrets masked, plus the trial's parameters
     in a search) with the final value of every metric for the HParams dashboard.
 
-    `log_dir` defaults to `args.output_dir/runs`; during a hyperparameter search each trial's
+    `log_dir` defaults to `args.logging_dir`, else `args.output_dir/runs`; during a hyperparameter search each trial's
     `output_dir` is already its own (`run-N`), and an explicit `log_dir` gets the trial's name
     appended. `tb_writer` takes a ready `SummaryWriter` (flushed at train end, not closed).
 
@@ -40,7 +40,7 @@ class TensorBoardCallback(TrackingCallback):
 
     def _resolve_log_dir(self, args, state) -> str:
         if self.log_dir is None:
-            return os.path.join(args.output_dir, "runs")
+            return getattr(args, "logging_dir", None) or os.path.join(args.output_dir, "runs")
         label = trial_label(args, state)
         return os.path.join(self.log_dir, label) if label else self.log_dir
 

@@ -78,6 +78,8 @@ class WandbCallback(TrackingCallback):
                 kwargs["group"] = group or f"{search or 'search'}-search"
             elif group:
                 kwargs["group"] = group
+            if label is None and getattr(args, "run_name", None):
+                kwargs["name"] = args.run_name
             kwargs.update(self.init_kwargs)
             try:
                 self.run = wandb.init(**kwargs)

@@ -2,11 +2,19 @@
 
 usage: distributed.py [--strategy ddp|fsdp|...] [--devices N] [--num-nodes N] [--mode train|search]
                       [--output DIR] [--save-steps K] [--max-steps K] [--resume] [--full-checkpoint]
+                      [--expect-resume] [--init-seed N] [--wait-for-sigterm-at STEP]
+
+`--expect-resume` resumes and fails (exit code 3) when no checkpoint was loaded; `--init-seed`
+gives other initial weights than the reference's (0), so only a real resume ends equal to it.
+`--wait-for-sigterm-at` holds every process at the end of that step until its SIGTERM arrived.
 """
 
 import argparse
 import json
 import os
+import signal
+import sys
+import threading
 import time
 
 import torch
@@ -21,8 +29,8 @@ def data():
     return x, y
 
 
-def net(hidden=16):
-    torch.manual_seed(0)
+def net(hidden=16, seed=0):
+    torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(8, hidden), torch.nn.ReLU(), torch.nn.Dropout(0.1),
                                torch.nn.Linear(hidden, 2))
 
@@ -36,35 +44,65 @@ def full_weights(model):
 
 
 class Prints(TrainerCallback):
-    def __init__(self, sleep=0.0):
-        self.sleep = sleep
+    def __init__(self, sleep=0.0, expect_resume=False, wait_at=None):
+        self.sleep, self.expect_resume, self.wait_at = sleep, expect_resume, wait_at
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.expect_resume and state.global_step == 0:
+            os.write(1, b"NOT RESUMED: no checkpoint was loaded\n")
+            sys.exit(3)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))
         os.write(1, f"LOG rank={rank} step={state.global_step}\n".encode())
 
     def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.wait_at:
+            wait_for_sigterm()
         time.sleep(self.sleep)  # slow steps, so a signal can arrive mid-training
 
     def on_save(self, args, state, control, **kwargs):
         os.write(1, f"SAVE step={state.global_step}\n".encode())
 
 
+def wait_for_sigterm(timeout=120.0):
+    """Block until SIGTERM arrives at this process; the handler in force (fitkit's) still runs."""
+    arrived = threading.Event()
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def handler(signum, frame):
+        arrived.set()
+        if callable(previous):
+            previous(signum, frame)
+
+    signal.signal(signal.SIGTERM, handler)
+    rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))
+    os.write(1, f"WAITING rank={rank}\n".encode())
+    deadline = time.monotonic() + timeout
+    try:
+        while not arrived.wait(0.05):  # short waits: the handler runs between them at the latest
+            if time.monotonic() > deadline:
+                raise TimeoutError("no SIGTERM came")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def train(opts):
     x, y = data()
-    model = Model(net()).compile("adam", "cross_entropy", ["accuracy"], learning_rate=1e-2, strategy=opts.strategy,
-                                 devices=opts.devices, num_nodes=opts.num_nodes, accelerator="cpu",
-                                 fsdp_full_checkpoint=opts.full_checkpoint)
+    model = Model(net(seed=opts.init_seed)).compile(
+        "adam", "cross_entropy", ["accuracy"], learning_rate=1e-2, strategy=opts.strategy, devices=opts.devices,
+        num_nodes=opts.num_nodes, accelerator="cpu", fsdp_full_checkpoint=opts.full_checkpoint)
     options = {}
     if opts.output:
         options.update(output_dir=opts.output, save_strategy="steps", save_steps=opts.save_steps,
-                       resume_from_checkpoint=opts.resume)
+                       resume_from_checkpoint=opts.resume or opts.expect_resume)
     if opts.max_steps:
         options["max_steps"] = opts.max_steps
     if opts.report_to:
         options["report_to"] = opts.report_to
     history = model.fit(x, y, epochs=3, batch_size=16, validation_split=0.2, verbose=2, seed=1,
-                        logging_strategy="steps", logging_steps=2, callbacks=[Prints(opts.sleep)], **options)
+                        logging_strategy="steps", logging_steps=2,
+                        callbacks=[Prints(opts.sleep, opts.expect_resume, opts.wait_for_sigterm_at)], **options)
     fabric = model.fabric
     shards = [tuple(p.to_local().shape) if hasattr(p, "to_local") else tuple(p.shape)
               for p in model.module.parameters()]
@@ -120,6 +158,9 @@ if __name__ == "__main__":
     parser.add_argument("--save-steps", type=int, default=4)
     parser.add_argument("--max-steps", type=int, default=None)
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--expect-resume", action="store_true", help="resume, and fail if nothing was resumed")
+    parser.add_argument("--init-seed", type=int, default=0, help="seed of the initial weights")
+    parser.add_argument("--wait-for-sigterm-at", type=int, default=None, help="step to wait at for SIGTERM")
     parser.add_argument("--full-checkpoint", action="store_true")
     parser.add_argument("--report-to", default=None)
     parser.add_argument("--sleep", type=float, default=0.0, help="seconds to sleep after each step")

@@ -1,0 +1,121 @@
+"""Hugging Face's `compute_metrics(EvalPrediction) -> dict`, over one evaluation.
+
+The loop hands each evaluation batch's outputs and target to a `PredictionCollector`; after
+the last batch, predictions and label ids (gathered over every process, as NumPy arrays) go to
+`compute_metrics` once, and its values come back under the evaluation's prefix::
+
+    def compute_metrics(eval_pred):
+        logits, labels = eval_pred
+        return {"accuracy": float((logits.argmax(-1) == labels).mean())}
+
+    model.fit(x, y, validation_split=0.2, compute_metrics=compute_metrics)   # logs val_accuracy
+
+Nothing here runs during training steps: only evaluations with `compute_metrics` set pay for it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import torch
+
+
+class EvalPrediction:
+    """What `compute_metrics` receives (HF's fields): `predictions` (the model's logits, or its
+    outputs other than the loss) and `label_ids`, NumPy arrays over the whole evaluation set.
+    Unpacks as `predictions, label_ids = eval_pred`."""
+
+    def __init__(self, predictions: Any, label_ids: Any, inputs: Any = None) -> None:
+        self.predictions, self.label_ids, self.inputs = predictions, label_ids, inputs
+
+    def _items(self) -> tuple:
+        return (self.predictions, self.label_ids) if self.inputs is None else (
+            self.predictions, self.label_ids, self.inputs)
+
+    def __iter__(self):
+        return iter(self._items())
+
+    def __getitem__(self, index: int) -> Any:
+        return self._items()[index]
+
+    def __len__(self) -> int:
+        return len(self._items())
+
+
+def predictions_of(outputs: Any) -> Any:
+    """The prediction part of a module's outputs, as HF's Trainer takes it: a mapping's (or
+    `ModelOutput`'s) `logits`, else its values but the loss; a tuple without a leading scalar
+    loss; a tensor as it is."""
+    if isinstance(outputs, Mapping) or hasattr(outputs, "keys"):
+        if "logits" in outputs:
+            return outputs["logits"]
+        rest = tuple(v for k, v in outputs.items() if k != "loss")
+        return rest[0] if len(rest) == 1 else rest
+    if isinstance(outputs, (tuple, list)):
+        if outputs and isinstance(outputs[0], torch.Tensor) and outputs[0].dim() == 0:
+            outputs = outputs[1:]
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+    return outputs
+
+
+def _numpy(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        value = value.detach()
+        if value.dtype in (torch.bfloat16, torch.float16):
+            value = value.float()
+        return value.cpu().numpy()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_numpy(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _numpy(v) for k, v in value.items()}
+    return value
+
+
+def _concat(parts: list) -> Any:
+    first = parts[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat([p if p.dim() else p.reshape(1) for p in parts])
+    if isinstance(first, (tuple, list)):
+        return type(first)(_concat([p[i] for p in parts]) for i in range(len(first)))
+    if isinstance(first, dict):
+        return {k: _concat([p[k] for p in parts]) for k in first}
+    return parts
+
+
+class PredictionCollector:
+    """Collects one evaluation's predictions and targets (detached, on their device), then calls
+    `compute_metrics` once with them gathered."""
+
+    def __init__(self, compute_metrics: Callable[[EvalPrediction], Mapping[str, Any]]) -> None:
+        self.compute_metrics = compute_metrics
+        self.predictions: list = []
+        self.labels: list = []
+
+    @classmethod
+    def of(cls, args: Any) -> "PredictionCollector | None":
+        """A collector for `args.compute_metrics`, or None when it is not set."""
+        fn = getattr(args, "compute_metrics", None)
+        return None if fn is None else cls(fn)
+
+    def add(self, outputs: Any, target: Any) -> None:
+        self.predictions.append(predictions_of(outputs))
+        if target is not None:
+            self.labels.append(target)
+
+    def compute(self, gather: Callable[[Any], Any], prefix: str) -> dict[str, float]:
+        """`compute_metrics` over everything added (`gather` joins the processes' blocks), its
+        values named `prefix + name` (an `eval_` it already has is replaced by the prefix)."""
+        if not self.predictions:
+            return {}
+        predictions = _numpy(gather(_concat(self.predictions)))
+        labels = _numpy(gather(_concat(self.labels))) if self.labels else None
+        values = self.compute_metrics(EvalPrediction(predictions, labels))
+        if not isinstance(values, Mapping):
+            raise TypeError(f"`compute_metrics` must return a dict of values, e.g. {{'accuracy': 0.9}}; "
+                            f"got {type(values).__name__}")
+        out = {}
+        for key, value in values.items():
+            name = key[len("eval_"):] if key.startswith("eval_") else key
+            out[prefix + name] = float(value) if isinstance(value, (int, float, np.number)) else value
+        return out

@@ -1,0 +1,188 @@
+"""Overridden steps: what the loop calls when a `Model` subclass overrides `train_step`,
+`test_step`, `predict_step` or `compute_loss` (Keras 3 meanings), and the live pieces such a
+step uses (`StepTools`: backward, the optimizer, the module, custom events).
+
+The facade hands the engine plain callables (`StepOverrides`), so the engine never imports it.
+With nothing overridden, `StepOverrides.none()` is falsy and the loop keeps its own fast path.
+
+    overrides = StepOverrides(train_step=model.train_step)   # bound methods, or None
+    tools = StepTools(stepper, handler_call, optimizer_step)  # set on the Runtime during a call
+    data = as_data(batch)                                      # (x, y), (x, y, sw), (x,) or a dict
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+
+from fitkit.engine.batch import Batch
+
+STEP_NAMES = ("train_step", "test_step", "predict_step", "compute_loss")
+
+
+@dataclass(frozen=True)
+class StepOverrides:
+    """The steps a subclass overrides, as callables (None: fitkit's own step)."""
+
+    train_step: Callable[[Any], Any] | None = None
+    test_step: Callable[[Any], Any] | None = None
+    predict_step: Callable[[Any], Any] | None = None
+    compute_loss: Callable[..., torch.Tensor] | None = None
+
+    def __bool__(self) -> bool:
+        return any(getattr(self, name) is not None for name in STEP_NAMES)
+
+    @classmethod
+    def of(cls, obj: Any, base: type) -> "StepOverrides":
+        """The methods of `obj` whose class overrides `base`'s definition of them."""
+        found = {}
+        for name in STEP_NAMES:
+            mine = getattr(type(obj), name, None)
+            found[name] = getattr(obj, name) if mine is not None and mine is not getattr(base, name) else None
+        return cls(**found)
+
+
+def keras_x(inputs: tuple | dict) -> Any:
+    """The `x` of a batch as Keras hands it to a step: the tensor itself for one input."""
+    if isinstance(inputs, tuple) and len(inputs) == 1:
+        return inputs[0]
+    return inputs
+
+
+def as_data(batch: Batch) -> Any:
+    """A batch as the data yields it: `(x, y)`, `(x, y, sample_weight)`, `(x,)` or a dict
+    (targets under "labels", weights under "sample_weight")."""
+    if isinstance(batch.inputs, dict):
+        data = dict(batch.inputs)
+        if batch.target is not None:
+            data["labels"] = batch.target
+        if batch.sample_weight is not None:
+            data["sample_weight"] = batch.sample_weight
+        return data
+    x = keras_x(batch.inputs)
+    if batch.target is None:
+        return (x,)
+    if batch.sample_weight is None:
+        return (x, batch.target)
+    return (x, batch.target, batch.sample_weight)
+
+
+def step_values(result: Any, step: str) -> dict[str, Any]:
+    """An overridden step's return value checked: a dict of name -> tensor or number."""
+    if result is None:
+        return {}
+    if not isinstance(result, dict):
+        raise TypeError(f"`{step}` must return a dict of values to log (e.g. {{'loss': loss}}), got "
+                        f"{type(result).__name__}")
+    return result
+
+
+class DeferredOptimizer:
+    """The optimizer an overridden `train_step` sees as `self.optimizer`.
+
+    `step()` runs the loop's optimizer step (clipping, `on_pre_optimizer_step`, the step,
+    `on_optimizer_step`, the scheduler) at the last micro-batch of a gradient-accumulation
+    cycle and does nothing before it; `zero_grad()` does nothing while a cycle's gradients are
+    still being accumulated. Everything else is the optimizer's own."""
+
+    def __init__(self, optimizer: Any, step: Callable[[], None], clear: Callable[[], None]):
+        self.__dict__.update(_optimizer=optimizer, _step=step, _clear=clear, _last=True, _pending=False)
+
+    def step(self, closure: Any = None) -> None:
+        if closure is not None:
+            raise ValueError("an overridden `train_step` computes its loss itself: call `self.optimizer.step()` "
+                             "without a closure")
+        if self._last:
+            self._step()
+            self.__dict__["_pending"] = False
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if not self._pending:
+            self._clear()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._optimizer, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._optimizer, name, value)
+
+
+class StepTools:
+    """The live pieces of one call for overridden steps: `backward(loss)`, `optimizer`,
+    `module` and `call_event(name, **kwargs)`. Set on the `Runtime` while the call runs."""
+
+    def __init__(self, stepper: Any, call_event: Callable[..., None], optimizer_step: Callable[[], None] | None):
+        self.stepper = stepper
+        self.module = stepper.forward_module  # the module that syncs gradients under DDP / FSDP
+        self.call_event = call_event
+        self.cycle = 1
+        self.optimizer = None
+        if stepper.optimizer is not None and optimizer_step is not None:
+            self.optimizer = DeferredOptimizer(stepper.optimizer, optimizer_step, stepper.zero_grad)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Fabric's backward (mixed precision, DDP, FSDP, DeepSpeed), scaled for accumulation."""
+        self.stepper.backward(loss / self.cycle if self.cycle > 1 else loss)
+        if self.optimizer is not None:
+            self.optimizer.__dict__["_pending"] = True
+
+    @contextlib.contextmanager
+    def micro_batch(self, cycle: int, last: bool) -> Iterator[None]:
+        """One micro-batch of an accumulation cycle of `cycle`: gradients are synced between
+        processes and the optimizer steps only at the `last` one."""
+        self.cycle = cycle
+        if self.optimizer is not None:
+            self.optimizer.__dict__["_last"] = last
+        with self.stepper.no_sync(cycle, last):
+            yield
+
+
+class StepMeans:
+    """Sample-weighted means of the values overridden steps return, kept on the device (no
+    host read until `compute`): per epoch, and since the last logging step."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.sums: dict[str, torch.Tensor] = {}
+        self.counts: dict[str, int] = {}
+        self.since: dict[str, tuple[torch.Tensor, int]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.sums)
+
+    def reset(self) -> None:
+        self.sums.clear()
+        self.counts.clear()
+        self.since.clear()
+
+    def add(self, values: dict[str, Any], size: int) -> None:
+        for name, value in values.items():
+            value = value.detach() if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+            weighted = value.to(self.device, torch.float64) * size
+            if name in self.sums:
+                self.sums[name] = self.sums[name] + weighted
+                self.counts[name] += size
+            else:
+                self.sums[name], self.counts[name] = weighted, size
+            total, count = self.since.get(name, (0.0, 0))
+            self.since[name] = (weighted + total, count + size)
+
+    def compute(self, fabric: Any = None, prefix: str = "") -> dict[str, float]:
+        """The epoch means (summed over processes when `fabric` runs several)."""
+        out = {}
+        for name, total in self.sums.items():
+            count = self.counts[name]
+            if fabric is not None and fabric.world_size > 1:
+                total = fabric.all_reduce(total, reduce_op="sum")
+                count = int(fabric.all_reduce(torch.tensor(count, device=self.device), reduce_op="sum"))
+            out[prefix + name] = float(total) / count if count else float("nan")
+        return out
+
+    def since_log(self) -> dict[str, float]:
+        """This process's means since the last call (a logging step), then start again."""
+        out = {name: float(total) / count for name, (total, count) in self.since.items() if count}
+        self.since.clear()
+        return out
