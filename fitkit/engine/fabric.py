@@ -6,7 +6,8 @@ import atexit
 import os
 import sys
 import warnings
-from typing import Any
+import weakref
+from typing import Any, Callable
 
 from fitkit.arguments import TrainingArguments
 from fitkit.engine.quiet import QuietWhenSpawned, import_lightning, quiet_lightning
@@ -154,6 +155,7 @@ def build_fabric(args: TrainingArguments):
 
 _crashed = False
 _children: list = []  # processes Fabric's launcher started from this one
+_releases: list = []  # weak methods `_teardown` calls once the process group is destroyed
 
 
 def _watch_for_crash() -> None:
@@ -174,14 +176,34 @@ def is_spawning(args: TrainingArguments) -> bool:
     return isinstance(args.strategy, str) and args.strategy in SPAWN_STRATEGIES
 
 
+def release_at_exit(release: Callable[[], None]) -> None:
+    """Have the exit teardown call `release` (a bound method, held weakly) once the process
+    group is destroyed: it drops the caller's references to what holds the group (the module
+    and optimizer as Fabric set them up), so that the group ends before the interpreter does."""
+    ref = weakref.WeakMethod(release)
+    _releases[:] = [r for r in _releases if r() is not None and r != ref] + [ref]  # no dead ones pile up
+
+
 def _teardown() -> None:
-    """End a multi-process run cleanly: gloo may abort at interpreter exit otherwise."""
+    """End a multi-process run before the interpreter finalizes.
+
+    `destroy_process_group()` only unregisters the group: the DDP module (its reducer) still
+    holds it, and with it gloo's two worker threads and its socket thread and, in the process
+    that launched the others, the rendezvous store's server thread. Left alone they run on into
+    interpreter finalization and are torn down there, in whatever order the module teardown
+    frees objects. A thread that needs the GIL then (a gloo worker letting go of the last
+    reference to a tensor Python has dropped) is ended by Python 3.11 with `pthread_exit`,
+    whose unwinding through torch's noexcept C++ frames calls std::terminate: "terminate called
+    without an active exception", exit code -6. So the holders are released here and the group
+    is destroyed now, its threads joined, while the interpreter is whole.
+    """
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
         return
     if _crashed:
         return  # the others may be mid-collective: a barrier would hang; the launcher cleans up
+    group = dist.group.WORLD  # becomes the last reference (see the end)
     try:
         # A plain barrier: in 20-run trials a monitored barrier still let gloo abort now and then.
         # (A sibling that crashed takes the others down through its launcher, so this cannot hang.)
@@ -191,12 +213,29 @@ def _teardown() -> None:
     finally:
         dist.destroy_process_group()
     # This process hosts the rendezvous store its children talk to: let them exit first, or the
-    # store can be torn down under a connected client and abort ("terminate called ...").
+    # store can be torn down under a connected client.
     for proc in _children:
         try:
             proc.wait(timeout=60)
         except Exception:  # noqa: BLE001 - a child that hangs is the launcher's to kill
             pass
+    _release_holders()
+    # Now the last reference: the group's C++ destructor runs here, with the GIL released by
+    # torch's binding, so a gloo thread that still needs the GIL (to let go of a tensor) can
+    # finish while the destructor joins it.
+    del group
+
+
+def _release_holders() -> None:
+    """Call what `release_at_exit` registered: fitkit's set-up modules and optimizers go."""
+    import gc
+
+    for ref in _releases:
+        release = ref()
+        if release is not None:
+            release()
+    _releases.clear()
+    gc.collect()  # a DDP module sits in reference cycles (its hooks)
 
 
 def _launched_by_cli() -> bool:

@@ -28,6 +28,7 @@ from fitkit.compile_config import CompileConfig
 from fitkit.engine.checkpoint import Checkpointer
 from fitkit.engine.checks import check_data, keeps_float64
 from fitkit.engine.data import DataSource, adapt, class_weight_table, split_validation
+from fitkit.engine.fabric import release_at_exit
 from fitkit.engine.loader_view import eval_loader
 from fitkit.engine.loop import Loop
 from fitkit.engine.overrides import StepOverrides
@@ -52,6 +53,7 @@ class Trainer:
     def __init__(self, runtime: Runtime, module: torch.nn.Module, config: CompileConfig | None,
                  args: TrainingArguments, handler: CallbackHandler, overrides: StepOverrides | None = None):
         self.runtime, self.module, self.config = runtime, module, config
+        release_at_exit(runtime.release)  # the set-up module holds the process group: see fabric._teardown
         self.args, self.handler = args, handler
         self.overrides = overrides or StepOverrides()
         self.state: TrainerState | None = None
