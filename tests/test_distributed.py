@@ -175,28 +175,40 @@ def test_search_under_ddp_trains_the_same_configuration_on_every_rank(tmp_path):
     assert len(study.trials) == 3  # only rank 0 wrote to the storage
 
 
-# The smallest DDP fit; each process writes DONE (one write: lines cannot interleave). Under
-# Fabric's launcher the first process also reports, after fitkit's exit teardown has waited for
-# them, the exit codes of the processes it started (the job's own code is only the first's).
+# The smallest DDP fit; each process writes DONE (one write: lines cannot interleave). After
+# fitkit's exit teardown each process also reports the distributed threads still alive (gloo's,
+# the rendezvous store's: none may live into interpreter finalization) and, under Fabric's
+# launcher, the first one the exit codes of the processes it started (the job's own code is
+# only the first process's).
 TINY = """
 import atexit, os
 import torch
 from fitkit import Model
 
-def children():  # registered before fit, so it runs after fitkit's exit teardown
-    launcher = getattr(m.fabric.strategy, "launcher", None)
+def after_teardown():  # registered before fit, so it runs after fitkit's exit teardown
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:  # a thread that just ended
+            pass
+    left = sorted(n for n in names if n.startswith(("gloo", "pt_gloo", "pt_tcpstore")))
+    os.write(1, f"THREADS {rank} {left}\\n".encode())
     codes = [p.poll() for p in getattr(launcher, "procs", None) or ()]
     if codes:
         os.write(1, f"CHILDREN {codes}\\n".encode())
 
-atexit.register(children)
+atexit.register(after_teardown)
 x, y = torch.randn(16, 4), torch.randint(0, 2, (16,))
 m = Model(torch.nn.Linear(4, 2)).compile("sgd", "cross_entropy", strategy="ddp", devices=2, accelerator="cpu")
 m.fit(x, y, max_steps=1, batch_size=8, verbose=0)
-os.write(1, f"DONE {m.fabric.global_rank}\\n".encode())
+rank, launcher = m.fabric.global_rank, getattr(m.fabric.strategy, "launcher", None)
+os.write(1, f"DONE {rank}\\n".encode())
 """
 
 
+@pytest.mark.timeout(1200)  # 40 runs of two processes, each importing torch and Lightning
 def test_forty_consecutive_runs_end_cleanly_with_a_busy_core(tmp_path):
     tiny = tmp_path / "tiny.py"
     tiny.write_text(TINY)
@@ -210,9 +222,11 @@ def test_forty_consecutive_runs_end_cleanly_with_a_busy_core(tmp_path):
             output = f"run {i} ({'torchrun' if torchrun else 'Fabric launcher'}):\n{proc.stdout}{proc.stderr}"
             assert "terminate called" not in output and "Abort" not in output and "SIGABRT" not in output, output
             assert proc.returncode == 0, output  # torchrun: 0 only when every rank exited 0
-            assert sorted(l for l in proc.stdout.splitlines() if l.startswith("DONE")) == ["DONE 0", "DONE 1"], output
+            lines = proc.stdout.splitlines()
+            assert sorted(l for l in lines if l.startswith("DONE")) == ["DONE 0", "DONE 1"], output
+            assert sorted(l for l in lines if l.startswith("THREADS")) == ["THREADS 0 []", "THREADS 1 []"], output
             if not torchrun:
-                assert "CHILDREN [0]" in proc.stdout.splitlines(), output
+                assert "CHILDREN [0]" in lines, output
     finally:
         busy.kill()
         busy.wait()
