@@ -332,12 +332,26 @@ def test_step_pieces_outside_a_step_and_bad_returns_are_named():
         Wrong(mlp()).compile("sgd", "cross_entropy").fit(x, y, verbose=0)
 
 
-def test_nothing_overridden_keeps_the_fast_path():
+def test_nothing_overridden_keeps_the_fast_path(monkeypatch):
+    from fitkit.callbacks import ProgressBar
+    from fitkit.engine import loop
     from fitkit.engine.overrides import StepOverrides
 
     assert not StepOverrides.of(Model(mlp()), Model)
     own = StepOverrides.of(Verifying(mlp()), Model)
     assert own.train_step is not None and own.test_step is None and own
+
+    def refuse(batch):
+        raise AssertionError("the batch keywords were built, but no callback takes them")
+
+    # fitkit's own flow, display and checkpoint callbacks listen to step events but take no batch
+    monkeypatch.setattr(loop, "as_data", refuse)
+    x, y = blobs(32)
+    model = Model(mlp()).compile("sgd", "cross_entropy")
+    model.fit(x[:24], y[:24], epochs=1, batch_size=8, validation_data=(x[24:], y[24:]), verbose=0,
+              callbacks=[ProgressBar()])
+    model.evaluate(x, y, verbose=2)
+    assert model.state.global_step == 3
 
 
 # -- several processes ------------------------------------------------------------------------------------

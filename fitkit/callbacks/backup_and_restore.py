@@ -41,6 +41,8 @@ class BackupAndRestore(TrainerCallback):
         # killed half-way? run the same line again: it resumes from the last backup.
     """
 
+    takes_batch = False  # its step events ignore `batch`, `outputs` and `loss`
+
     def __init__(self, backup_dir: str | os.PathLike, save_freq: str | int = "epoch", double_checkpoint: bool = False,
                  delete_checkpoint: bool = True):
         if not backup_dir:

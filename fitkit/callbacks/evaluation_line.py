@@ -17,6 +17,8 @@ from fitkit.callbacks.base import Order, TrainerCallback
 class EvaluationLine(TrainerCallback):
     """Counts the batches of one `evaluate` / `predict` call and prints one line at its end."""
 
+    takes_batch = False  # its step events ignore `batch`, `outputs` and `loss`
+
     order = Order.DISPLAY
 
     def __init__(self) -> None:

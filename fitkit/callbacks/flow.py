@@ -19,6 +19,8 @@ class DefaultFlowCallback(TrainerCallback):
                   eval_strategy="steps", eval_steps=200, validation_split=0.1)
     """
 
+    takes_batch = False  # its step events ignore `batch`, `outputs` and `loss`
+
     order = Order.FLOW
 
     def on_step_end(self, args, state, control, **kwargs):

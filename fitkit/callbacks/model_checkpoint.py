@@ -61,6 +61,8 @@ class ModelCheckpoint(MonitorCallback):
         restored = Model.load("ckpt/best.pt", torch.nn.Linear(8, 2))
     """
 
+    takes_batch = False  # its step events ignore `batch`, `outputs` and `loss`
+
     def __init__(
         self,
         filepath: str | os.PathLike,

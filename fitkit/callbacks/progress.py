@@ -146,6 +146,8 @@ class ProgressBar(TrainerCallback):
         model.fit(x, y, epochs=3, verbose=0, callbacks=[ProgressBar()])
     """
 
+    takes_batch = False  # its step events ignore `batch`, `outputs` and `loss`
+
     order = Order.DISPLAY  # after callbacks that add values to the logs
 
     def __init__(self, bar: bool = True, refresh_seconds: float = 0.1):

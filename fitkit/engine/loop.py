@@ -74,6 +74,7 @@ class Loop:
             self.tools = StepTools(stepper, self.call_event, self._apply_gradients)
         self._carry = self._carried_events()
         self.first_epoch = 0  # Keras' initial_epoch
+        self._module_dict: dict = {}  # the user's module's attributes: Keras' `stop_training` is set there
 
     # -- training -----------------------------------------------------------------------------
     def train(self, train: DataSource, val: DataSource | None, resume: LoopSnapshot | None = None) -> None:
@@ -114,14 +115,14 @@ class Loop:
     def _stop_requested(self, reset: bool = False) -> bool:
         """Keras' `stop_training`: True when a callback set it on the module (or through the
         `Model`); it is cleared when training starts, as Keras does."""
-        module = self.handler.model
-        if module is None:
-            return False
+        flags = self._module_dict
         if reset:
-            if module.__dict__.get("stop_training"):
-                module.__dict__["stop_training"] = False
+            module = self.handler.model
+            flags = self._module_dict = module.__dict__ if module is not None else {}
+            if flags.get("stop_training"):
+                flags["stop_training"] = False
             return False
-        if module.__dict__.get("stop_training"):
+        if flags.get("stop_training"):
             self.control.should_training_stop = True
             return True
         return False
@@ -190,8 +191,13 @@ class Loop:
             self.step_scheduler.step()
 
     def _carried_events(self) -> dict[str, bool]:
-        """Events with a listener: only those get the `batch`, `outputs` and `loss` keywords."""
-        return {e: self.handler.has_listeners(e) for e in ("on_step_end", "on_substep_end", "on_prediction_step")}
+        """Events some listener may read `batch`, `outputs` and `loss` in: only those get them
+        (fitkit's own flow and display callbacks say `takes_batch = False`)."""
+        def takes(listener: Any) -> bool:
+            return getattr(getattr(listener, "__self__", None), "takes_batch", True)
+
+        return {e: any(takes(listener) for listener in self.handler.listeners(e))
+                for e in ("on_step_end", "on_substep_end", "on_prediction_step")}
 
     def _own_train_step(self, batch: Batch, cycle: int, last: bool) -> tuple[torch.Tensor | None, None]:
         """One micro-batch through an overridden `train_step`; its values are averaged per epoch."""
