@@ -128,13 +128,17 @@ def test_sigterm_to_every_process_checkpoints_once_and_resumes_exactly(tmp_path)
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
                                 env=_with_port(port))
         seen, waiting = [], 0
-        for line in proc.stdout:
-            seen.append(line)
-            waiting += line.startswith("WAITING")
-            if waiting == 2:
-                os.killpg(proc.pid, signal.SIGTERM)  # as SLURM does: every task of the job
-                break
-        rest, _ = proc.communicate(timeout=120)
+        try:
+            for line in proc.stdout:
+                seen.append(line)
+                waiting += line.startswith("WAITING")
+                if waiting == 2:
+                    os.killpg(proc.pid, signal.SIGTERM)  # as SLURM does: every task of the job
+                    break
+            rest, _ = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:  # a failed run leaves no process behind
+                os.killpg(proc.pid, signal.SIGKILL)
     output = "".join(seen) + rest
     assert proc.returncode == 0, output
     saves = [int(l.split("step=")[1]) for l in output.splitlines() if l.startswith("SAVE")]

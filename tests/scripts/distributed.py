@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
 
 import torch
@@ -67,11 +66,11 @@ class Prints(TrainerCallback):
 
 def wait_for_sigterm(timeout=120.0):
     """Block until SIGTERM arrives at this process; the handler in force (fitkit's) still runs."""
-    arrived = threading.Event()
+    arrived = []  # a plain list: a lock taken in a handler can deadlock with the code it interrupted
     previous = signal.getsignal(signal.SIGTERM)
 
     def handler(signum, frame):
-        arrived.set()
+        arrived.append(signum)
         if callable(previous):
             previous(signum, frame)
 
@@ -80,7 +79,8 @@ def wait_for_sigterm(timeout=120.0):
     os.write(1, f"WAITING rank={rank}\n".encode())
     deadline = time.monotonic() + timeout
     try:
-        while not arrived.wait(0.05):  # short waits: the handler runs between them at the latest
+        while not arrived:  # a sleep is cut short by the signal, and the handler runs then
+            time.sleep(0.05)
             if time.monotonic() > deadline:
                 raise TimeoutError("no SIGTERM came")
     finally:

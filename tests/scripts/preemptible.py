@@ -14,7 +14,6 @@ import argparse
 import json
 import signal
 import sys
-import threading
 import time
 
 import torch
@@ -47,11 +46,11 @@ class Report(TrainerCallback):
 
 def wait_for_sigterm(timeout=120.0):
     """Block until SIGTERM arrives; the handler in force (fitkit's) still runs."""
-    arrived = threading.Event()
+    arrived = []  # a plain list: a lock taken in a handler can deadlock with the code it interrupted
     previous = signal.getsignal(signal.SIGTERM)
 
     def handler(signum, frame):
-        arrived.set()
+        arrived.append(signum)
         if callable(previous):
             previous(signum, frame)
 
@@ -59,7 +58,8 @@ def wait_for_sigterm(timeout=120.0):
     print("WAITING", flush=True)
     deadline = time.monotonic() + timeout
     try:
-        while not arrived.wait(0.05):  # short waits: the handler runs between them at the latest
+        while not arrived:  # a sleep is cut short by the signal, and the handler runs then
+            time.sleep(0.05)
             if time.monotonic() > deadline:
                 raise TimeoutError("no SIGTERM came")
     finally:
