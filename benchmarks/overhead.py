@@ -1,8 +1,8 @@
 """How much slower (or faster) is `Model.fit` than the PyTorch loop you would write by hand?
 
-The harness's peers table restricted to three contenders on CPU: the raw loop, fitkit and a
-raw Lightning Fabric loop, on the tiny and the compute-bound workloads, interleaved in one
-process (see benchmarks/README.md for what is timed and how to read the table). The full
+The harness's peers table restricted to four contenders on CPU: the two hand loops (raw and
+slicing), fitkit and a raw Lightning Fabric loop, on the tiny and the compute-bound workloads,
+interleaved in one process (see benchmarks/README.md for what is timed and how to read the table). The full
 harness, with the other frameworks, the scenarios and start-up times, is `python -m benchmarks`.
 
     python benchmarks/overhead.py                     # both workloads, about a minute

@@ -10,6 +10,7 @@ same initial network.
 | name        | what runs per timed run                                                              |
 |-------------|--------------------------------------------------------------------------------------|
 | raw         | the idiomatic loop: DataLoader(TensorDataset, shuffle=True), zero_grad/backward/step   |
+| slice       | the slicing floor: per epoch `torch.randperm`, then `x[idx[i:i+b]]`, zero_grad/backward/step |
 | fitkit      | `model.fit(x, y, batch_size, epochs=1, verbose=0)` after one `compile`                |
 | fabric      | the raw loop on Lightning Fabric: `fabric.setup`, `setup_dataloaders`, `fabric.backward` |
 | lightning   | a new `Trainer(barebones=True, max_epochs=1)` and `trainer.fit` (a Trainer fits once)  |
@@ -37,11 +38,12 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from benchmarks.common import (Contender, Env, Skip, Workload, compare, data, import_fitkit, marginal_ratios, mlp,
-                               quiet_loggers)
+                               quiet_loggers, ratio)
 
 #: name -> what the tables call it, in the issue's column order.
 TITLES = {
     "raw": "raw loop",
+    "slice": "slicing loop",
     "fitkit": "fitkit",
     "fabric": "Fabric loop",
     "poutyne": "Poutyne",
@@ -52,6 +54,8 @@ TITLES = {
 }
 ALL = tuple(TITLES)
 CORE = ("raw", "fitkit", "fabric")
+#: the two hand-written loops: the DataLoader one (the baseline of every table) and the slicing floor.
+HAND = ("raw", "slice")
 
 _PACKAGES = {
     "fabric": ("lightning_fabric",),
@@ -125,10 +129,87 @@ def raw_loop(net, loader, env: Env) -> Contender:
     return Contender(run)
 
 
-def build_fitkit(net, x, y, w: Workload, env: Env, **fit_options) -> Contender:
-    """`fit_options` go to every `fit` (the scenarios use it for verbose, validation, callbacks)."""
+def build_slice(net, x, y, w: Workload, env: Env) -> Contender:
+    return slice_loop(net, x, y, w.batch, env)
+
+
+def slice_loop(net, x, y, batch: int, env: Env) -> Contender:
+    """The hand-written floor for in-memory tensors: no DataLoader; per epoch one `torch.randperm`,
+    then each batch is `x[idx[i:i + batch]]` (one gather per tensor), zero_grad, forward,
+    backward, step with torch's default Adam. What fitkit does internally for tensors, written
+    by hand; on a GPU the tensors are moved to the device once, as fitkit does."""
+    net.to(env.device)
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
+    if env.device != "cpu":
+        x, y = x.to(env.device), y.to(env.device)
+    n = len(x)
+
+    if env.device == "cpu" and not env.bf16:
+        def run() -> float:
+            net.train()
+            idx = torch.randperm(n)
+            for i in range(0, n, batch):
+                j = idx[i:i + batch]
+                xb, yb = x[j], y[j]
+                optimizer.zero_grad()
+                loss = F.cross_entropy(net(xb), yb)
+                loss.backward()
+                optimizer.step()
+            return loss.item()
+    else:
+        def run() -> float:
+            net.train()
+            idx = torch.randperm(n, device=x.device)
+            for i in range(0, n, batch):
+                j = idx[i:i + batch]
+                xb, yb = x[j], y[j]
+                optimizer.zero_grad()
+                with env.autocast():
+                    loss = F.cross_entropy(net(xb), yb)
+                loss.backward()
+                optimizer.step()
+            return loss.item()
+
+    return Contender(run)
+
+
+class OptionMissing(Skip):
+    """fitkit in this tree has no such option yet (another change adds it)."""
+
+
+def fitkit_model(net, env: Env, **compile_options):
+    """`Model(net).compile("adam", "cross_entropy", ...)` on `env`; an option this fitkit does not
+    know (`jit_compile` before it lands) raises `OptionMissing` instead of a TypeError."""
     Model = import_fitkit().Model
-    model = Model(net).compile("adam", "cross_entropy", accelerator=env.device, devices=1, precision=env.precision)
+    try:
+        return Model(net).compile("adam", "cross_entropy", accelerator=env.device, devices=1,
+                                  precision=env.precision, **compile_options)
+    except (TypeError, ValueError) as err:
+        missing = [k for k in compile_options if k in str(err)]
+        if missing:
+            raise OptionMissing(f"fitkit has no `{missing[0]}` option in this tree ({err.__class__.__name__}: "
+                                f"{str(err)[:80]}...)") from err
+        raise
+
+
+def check_fit_options(model, options: dict) -> None:
+    """Raise `OptionMissing` when this fitkit does not accept one of the `fit` options (`prefetch`
+    before it lands); checked at build time, so the contender is skipped with the reason."""
+    try:
+        model.training_arguments(**options)
+    except (TypeError, ValueError) as err:
+        missing = [k for k in options if k in str(err)]
+        if missing:
+            raise OptionMissing(f"fitkit has no `{missing[0]}` option in this tree") from err
+        raise
+
+
+def build_fitkit(net, x, y, w: Workload, env: Env, compile_options: dict | None = None,
+                 **fit_options) -> Contender:
+    """`fit_options` go to every `fit` (the scenarios use it for verbose, validation, callbacks);
+    `compile_options` to `compile` (the jit table: `jit_compile=True`)."""
+    model = fitkit_model(net, env, **(compile_options or {}))
+    check_fit_options(model, {k: v for k, v in fit_options.items() if k not in ("validation_data", "callbacks")})
     options = {"verbose": 0, **fit_options}
 
     def run() -> float:
@@ -368,6 +449,7 @@ def reset_between_tables() -> None:
 
 BUILDERS: dict[str, Callable[..., Contender]] = {
     "raw": build_raw,
+    "slice": build_slice,
     "fitkit": build_fitkit,
     "fabric": build_fabric,
     "lightning": build_lightning,
@@ -405,6 +487,9 @@ def measure(w: Workload, env: Env, names=ALL, *, clock: str = "wall", log=lambda
       what a fit call costs once (building the trainer, the loader, a garbage collection)
       taken out;
     * fixed cost of a fit call: t(1) - (t(steps) - t(1)) / (steps - 1).
+
+    With the slicing loop among `names`, `result["vs_slice"]` has the whole-fit and per-step
+    ratios again with the slicing loop as the baseline (per repetition, like the others).
     """
     torch.manual_seed(0)
     initial = mlp(w.dims)
@@ -426,6 +511,10 @@ def measure(w: Workload, env: Env, names=ALL, *, clock: str = "wall", log=lambda
     result["whole_fit_ratio"] = {n: result["ratio"][n] for n in ran}
     if fixed_cost and "raw@1" in times:
         result.update(marginal_ratios(result, ran, w.steps))
+    if "slice" in ran:  # the second floor: every figure again, relative to the slicing loop
+        result["vs_slice"] = {"whole_fit_ratio": {n: ratio(result, n, "slice") for n in ran}}
+        if fixed_cost and "slice@1" in times:
+            result["vs_slice"]["step_ratio"] = marginal_ratios(result, ran, w.steps, baseline="slice")["step_ratio"]
     for n in list(result["skipped"]):  # a framework skipped twice is reported once
         if n.endswith("@1") and n[:-2] in result["skipped"]:
             del result["skipped"][n]

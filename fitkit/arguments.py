@@ -20,6 +20,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from fitkit.jit_compile import jit_problem
 from fitkit.options import did_you_mean, parse_number
 
 STRATEGIES = ("no", "steps", "epoch")
@@ -145,12 +146,14 @@ class TrainingArguments:
     fsdp_wrap: Any = None  # strategy="fsdp": module classes (or a predicate) to shard as units
     fsdp_full_checkpoint: bool = False  # strategy="fsdp": one full checkpoint file instead of shards
     fsdp_sharding: str = "full"  # strategy="fsdp": "full" over every process, "hybrid" within a node, replicated across
+    jit_compile: bool | str | dict = "auto"  # torch.compile the module: True, a mode, a dict of its keywords ("auto": off)
     # -- Hugging Face fields (fitkit.hf_arguments maps `fp16`, `bf16`, `disable_tqdm`, `use_cpu` too)
     run_name: str | None = None  # the trackers' run name (None: the output_dir's name)
     logging_dir: str | None = None  # TensorBoard's directory (None: output_dir/runs)
     optim: str | None = None  # an HF optimizer name ("adamw_torch", "sgd", ...): replaces compile's optimizer
     dataloader_num_workers: int = 0  # worker processes of the DataLoader fitkit builds over a Dataset
     dataloader_pin_memory: bool = False  # pinned batches from the DataLoader fitkit builds over a Dataset
+    prefetch: bool = True  # a thread reads the next batches of a map-style Dataset during each step (num_workers=0)
     label_names: list[str] | None = None  # the keys of a dict batch that hold the target (None: "labels", "label", ...)
     gradient_checkpointing: bool | None = False  # call module.gradient_checkpointing_enable() at fit
     compute_metrics: Callable | None = None  # HF's compute_metrics(EvalPrediction) -> dict, over each evaluation
@@ -321,7 +324,7 @@ _FLOATS: dict[str, tuple[Callable[[float], bool], str, bool]] = {
 _BOOLS: dict[str, bool] = {
     "shuffle": False, "logging_first_step": False, "load_best_model_at_end": False, "greater_is_better": True,
     "save_on_sigterm": True, "skip_memory_metrics": False, "log_on_each_node": False, "fsdp_full_checkpoint": False,
-    "dataloader_pin_memory": False, "gradient_checkpointing": True,
+    "dataloader_pin_memory": False, "gradient_checkpointing": True, "prefetch": False,
 }
 #: String fields taking one of a set of names, and whether None is allowed too.
 _CHOICES: dict[str, tuple[tuple, bool]] = {
@@ -437,6 +440,11 @@ def _check_the_others(args: TrainingArguments, fail: Callable, set_value: Callab
             raise TypeError(f"`report_to` takes names (str), got {item!r}; pass logger callbacks in `callbacks`")
     if args.accelerator is None or isinstance(args.accelerator, (bool, int, float, list, tuple, dict)):
         fail("accelerator", "pass a name such as 'cpu', 'cuda' or 'auto', or a lightning Accelerator")
+    problem = jit_problem(args.jit_compile)
+    if problem is not None:
+        fail("jit_compile", problem)
+    if isinstance(args.jit_compile, dict):
+        set_value("jit_compile", dict(args.jit_compile))  # a copy: changing the caller's dict changes no run
     _check_hf_fields(args, fail)
 
 

@@ -70,7 +70,7 @@ class CompileConfig:
         """JSON-able: names stay names; a class, object or callable becomes `{"object": its name}`."""
         return {"optimizer": _spec(self.optimizer), "loss": _spec(self.loss),
                 "metrics": [_spec(m) for m in self.metrics],
-                "options": {k: _spec(v) if callable(v) else _jsonable(v) for k, v in self.options.items()}}
+                "options": {k: _spec(v) if _holds_callable(v) else _jsonable(v) for k, v in self.options.items()}}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())
@@ -87,6 +87,11 @@ class CompileConfig:
 
 def _spec(value: Any) -> Any:
     return value if value is None or isinstance(value, str) else {"object": _jsonable(value)}
+
+
+def _holds_callable(value: Any) -> bool:
+    """A callable, or a dict holding one (`jit_compile={"backend": fn}`): saved by name only."""
+    return callable(value) or (isinstance(value, dict) and any(callable(v) for v in value.values()))
 
 
 def _names_only(data: dict[str, Any]) -> bool:

@@ -32,9 +32,11 @@ from fitkit.engine.runtime import Runtime, pack_result, unpack_result
 from fitkit.engine.trainer import Trainer
 from fitkit.callback_list import CallbackOwner
 from fitkit.callbacks.evaluation_line import evaluation_line_for
+from fitkit.jit_compile import jit_note
 from fitkit.keras_api import KerasMethods, as_list
 from fitkit.saving import Saving
 from fitkit.steps import Steps
+from fitkit.adapters.optimizers import optimizer_note
 from fitkit.summary import summarize
 
 
@@ -113,7 +115,9 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving):
         returns its loss. `metrics`: names, torchmetrics objects or callables. Options:
         `learning_rate`, `weight_decay`, `lr_scheduler`, `warmup_steps`, `warmup_ratio`,
         `max_grad_norm`, `gradient_accumulation_steps`, `accelerator`, `devices`, `strategy`,
-        `precision`, `num_nodes`, and any other `TrainingArguments` field as a default for fit.
+        `precision`, `num_nodes`, `jit_compile` (Keras' name: True, a torch.compile mode or a dict
+        of its keywords compiles the module; "auto", the default, does not), and any other
+        `TrainingArguments` field as a default for fit.
         """
         self.config = CompileConfig.build(optimizer, loss, metrics, **options)
         self._runtime.forget_optimizer()  # Keras: compiling again starts a fresh optimizer
@@ -262,7 +266,9 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving):
         """A table of layers, output shapes (when an example input is known) and parameter counts.
 
         Returns the text (it also shows when echoed in a REPL or notebook)."""
-        return summarize(self.module, example_input if example_input is not None else self._runtime.example)
+        notes = (optimizer_note(self.config.optimizer, self._runtime.optimizer),) if self.config else ()
+        notes += jit_note(self.config.args.jit_compile) if self.config else ()
+        return summarize(self.module, example_input if example_input is not None else self._runtime.example, notes)
 
     def __repr__(self) -> str:
         name = type(self._module).__name__ if self._module is not None else "model_init"

@@ -55,9 +55,10 @@ def _example_batch(example: Any) -> tuple | dict | None:
     return None
 
 
-def summarize(module: torch.nn.Module, example: Any = None) -> Summary:
+def summarize(module: torch.nn.Module, example: Any = None, notes: tuple[str, ...] = ()) -> Summary:
     """Build the summary table of `module`; with `example` (a tensor, tuple or dict of inputs)
-    output shapes are recorded by running it once in eval mode under `no_grad`."""
+    output shapes are recorded by running it once in eval mode under `no_grad`. `notes` are
+    lines shown after the totals (the optimizer, for one)."""
     shapes: dict[str, str] = {}
     batch = _example_batch(example)
     if batch is not None:
@@ -98,7 +99,7 @@ def summarize(module: torch.nn.Module, example: Any = None) -> Summary:
     total = sum(p.numel() for p in module.parameters())
     trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
     totals = [f"Total params: {total:,}", f"Trainable params: {trainable:,}",
-              f"Non-trainable params: {total - trainable:,}"]
+              f"Non-trainable params: {total - trainable:,}", *notes]
     title = f'Model: "{type(module).__name__}"'
     table = _table(title, rows, totals)
     return Summary(_plain_text(table), renderable=table)

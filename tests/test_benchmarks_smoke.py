@@ -1,6 +1,7 @@
 """The benchmark harness (benchmarks/) still runs: its smallest configuration, fitkit and the
-raw loop only, a few optimizer steps. No peer framework is needed (they are the `bench`
-extra, never test dependencies)."""
+two hand-written loops (the raw DataLoader loop and the slicing floor) only, a few optimizer
+steps; the per-call table and the prefetch scenario at their smallest. No peer framework is
+needed (they are the `bench` extra, never test dependencies)."""
 
 import os
 import sys
@@ -11,22 +12,87 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from benchmarks import common, peers, run  # noqa: E402
+import pytest  # noqa: E402
+
+from benchmarks import common, fixed, peers, run, scenarios  # noqa: E402
 
 
-def test_fitkit_and_raw_loop_run_exactly_the_requested_steps():
+def test_fitkit_and_both_hand_loops_run_exactly_the_requested_steps():
     w = common.workload("tiny", quick=True, steps=5, reps=2)
-    with common.StepCounter() as counted:  # torch's global hook: every optimizer step of both
-        result = peers.measure(w, common.Env(), ("raw", "fitkit"), fixed_cost=False)
+    with common.StepCounter() as counted:  # torch's global hook: every optimizer step of the three
+        result = peers.measure(w, common.Env(), ("raw", "slice", "fitkit"), fixed_cost=False)
     # each contender: one counted warm-up run and `reps` timed runs of `steps` steps
-    assert counted.count == 2 * (1 + w.reps) * w.steps
-    assert result["steps_verified"] == {"raw": w.steps, "fitkit": w.steps}
-    assert result["frameworks"] == ["raw", "fitkit"] and not result["skipped"]
-    for name in ("raw", "fitkit"):
+    assert counted.count == 3 * (1 + w.reps) * w.steps
+    assert result["steps_verified"] == {"raw": w.steps, "slice": w.steps, "fitkit": w.steps}
+    assert result["frameworks"] == ["raw", "slice", "fitkit"] and not result["skipped"]
+    for name in ("raw", "slice", "fitkit"):
         assert len(result["run_seconds"][name]) == w.reps
         assert all(t > 0 for t in result["run_seconds"][name])
     assert result["ratio"]["raw"]["median"] == 1.0
     assert result["ratio"]["fitkit"]["median"] > 0
+    # the second floor: the same runs, relative to the slicing loop
+    assert result["vs_slice"]["whole_fit_ratio"]["slice"]["median"] == 1.0
+    assert result["vs_slice"]["whole_fit_ratio"]["fitkit"]["median"] > 0
+    from benchmarks.plot import floor_rows  # the figure's targets panel reads them (matplotlib not needed here)
+
+    (row,) = floor_rows({"peers": {"CPU": [result]}})
+    assert row["target"] == w.slice_target == 0.85 and row["verdict"] in ("PASS", "borderline", "over")
+
+
+def test_the_slicing_loop_takes_every_sample_once_per_epoch():
+    """The floor does the loop's work: `steps` optimizer steps an epoch, each on a batch of
+    distinct samples, every sample once (the network sees which rows it gets)."""
+    w = common.workload("tiny", quick=True, steps=6, reps=1)
+    x, y = common.data(w)
+    x = torch.arange(len(x), dtype=torch.float32)[:, None].expand(-1, w.dims[0]).contiguous()  # row i holds i
+    seen = []
+    net = common.mlp(w.dims)
+    net[0].register_forward_pre_hook(lambda module, args: seen.append(args[0][:, 0].long().tolist()))
+    c = peers.build_slice(net, x, y, w, common.Env())
+    with common.StepCounter() as counted:
+        c.run()
+    assert counted.count == w.steps and len(seen) == w.steps
+    assert all(len(batch) == w.batch for batch in seen)
+    assert sorted(i for batch in seen for i in batch) == list(range(len(x)))
+
+
+def test_the_per_call_table_runs_smallest():
+    w = common.workload("tiny", quick=True)
+    result = fixed.measure(w, common.Env(), calls=2, reps=1, names=("raw", "slice", "fitkit"))
+    tob = result["train_on_batch"]
+    assert tob["steps_verified"]["train_on_batch"] == 2 and tob["steps_verified"]["hand step"] == 2
+    one = result["one_step_fit"]
+    assert one["steps_verified"] == {"raw": 2, "slice": 2, "fitkit": 2}
+    whats = [row["what"] for row in result["rows"]]
+    assert "train_on_batch / hand step" in whats
+    assert any(w.startswith("one-step fit: fitkit / Poutyne") for w in whats)  # measured or "not measured"
+    assert "fused" in result["fitkit_optimizer"]
+
+
+def test_the_prefetch_scenario_runs_smallest():
+    import dataclasses
+
+    w = dataclasses.replace(scenarios.PREFETCH_WORKLOAD, steps=2, reps=1)
+    result = scenarios.prefetch(w)
+    for name in ("raw", "fitkit(Dataset)", "fitkit(DataLoader)", "raw (again)"):
+        assert result["steps_verified"][name] == 2 and result["steps_verified"][f"{name}@1"] == 1
+    rows = {row["what"]: row for row in result["rows"]}
+    first = next(row for what, row in rows.items() if what.startswith("fitkit given the Dataset, default"))
+    assert first["strict"] and first["verdict"] in ("PASS", "within noise", "over")
+    if scenarios.prefetch_default() is not None:  # once fitkit has the option, prefetch=False runs too
+        assert "fitkit(Dataset) prefetch=False" in result["steps_verified"]
+
+
+def test_an_option_fitkit_lacks_skips_its_contender():
+    net = common.mlp((4, 3))
+    with pytest.raises(peers.OptionMissing, match="no_such_option"):
+        peers.fitkit_model(net, common.Env(), no_such_option=True)
+    model = peers.fitkit_model(net, common.Env())
+    with pytest.raises(peers.OptionMissing, match="no_such_fit_option"):
+        peers.check_fit_options(model, {"no_such_fit_option": 1})
+    assert isinstance(peers.OptionMissing("x"), common.Skip)  # compare skips it with the reason
+    assert "jit" in run.parse(["--jit", "--only", "peers"]).parts
+    assert "jit" not in run.parse([]).parts  # only when asked
 
 
 def test_a_contender_with_the_wrong_step_count_is_caught():
@@ -60,4 +126,5 @@ def test_the_command_line_prints_the_table(capsys):
                      "--steps", "3", "--reps", "1", "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "| tiny (32-64-10, batch 64, 3 steps/fit)" in out
-    assert "fitkit" in out and "raw loop" in out
+    assert "fitkit" in out and "raw loop" in out and "slicing loop" in out
+    assert "fitkit against the two hand-written loops" in out and "<= 0.85" in out

@@ -34,15 +34,30 @@ def check_optimizer(spec: Any) -> None:
         )
 
 
+#: The implementation torch runs fastest for a named optimizer on a device type, measured with
+#: torch 2.13 (CPU: one thread, the tiny MLP of `benchmarks/`: fused Adam 213 us a step against
+#: 298 us for the default, Adagrad 206 against 242; fused SGD 182 against 174, and foreach no
+#: faster than the default anywhere on CPU). "fused" and "foreach" compute the same update as the
+#: default loop (the same algorithm, not an approximation); names not listed keep torch's default.
+FASTEST: dict[tuple[str, str], str] = {
+    ("adam", "cpu"): "fused", ("adamw", "cpu"): "fused", ("adagrad", "cpu"): "fused",
+    ("adam", "cuda"): "fused", ("adamw", "cuda"): "fused", ("sgd", "cuda"): "fused",
+    ("adagrad", "cuda"): "foreach", ("rmsprop", "cuda"): "foreach",
+}
+
 #: Named optimizers whose `eps` would vanish in float16 (1e-8 underflows): used with "16-true".
 _EPS_FP16 = {"adam": 1e-4, "adamw": 1e-4, "rmsprop": 1e-4, "adagrad": 1e-4}
 
 
 def build_optimizer(
     spec: Any, params: Iterable[torch.nn.Parameter], learning_rate: float | None, weight_decay: float | None,
-    precision: str | None = None,
+    precision: str | None = None, module: torch.nn.Module | None = None,
 ) -> torch.optim.Optimizer:
-    """Build the optimizer over `params` (the parameters of the module as set up by Fabric)."""
+    """Build the optimizer over `params` (the parameters of the module as set up by Fabric).
+
+    A name builds torch's class in the fastest exact implementation for the parameters' device
+    (`FASTEST`; `module` tells whether some layer makes sparse gradients, which only the default
+    implementation takes). A class, instance or callable is built as given."""
     check_optimizer(spec)
     if isinstance(spec, torch.optim.Optimizer):
         return spec
@@ -54,6 +69,13 @@ def build_optimizer(
         kwargs["lr"] = default_lr if learning_rate is None else learning_rate
         if str(precision) in ("16-true", "16") and spec.lower() in _EPS_FP16:
             kwargs["eps"] = _EPS_FP16[spec.lower()]  # pure float16 weights: keep the denominator representable
+        params = list(params)
+        kind = fastest_implementation(spec.lower(), params, module)
+        if kind is not None:
+            try:
+                return cls(params, **kwargs, **{kind: True})
+            except (RuntimeError, ValueError):  # a device or dtype this implementation does not take
+                pass
         return cls(params, **kwargs)
     if isinstance(spec, type) and issubclass(spec, torch.optim.Optimizer):
         if learning_rate is not None:
@@ -66,6 +88,54 @@ def build_optimizer(
         for group in optimizer.param_groups:
             group["lr"] = learning_rate
     return optimizer
+
+
+def fastest_implementation(name: str, params: list, module: torch.nn.Module | None = None) -> str | None:
+    """"fused", "foreach" or None (torch's default) for the optimizer `name` over `params`."""
+    flat = [p for p in params if isinstance(p, torch.Tensor)] or [
+        p for group in params if isinstance(group, dict) for p in group["params"]]
+    if not flat or any(not p.is_floating_point() for p in flat):  # complex parameters: the default loop
+        return None
+    if module is not None and any(getattr(m, "sparse", False) is True for m in module.modules()):
+        return None  # sparse embedding gradients: only the default loop takes them
+    devices = {p.device.type for p in flat}
+    return FASTEST.get((name, devices.pop())) if len(devices) == 1 else None
+
+
+def implementation(optimizer: Any) -> str:
+    """Which implementation `optimizer` (torch's, or Fabric's wrapper around it) runs:
+    "fused", "foreach" or "for-loop" (torch's loop over tensors); "its own" for an optimizer
+    without those options."""
+    inner = getattr(optimizer, "optimizer", optimizer)
+    group = inner.param_groups[0] if getattr(inner, "param_groups", None) else {}
+    if group.get("fused"):
+        return "fused"
+    if group.get("foreach"):
+        return "foreach"
+    if "foreach" in group or "fused" in group:
+        on_cuda = group.get("foreach") is None and all(p.is_cuda for p in group["params"])
+        return "foreach" if on_cuda else "for-loop"  # torch's default: foreach for CUDA tensors
+    return "its own"
+
+
+def describe(optimizer: Any) -> str:
+    """`Adam (fused)`: the class and its implementation, for `summary()` and logs."""
+    inner = getattr(optimizer, "optimizer", optimizer)
+    return f"{type(inner).__name__} ({implementation(inner)})"
+
+
+def optimizer_note(spec: Any, built: Any = None) -> str:
+    """The summary's optimizer line: what was built, else what a name will build."""
+    if built is not None:
+        return f"Optimizer: {describe(built)}"
+    if isinstance(spec, str):
+        cls = OPTIMIZERS[spec.lower()][0].__name__
+        kinds = sorted({kind for (name, _), kind in FASTEST.items() if name == spec.lower()})
+        where = "; ".join(f"{k} on {', '.join(d for (n, d), v in FASTEST.items() if n == spec.lower() and v == k)}"
+                          for k in kinds)
+        where = f"{where}, torch's default elsewhere" if where else "torch's default"
+        return f"Optimizer: {cls} ({where}; built at the first fit)"
+    return f"Optimizer: {getattr(spec, '__name__', type(spec).__name__)} (as given)"
 
 
 def build_scheduler(

@@ -285,6 +285,31 @@ def _does_nothing(handler: Any) -> bool:
     return _code_does_nothing(func.__code__)
 
 
+def _listening(callback: Any, event: str) -> tuple[bool, bool]:
+    """Whether `callback` handles `event`, and whether that handler comes from transformers.
+    Decided by the class (remembered: a handler runs once per fit for each event) unless the
+    instance holds the event itself or the class makes attributes on the fly."""
+    cls = type(callback)
+    if event in getattr(callback, "__dict__", ()) or _makes_attributes(cls):
+        method = getattr(callback, event, None)
+        return callable(method) and not _does_nothing(method), from_transformers(callback, event)
+    return _class_listening(cls, event)
+
+
+@functools.lru_cache(maxsize=4096)
+def _class_listening(cls: type, event: str) -> tuple[bool, bool]:
+    method = getattr(cls, event, None)
+    listens = callable(method) and not _does_nothing(method)
+    hf = cls.__module__.startswith("transformers") or any(
+        k.__module__.startswith("transformers") and event in k.__dict__ for k in cls.__mro__)
+    return listens, hf
+
+
+@functools.lru_cache(maxsize=1024)
+def _makes_attributes(cls: type) -> bool:
+    return cls.__getattribute__ is not object.__getattribute__ or hasattr(cls, "__getattr__")
+
+
 def _defines_an_event(obj: Any) -> bool:
     return any(callable(getattr(obj, event, None)) for event in EVENTS)
 
@@ -433,11 +458,11 @@ class CallbackHandler(TrainerCallback):
         """The bound methods that handle `event`, cached."""
         found = self._listeners.get(event)
         if found is None:
-            found = [
-                self._hf_wrapped(event, getattr(cb, event)) if from_transformers(cb, event) else getattr(cb, event)
-                for cb in self.callbacks
-                if callable(getattr(cb, event, None)) and not _does_nothing(getattr(cb, event))
-            ]
+            found = []
+            for cb in self.callbacks:
+                listens, hf = _listening(cb, event)
+                if listens:
+                    found.append(self._hf_wrapped(event, getattr(cb, event)) if hf else getattr(cb, event))
             self._listeners[event] = found
         return found
 
@@ -452,6 +477,7 @@ class CallbackHandler(TrainerCallback):
     def invalidate(self) -> None:
         """Forget cached listeners (call after changing a callback's methods at run time)."""
         self._listeners = {}
+        _class_listening.cache_clear()
 
     # -- firing -----------------------------------------------------------------------
     def call_event(self, event: str, args, state, control, **kwargs):

@@ -23,6 +23,7 @@ import shutil
 from dataclasses import fields
 from typing import Any, Callable, Iterable, Iterator
 
+from fitkit.adapters.optimizers import implementation
 from fitkit.callbacks.base import TrainerControl, TrainerState
 from fitkit.engine import run_lock
 from fitkit.engine.elastic import load_state, saved_layout
@@ -262,7 +263,8 @@ def _finish(tmp: str, final: str, state: TrainerState, args: Any, optimizer: Any
     with open(os.path.join(tmp, ARGS_FILE), "w", encoding="utf-8") as f:
         f.write(args.to_json_string())
     write_manifest(tmp, {"format": "fitkit-checkpoint", "version": FORMAT_VERSION, "global_step": state.global_step,
-                         "optimizer": optimizer_class(optimizer)})
+                         "optimizer": optimizer_class(optimizer),
+                         "optimizer_implementation": None if optimizer is None else implementation(optimizer)})
     replaced = f"{tmp}-replaced" if os.path.exists(final) else None  # a temporary name: swept when left
     if replaced:
         os.replace(final, replaced)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import weakref
 from typing import Any, Iterable, Iterator
 
 import torch
@@ -22,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 
 from fitkit.engine.batch import LABEL_KEYS, Batch, first_leaf, batch_size_of, split_batch  # noqa: F401 - re-exported
 from fitkit.engine.collate import SampleList, is_sample_list, loader_options
+from fitkit.engine.prefetch import can_prefetch, read_ahead
 from fitkit.engine.rng import rng_state, set_rng_state
 from fitkit.engine.step import set_loader_epoch
 from fitkit.tensors import map_tensors
@@ -112,6 +114,9 @@ class DataSource:
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
         """The batches of `epoch` from batch number `start` on."""
         raise NotImplementedError
+
+    def stop_prefetch(self) -> None:
+        """Stop the threads reading batches ahead that `batches` started (none here)."""
 
     def resume_at(self, position: Any) -> int:
         """Continue a resumed epoch where `position` (a `LoopSnapshot`) left it: return the
@@ -337,7 +342,10 @@ def evaluation_shard(loader: DataLoader, rank: int, world_size: int) -> DataLoad
 
 
 class LoaderSource(CountsSamples):
-    """A DataLoader (given, or built over a Dataset) or any re-iterable of batches."""
+    """A DataLoader (given, or built over a Dataset) or any re-iterable of batches.
+
+    With `prefetch` (set by `adapt`), a thread reads the next batches while a step runs
+    (`fitkit.engine.prefetch`); it turns off for good once the Dataset is seen drawing random numbers."""
 
     def __init__(self, loader: Iterable, *, num_samples: int | None = None):
         self.loader = loader
@@ -345,6 +353,8 @@ class LoaderSource(CountsSamples):
         self.class_weight: torch.Tensor | None = None
         self.sampler: EpochSampler | None = None  # set when fitkit built the loader
         self.distributed = False
+        self.prefetch = False
+        self._readers: weakref.WeakSet = weakref.WeakSet()  # the prefetch threads started
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
@@ -388,7 +398,12 @@ class LoaderSource(CountsSamples):
         # from the RNG at the first fetch, and a resuming caller restores the RNG right after this.
         iterator = iter(loader)
         first = next(iterator, _END)
-        iterator = iter(()) if first is _END else itertools.chain((first,), iterator)
+        if first is _END:
+            iterator = iter(())
+        elif self.prefetch:
+            iterator = read_ahead(first, iterator, readers=self._readers, on_draws=self._no_prefetch)
+        else:
+            iterator = itertools.chain((first,), iterator)
         if start and not skip_in_sampler:
             if not self._warned_skip:
                 logger.warning("resuming mid-epoch re-reads %d batches of this DataLoader to skip them; "
@@ -396,6 +411,15 @@ class LoaderSource(CountsSamples):
                 self._warned_skip = True
             iterator = itertools.islice(iterator, start, None)
         return self._split(iterator)
+
+    def stop_prefetch(self) -> None:
+        for reader in list(self._readers):
+            reader.close()
+
+    def _no_prefetch(self) -> None:
+        self.prefetch = False
+        logger.debug("the Dataset of `%s` draws from the global random generators: its batches are read on the "
+                     "training thread, not ahead, so the run's random numbers stay as without prefetching", self.name)
 
     def first_batch(self) -> Batch | None:
         """The loader's first batch, read through a fresh iterator: the global generators and the
@@ -519,6 +543,8 @@ def adapt(
     source, tensors = _adapt(x, y, sample_weight, batch_size=batch_size, shuffle=shuffle, seed=seed, name=name,
                              cast_float64=cast_float64, args=args)
     source.name = name
+    if isinstance(source, LoaderSource):
+        source.prefetch = getattr(args, "prefetch", True) and can_prefetch(source.loader)
     return source, tensors
 
 

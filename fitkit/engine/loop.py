@@ -22,6 +22,7 @@ from fitkit.engine.data import Batch, DataSource
 from fitkit.engine.eval_prediction import PredictionCollector
 from fitkit.engine.overrides import StepMeans, StepOverrides, StepTools, as_data, step_values
 from fitkit.engine.preemption import Preemption
+from fitkit.engine.prefetch import stopping
 from fitkit.engine.rng import rng_state, set_rng_state
 from fitkit.engine.run_metrics import RunMetrics
 from fitkit.engine.running_loss import EpochLoss
@@ -92,7 +93,7 @@ class Loop:
         first_step = state.global_step
         figures = RunMetrics(self.fabric.device, memory=not args.skip_memory_metrics)
         try:
-            with self.preemption.watching():
+            with self.preemption.watching(), stopping(train):  # a prefetch thread ends with the run
                 self._epochs(train, resume)
         except StopTraining as stop:
             reason = str(stop) or type(stop).__name__
@@ -387,7 +388,7 @@ class Loop:
         collector = PredictionCollector.of(self.args)  # HF's compute_metrics, when set
         total = torch.zeros((), device=fabric.device, dtype=torch.float64)
         count, with_loss = 0, False
-        with stepper.inference():
+        with stepper.inference(), stopping(source):
             for batch in first(source.batches(0), steps):
                 loss, out = stepper.forward(batch)
                 if loss is not None:
@@ -417,7 +418,7 @@ class Loop:
         """`evaluate` through an overridden `test_step`: its values, sample-weighted means."""
         means, carry = StepMeans(self.fabric.device), self._carry["on_prediction_step"]
         count = 0
-        with self.stepper.inference():
+        with self.stepper.inference(), stopping(source):
             for batch in first(source.batches(0), steps):
                 values = step_values(self.overrides.test_step(as_data(batch)), "test_step")
                 means.add(values, batch.size)
@@ -442,7 +443,7 @@ class Loop:
         stepper, own_step = self.stepper, self.overrides.predict_step
         carry = self._carry["on_prediction_step"]
         outputs: list = []
-        with stepper.inference():
+        with stepper.inference(), stopping(source):
             for batch in first(source.batches(0), steps):
                 if own_step is None:
                     _, out = stepper.forward(batch, with_loss=False)

@@ -24,6 +24,11 @@ from fitkit.engine.step import Stepper
 def _batch(runtime: Any, module: torch.nn.Module, x: Any, y: Any, sample_weight: Any,
            class_weight: dict | None) -> Batch:
     """The whole of `x` (and `y`, weights) as one batch on the run's device."""
+    if (type(x) is torch.Tensor and (y is None or type(y) is torch.Tensor) and sample_weight is None
+            and class_weight is None and x.dim() and x.shape[0] and (y is None or (y.dim() and len(y) == len(x)))
+            and x.dtype is not torch.float64 and (y is None or y.dtype is not torch.float64)
+            and x.device == runtime.fabric.device):
+        return Batch((x,), y, None, x.shape[0])  # what `adapt` would make of it, without its checks' cost
     source, _ = adapt(x, y, sample_weight, batch_size=1 << 62, shuffle=False, name="x",
                       cast_float64=not keeps_float64(module))
     if class_weight is not None:
@@ -34,9 +39,26 @@ def _batch(runtime: Any, module: torch.nn.Module, x: Any, y: Any, sample_weight:
 
 
 def _stepper(runtime: Any, module: torch.nn.Module, config: Any, args: Any, overrides: StepOverrides,
-             optimizer: Any) -> Stepper:
+             train: bool = False) -> Stepper:
+    """The `Stepper` of batch calls (with the optimizer built when `train`). It is kept on the
+    runtime while the module, the arguments, the loss and the set-up objects stay the same, so a
+    loop of `train_on_batch` pays the set-up once."""
+    loss_fn = config.loss_fn if config else None
+    kept = runtime.batch_stepper
+    if (kept is not None and kept.key_module is module and kept.key_args is args and kept.loss is loss_fn
+            and kept.compute_loss == overrides.compute_loss and kept.module is runtime.wrapped
+            and (kept.optimizer is runtime.optimizer and (kept.optimizer is not None or not train))):
+        if train and args.learning_rate is not None:  # as `Runtime.optimizer_for` does on every call
+            for group in kept.optimizer.param_groups:
+                group["lr"] = args.learning_rate
+        return kept
+    runtime.launch(args)
     _, wrapped = runtime.setup(module, args)
-    return Stepper(runtime.fabric, wrapped, optimizer, config.loss_fn if config else None, overrides.compute_loss)
+    optimizer = runtime.optimizer_for(config.optimizer, args) if train else runtime.optimizer
+    stepper = Stepper(runtime.fabric, wrapped, optimizer, loss_fn, overrides.compute_loss)
+    stepper.key_module, stepper.key_args = module, args
+    runtime.batch_stepper = stepper
+    return stepper
 
 
 def _logs(metric_specs: list, loss: torch.Tensor | None, out: Any, batch: Batch) -> dict[str, float]:
@@ -53,10 +75,7 @@ def _logs(metric_specs: list, loss: torch.Tensor | None, out: Any, batch: Batch)
 def train(runtime: Any, module: torch.nn.Module, config: Any, args: Any, overrides: StepOverrides, x: Any,
           y: Any = None, sample_weight: Any = None, class_weight: dict | None = None) -> dict[str, float]:
     """One optimizer step on `(x, y)`; the batch's loss and metrics (computed before the step)."""
-    runtime.launch(args)
-    runtime.setup(module, args)
-    optimizer = runtime.optimizer_for(config.optimizer, args)
-    stepper = _stepper(runtime, module, config, args, overrides, optimizer)
+    stepper = _stepper(runtime, module, config, args, overrides, train=True)
     batch = _batch(runtime, module, x, y, sample_weight, class_weight)
     stepper.train_mode(True)
     if overrides.train_step is not None:
@@ -81,8 +100,7 @@ def train(runtime: Any, module: torch.nn.Module, config: Any, args: Any, overrid
 def test(runtime: Any, module: torch.nn.Module, config: Any, args: Any, overrides: StepOverrides, x: Any,
          y: Any = None, sample_weight: Any = None) -> dict[str, float]:
     """The loss and metrics of `(x, y)`, in evaluation mode, nothing updated."""
-    runtime.launch(args)
-    stepper = _stepper(runtime, module, config, args, overrides, runtime.optimizer)
+    stepper = _stepper(runtime, module, config, args, overrides)
     batch = _batch(runtime, module, x, y, sample_weight, None)
     with stepper.inference():
         if overrides.test_step is not None:
@@ -101,8 +119,7 @@ def predict(runtime: Any, module: torch.nn.Module, config: Any, args: Any, overr
     """The outputs for `x` (one batch), on CPU."""
     from fitkit.tensors import to_cpu
 
-    runtime.launch(args)
-    stepper = _stepper(runtime, module, config, args, overrides, runtime.optimizer)
+    stepper = _stepper(runtime, module, config, args, overrides)
     batch = _batch(runtime, module, x, None, None, None)
     with stepper.inference():
         if overrides.predict_step is not None:

@@ -19,6 +19,7 @@ from fitkit.adapters.optimizers import build_optimizer
 from fitkit.arguments import TrainingArguments
 from fitkit.engine.checks import CheckMemo
 from fitkit.engine.data import BlockSampler, DataSource, TensorSource, evaluation_shard
+from fitkit.jit_compile import jit_kwargs
 from fitkit.tensors import to_cpu
 
 _DEVICE_KEYS = ("accelerator", "devices", "strategy", "precision", "num_nodes")
@@ -37,11 +38,13 @@ class Runtime:
         self.key: tuple | None = None
         self.wrapped: torch.nn.Module | None = None  # the module as Fabric set it up
         self.wrapped_of: torch.nn.Module | None = None
+        self.wrapped_jit: dict[str, Any] | None = None  # the torch.compile keywords it was set up with
         self.optimizer: Any = None  # Fabric's wrapper around the optimizer
         self.example: Any = None  # the first in-memory training input (summary's shapes)
         self.in_child = False  # inside a process a spawn strategy started
         self.checked = CheckMemo()  # in-memory data whose first batch was checked already
         self.tools: Any = None  # during a call with overridden steps: their `StepTools`
+        self.batch_stepper: Any = None  # the Stepper `train_on_batch` and its kin keep (engine/on_batch.py)
 
     # -- Fabric, module, optimizer ------------------------------------------------------------
     def launch(self, args: TrainingArguments) -> Any:
@@ -55,11 +58,18 @@ class Runtime:
         return self.fabric
 
     def setup(self, module: torch.nn.Module, args: TrainingArguments) -> tuple[Any, torch.nn.Module]:
-        """The Fabric and `module` as set up by it (again only when the module changed)."""
+        """The Fabric and `module` as set up by it: again only when the module or the resolved
+        `jit_compile` changed, so a compiled module (and torch's compiled code) serves every fit."""
         fabric = self.launch(args)
-        if self.wrapped is None or self.wrapped_of is not module:
-            self.wrapped, self.wrapped_of = fabric.setup_module(module), module
-            self.optimizer = None
+        jit = jit_kwargs(args.jit_compile)
+        if self.wrapped is None or self.wrapped_of is not module or self.wrapped_jit != jit:
+            before = _parameter_ids(self.wrapped) if self.wrapped_of is module else None
+            # Fabric sets the strategy up on the module inside the OptimizedModule, then compiles
+            # that again with the same keywords; state_dict and checkpoints see the plain module.
+            target = module if jit is None else torch.compile(module, **jit)
+            self.wrapped, self.wrapped_of, self.wrapped_jit = fabric.setup_module(target), module, jit
+            if before is None or before != _parameter_ids(self.wrapped):
+                self.optimizer = None  # only jit_compile changed: the optimizer (and its state) stays
         return fabric, self.wrapped
 
     def optimizer_for(self, spec: Any, args: TrainingArguments) -> Any:
@@ -68,7 +78,7 @@ class Runtime:
         if self.optimizer is None:
             _check_bound_to(spec, self.wrapped)
             opt = build_optimizer(spec, self.wrapped.parameters(), args.learning_rate, args.weight_decay,
-                                  precision=args.precision)
+                                  precision=args.precision, module=self.wrapped)
             self.optimizer = self.fabric.setup_optimizers(opt)
         elif args.learning_rate is not None:
             for group in self.optimizer.param_groups:
@@ -132,6 +142,10 @@ class Runtime:
     def adopt(self, fabric: Any, key: tuple) -> None:
         """In a spawned process: run on the Fabric that started it."""
         self.fabric, self.key, self.wrapped, self.in_child = fabric, key, None, True
+
+
+def _parameter_ids(module: torch.nn.Module | None) -> list[int] | None:
+    return None if module is None else [id(p) for p in module.parameters()]
 
 
 def _check_bound_to(spec: Any, module: torch.nn.Module) -> None:

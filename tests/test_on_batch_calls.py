@@ -1,0 +1,74 @@
+"""`train_on_batch` in a loop: its set-up is paid once and kept while nothing it depends on
+changes; each call is exactly a hand-written step."""
+
+import torch
+
+from fitkit import Model
+
+
+def _net(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+
+
+def _batches(n=6):
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)) for _ in range(n)]
+
+
+def test_a_loop_of_train_on_batch_is_the_hand_written_loop():
+    model = Model(_net()).compile("adam", "cross_entropy", learning_rate=1e-2)
+    hand = _net()
+    optimizer = torch.optim.Adam(hand.parameters(), lr=1e-2, fused=True)  # what the name "adam" builds on CPU
+    for x, y in _batches():
+        reported = model.train_on_batch(x, y)
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(hand(x), y)
+        loss.backward()
+        optimizer.step()
+        assert reported == loss.item()  # the batch's loss before the update, as Keras reports it
+    for a, b in zip(model.module.parameters(), hand.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_the_kept_set_up_is_rebuilt_when_what_it_depends_on_changes():
+    model = Model(_net()).compile("adam", "cross_entropy")
+    (x, y), (x2, y2) = _batches(2)
+    model.train_on_batch(x, y)
+    kept = model.runtime.batch_stepper
+    model.train_on_batch(x2, y2)
+    assert model.runtime.batch_stepper is kept  # nothing changed: set up once
+    model.test_on_batch(x, y)
+    model.predict_on_batch(x)
+    assert model.runtime.batch_stepper is kept
+
+    model.compile("sgd", "cross_entropy")  # a fresh optimizer (Keras): the kept steps must not use the old one
+    model.train_on_batch(x, y)
+    assert model.runtime.batch_stepper is not kept
+    assert type(model.runtime.batch_stepper.optimizer.optimizer).__name__ == "SGD"
+    assert model.runtime.optimizer is model.runtime.batch_stepper.optimizer
+
+
+def test_the_compiled_rate_is_set_on_every_call_as_before():
+    model = Model(_net()).compile("adam", "cross_entropy", learning_rate=0.05)
+    (x, y), (x2, y2) = _batches(2)
+    model.train_on_batch(x, y)
+    model.runtime.optimizer.param_groups[0]["lr"] = 0.5
+    model.train_on_batch(x2, y2)
+    assert model.runtime.optimizer.param_groups[0]["lr"] == 0.05
+
+
+def test_inputs_that_need_adapting_still_are():
+    """float64 features are cast to float32 (the module's dtype) as fit casts them; a length
+    mismatch is still the clear error."""
+    (x, y), = _batches(1)
+    a = Model(_net()).compile("sgd", "cross_entropy")
+    b = Model(_net()).compile("sgd", "cross_entropy")
+    assert a.test_on_batch(x, y) == b.test_on_batch(x.double(), y)
+    assert a.train_on_batch(x, y) == b.train_on_batch(x.double(), y)
+    try:
+        a.train_on_batch(x, y[:3])
+    except ValueError as err:
+        assert "`x` has 8 samples but `y` has 3" in str(err)
+    else:
+        raise AssertionError("a length mismatch trained")
