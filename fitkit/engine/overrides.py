@@ -13,6 +13,7 @@ With nothing overridden, `StepOverrides.none()` is falsy and the loop keeps its 
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -38,11 +39,19 @@ class StepOverrides:
     @classmethod
     def of(cls, obj: Any, base: type) -> "StepOverrides":
         """The methods of `obj` whose class overrides `base`'s definition of them."""
-        found = {}
-        for name in STEP_NAMES:
-            mine = getattr(type(obj), name, None)
-            found[name] = getattr(obj, name) if mine is not None and mine is not getattr(base, name) else None
-        return cls(**found)
+        names = _overridden(type(obj), base)
+        if not names:
+            return _NOTHING  # every call of a plain Model: nothing to bind
+        return cls(**{name: getattr(obj, name) for name in names})
+
+
+@functools.lru_cache(maxsize=256)
+def _overridden(owner: type, base: type) -> tuple[str, ...]:
+    return tuple(name for name in STEP_NAMES
+                 if getattr(owner, name, None) is not None and getattr(owner, name) is not getattr(base, name))
+
+
+_NOTHING = StepOverrides()
 
 
 def keras_x(inputs: tuple | dict) -> Any:
