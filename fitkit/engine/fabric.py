@@ -149,11 +149,22 @@ def build_fabric(args: TrainingArguments):
         if fabric.world_size > 1:
             _watch_for_crash()
             _children.extend(getattr(getattr(fabric.strategy, "launcher", None), "procs", None) or ())
-            atexit.register(_teardown)
+            teardown_at_exit()
     return fabric
 
 
+def teardown_at_exit() -> None:
+    """Run the exit teardown (`_teardown`) when this process exits; once per process. Called
+    where a multi-process run starts: after `fabric.launch()`, and in each process a spawn
+    strategy starts (`Runtime.adopt`), which ends through the interpreter's exit as well."""
+    global _teardown_registered
+    if not _teardown_registered:
+        atexit.register(_teardown)
+        _teardown_registered = True
+
+
 _crashed = False
+_teardown_registered = False
 _children: list = []  # processes Fabric's launcher started from this one
 _releases: list = []  # weak methods `_teardown` calls once the process group is destroyed
 
@@ -169,6 +180,18 @@ def _watch_for_crash() -> None:
         previous(kind, value, traceback)
 
     sys.excepthook = hook
+
+
+def run_guarded(fabric: Any, child: Callable[..., Any], *args: Any) -> Any:
+    """`child(fabric, *args)` in a process a spawn strategy started: an exception it raises is
+    noted as a crash (as `_watch_for_crash` does for a script), so the exit teardown does not
+    wait at a barrier for the processes still training; the launcher stops them."""
+    global _crashed
+    try:
+        return child(fabric, *args)
+    except BaseException:
+        _crashed = True
+        raise
 
 
 def is_spawning(args: TrainingArguments) -> bool:

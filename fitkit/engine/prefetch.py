@@ -23,12 +23,14 @@ raised on the consumer's thread at the batch where it happened; closing the iter
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import queue
 import random
 import sys
 import threading
 import time
+import weakref
 from typing import Any, Callable, Iterator, MutableSet
 
 import torch
@@ -68,6 +70,7 @@ class Prefetcher:
         self._thread = threading.Thread(target=_produce, args=(iterator, self._queue, self._stop), name=name,
                                         daemon=True)
         self._thread.start()
+        _stop_at_exit(self)
 
     def __iter__(self) -> "Prefetcher":
         return self
@@ -99,6 +102,26 @@ class Prefetcher:
     def __del__(self) -> None:
         with contextlib.suppress(Exception):
             self.close()
+
+
+_live: "weakref.WeakSet[Prefetcher]" = weakref.WeakSet()
+
+
+def _stop_at_exit(reader: Prefetcher) -> None:
+    """Close `reader` at interpreter exit if nothing closed it. A daemon thread still inside a
+    torch call when the interpreter finalizes is ended there by `pthread_exit`, whose unwinding
+    through torch's noexcept frames aborts the process ("terminate called without an active
+    exception"). Registered on first use, so it runs before the exit teardown of the process
+    group (`engine/fabric.py`), which was registered earlier (atexit runs last-in, first-out)."""
+    if not _live and not getattr(_stop_at_exit, "registered", False):
+        atexit.register(_close_all)
+        _stop_at_exit.registered = True  # type: ignore[attr-defined]
+    _live.add(reader)
+
+
+def _close_all() -> None:
+    for reader in list(_live):
+        reader.close()
 
 
 def _produce(iterator: Iterator, out: queue.Queue, stop: threading.Event) -> None:

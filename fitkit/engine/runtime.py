@@ -135,13 +135,17 @@ class Runtime:
     def spawn(self, args: TrainingArguments, child: Callable[..., dict], *payload: Any) -> dict:
         """Run `child(fabric, key, *payload)` in the processes the strategy starts (a module-level
         function, so it pickles); rank 0's return value comes back."""
-        from fitkit.engine.fabric import build_fabric
+        from fitkit.engine.fabric import build_fabric, run_guarded
 
-        return build_fabric(args).launch(child, device_key(args), *payload)
+        return build_fabric(args).launch(run_guarded, child, device_key(args), *payload)
 
     def adopt(self, fabric: Any, key: tuple) -> None:
         """In a spawned process: run on the Fabric that started it."""
+        from fitkit.engine.fabric import teardown_at_exit
+
         self.fabric, self.key, self.wrapped, self.in_child = fabric, key, None, True
+        if fabric.world_size > 1:
+            teardown_at_exit()  # the process group ends before this process's interpreter does
 
 
 def _parameter_ids(module: torch.nn.Module | None) -> list[int] | None:
