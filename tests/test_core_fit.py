@@ -381,8 +381,12 @@ def test_closing_summary_has_speed_and_memory_figures(blobs):
     model = Model(mlp()).compile("adam", "cross_entropy")
     model.fit(x, y, epochs=2, batch_size=16, verbose=0)
     summary = model.state.log_history[-1]
-    assert summary["train_steps_per_second"] == pytest.approx(30 / summary["train_runtime"], rel=1e-2)
-    assert summary["train_samples_per_second"] == pytest.approx(30 * 16 / summary["train_runtime"], rel=1e-2)
+    # HF rounds the runtime to 4 decimals and the speeds to 3: on a fast run (a few ms) the
+    # runtime's rounding alone moves the quotient by more than 1%, so check within those bounds.
+    runtime = summary["train_runtime"]
+    assert runtime > 1e-4
+    for key, count in (("train_steps_per_second", 30), ("train_samples_per_second", 30 * 16)):
+        assert count / (runtime + 5e-5) - 5e-4 <= summary[key] <= count / (runtime - 5e-5) + 5e-4, key
     epochs = [r["loss"] for r in model.state.log_history if "loss" in r]
     assert summary["train_loss"] == pytest.approx(sum(epochs) / 2, rel=1e-6)  # equal-sized epochs
     assert not any(k.startswith("train_mem") for k in summary)
@@ -395,11 +399,15 @@ def test_closing_summary_has_speed_and_memory_figures(blobs):
             self.kept = []
 
         def forward(self, x):
-            self.kept.append(torch.ones(256, 1024))  # 1 MiB a step, kept: the RSS must grow
+            if self.training and not self.kept:  # the first training step (fit's probe runs in eval mode)
+                # 40 MiB at once, kept: above glibc's largest mmap threshold (32 MiB), so it takes new
+                # pages and the RSS must grow. Smaller blocks can reuse heap pages that are resident
+                # already (freed by earlier tests in this process), leaving the RSS as it was.
+                self.kept.append(torch.ones(10 * 2**20))
             return self.net(x)
 
     model = Model(Hungry()).compile("adam", "cross_entropy")
     model.fit(x, y, epochs=2, batch_size=16, verbose=0, skip_memory_metrics=False)
     summary = model.state.log_history[-1]
-    assert summary["train_mem_cpu_alloc_delta"] >= 20 * 2**20  # 30 MiB kept
+    assert summary["train_mem_cpu_alloc_delta"] >= 36 * 2**20  # 40 MiB kept
     assert summary["train_mem_cpu_peaked_delta"] >= 0
