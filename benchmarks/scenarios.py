@@ -348,27 +348,22 @@ def _row(what: str, r: dict, target: float | None = None, strict: bool = False, 
 SCENARIOS = ("display", "callbacks", "dataloader", "prefetch")
 
 
+def _sized(w: Workload, quick: bool, reps: int | None, quick_steps: int) -> Workload:
+    """`w` shortened for `--quick`, with `reps` repetitions when given."""
+    import dataclasses
+
+    if quick:
+        w = dataclasses.replace(w, steps=quick_steps, reps=3)
+    return w if reps is None else dataclasses.replace(w, reps=reps)
+
+
 def run_scenario(name: str, *, quick: bool, clock: str, log, reps: int | None = None) -> dict:
     if name == "display":
         return display(workload("compute", quick, reps=reps), clock=clock, log=log)
     if name == "callbacks":
         return callbacks(workload("tiny", quick, reps=reps), clock=clock, log=log)
     if name == "dataloader":
-        import dataclasses
-
-        w = LOADER_WORKLOAD
-        if quick:
-            w = dataclasses.replace(w, steps=10, reps=3)
-        if reps is not None:
-            w = dataclasses.replace(w, reps=reps)
-        return dataloader(w, clock=clock, log=log)
+        return dataloader(_sized(LOADER_WORKLOAD, quick, reps, quick_steps=10), clock=clock, log=log)
     if name == "prefetch":
-        import dataclasses
-
-        w = PREFETCH_WORKLOAD
-        if quick:
-            w = dataclasses.replace(w, steps=6, reps=3)
-        if reps is not None:
-            w = dataclasses.replace(w, reps=reps)
-        return prefetch(w, clock=clock, log=log)
+        return prefetch(_sized(PREFETCH_WORKLOAD, quick, reps, quick_steps=6), clock=clock, log=log)
     raise ValueError(f"unknown scenario {name!r}; choose from {', '.join(SCENARIOS)}")

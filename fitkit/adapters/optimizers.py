@@ -129,12 +129,13 @@ def optimizer_note(spec: Any, built: Any = None) -> str:
     if built is not None:
         return f"Optimizer: {describe(built)}"
     if isinstance(spec, str):
-        cls = OPTIMIZERS[spec.lower()][0].__name__
-        kinds = sorted({kind for (name, _), kind in FASTEST.items() if name == spec.lower()})
-        where = "; ".join(f"{k} on {', '.join(d for (n, d), v in FASTEST.items() if n == spec.lower() and v == k)}"
-                          for k in kinds)
+        devices: dict[str, list[str]] = {}  # implementation -> the device types it is chosen on
+        for (name, device), kind in FASTEST.items():
+            if name == spec.lower():
+                devices.setdefault(kind, []).append(device)
+        where = "; ".join(f"{kind} on {', '.join(devices[kind])}" for kind in sorted(devices))
         where = f"{where}, torch's default elsewhere" if where else "torch's default"
-        return f"Optimizer: {cls} ({where}; built at the first fit)"
+        return f"Optimizer: {OPTIMIZERS[spec.lower()][0].__name__} ({where}; built at the first fit)"
     return f"Optimizer: {getattr(spec, '__name__', type(spec).__name__)} (as given)"
 
 

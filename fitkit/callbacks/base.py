@@ -25,7 +25,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Protocol, runtime_checkable
 
-from fitkit.callbacks.hf_view import HFView, from_transformers
+from fitkit.callbacks.hf_view import HFView, class_from_transformers, from_transformers
 from fitkit.options import closest
 
 logger = logging.getLogger("fitkit")
@@ -300,9 +300,7 @@ def _listening(callback: Any, event: str) -> tuple[bool, bool]:
 def _class_listening(cls: type, event: str) -> tuple[bool, bool]:
     method = getattr(cls, event, None)
     listens = callable(method) and not _does_nothing(method)
-    hf = cls.__module__.startswith("transformers") or any(
-        k.__module__.startswith("transformers") and event in k.__dict__ for k in cls.__mro__)
-    return listens, hf
+    return listens, class_from_transformers(cls, event)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -29,10 +29,14 @@ _VAL, _EVAL = "val_", "eval_"
 def from_transformers(callback: Any, event: str) -> bool:
     """True when `callback`'s class comes from `transformers`: its own module, or that of any
     class in its MRO defining `event` (a subclass of `transformers.TrainerCallback` included)."""
-    mro = type(callback).__mro__
-    if mro[0].__module__.startswith("transformers"):
+    return class_from_transformers(type(callback), event)
+
+
+def class_from_transformers(owner: type, event: str) -> bool:
+    """`from_transformers` for a class: its own module, or that of a class in its MRO defining `event`."""
+    if owner.__module__.startswith("transformers"):
         return True
-    return any(cls.__module__.startswith("transformers") and event in cls.__dict__ for cls in mro)
+    return any(cls.__module__.startswith("transformers") and event in cls.__dict__ for cls in owner.__mro__)
 
 
 def hf_name(key: str) -> str:
