@@ -6,7 +6,7 @@ STAMP := $(VENV)/.fitkit-installed
 
 DOCS_STAMP := $(VENV)/.fitkit-docs-installed
 
-.PHONY: demo test bench docs clean
+.PHONY: demo test lint stress bench docs clean
 
 # Creates .venv when missing and installs fitkit with the extra $(1) (torch pinned by
 # constraints.txt), then touches the target stamp; each extra has its own stamp.
@@ -28,6 +28,14 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(PY) -m ruff check fitkit tests benchmarks examples
+
+# The long repetition loops (forty 2-process runs, many-trial searches) in full; `make test`
+# runs a short version of each.
+stress: $(STAMP)
+	FITKIT_STRESS=1 $(PY) -m pytest -q -m stress
 
 # bench: its own stamp, for the `bench` extra (peer frameworks, matplotlib; torch stays pinned).
 BENCH_STAMP := $(VENV)/.fitkit-bench-installed

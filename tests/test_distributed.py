@@ -212,13 +212,18 @@ os.write(1, f"DONE {rank}\\n".encode())
 """
 
 
-@pytest.mark.timeout(1200)  # 40 runs of two processes, each importing torch and Lightning
-def test_forty_consecutive_runs_end_cleanly_with_a_busy_core(tmp_path):
+# The default run makes 4 consecutive runs; `make stress` (FITKIT_STRESS=1) makes the full forty.
+CONSECUTIVE_RUNS = 40 if os.environ.get("FITKIT_STRESS") else 4
+
+
+@pytest.mark.stress
+@pytest.mark.timeout(1200)  # up to 40 runs of two processes, each importing torch and Lightning
+def test_consecutive_runs_end_cleanly_with_a_busy_core(tmp_path):
     tiny = tmp_path / "tiny.py"
     tiny.write_text(TINY)
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # one core taken, as on a shared node
     try:
-        for i in range(40):
+        for i in range(CONSECUTIVE_RUNS):
             torchrun = i % 2 == 1
             with reserved_port() as port:
                 proc = subprocess.run([*TORCHRUN, str(tiny)] if torchrun else [sys.executable, str(tiny)],
