@@ -24,7 +24,7 @@ from dataclasses import fields
 from typing import Any, Callable, Iterable, Iterator
 
 from fitkit.adapters.optimizers import implementation
-from fitkit.callbacks.base import TrainerControl, TrainerState
+from fitkit.callbacks.state import OffersCheckpoint, TrainerControl, TrainerState
 from fitkit.engine import run_lock
 from fitkit.engine.elastic import load_state, saved_layout
 from fitkit.engine.manifest import FORMAT_VERSION, MANIFEST, CheckpointError, sizes_match, verify, write_manifest
@@ -145,8 +145,7 @@ class Checkpointer:
         if self.args.resume_from_checkpoint:
             return resolve(self.args.resume_from_checkpoint, self.args.output_dir)
         for cb in callbacks:
-            offer = getattr(cb, "checkpoint_to_resume", None)
-            path = offer(self.args) if callable(offer) else None
+            path = cb.checkpoint_to_resume(self.args) if isinstance(cb, OffersCheckpoint) else None
             if path:
                 return verified(path)
         return None

@@ -16,7 +16,8 @@ import torch
 
 from fitkit.adapters.metrics import MetricSet
 from fitkit.arguments import TrainingArguments
-from fitkit.callbacks.base import CallbackHandler, StopTraining, TrainerControl, TrainerState
+from fitkit.callbacks.base import CallbackHandler
+from fitkit.callbacks.state import StopTraining, TrainerControl, TrainerState
 from fitkit.engine.checkpoint import Checkpointer, checkpoint_path
 from fitkit.engine.data import Batch, DataSource
 from fitkit.engine.eval_prediction import PredictionCollector
@@ -29,7 +30,7 @@ from fitkit.engine.running_loss import EpochLoss
 from fitkit.engine.snapshot import LoopSnapshot
 from fitkit.engine.step import Stepper
 from fitkit.adapters.optimizers import is_plateau
-from fitkit.callbacks.flow import best_metric_key
+from fitkit.logs import best_metric_key
 from fitkit.schedule import epoch_batches, unplanned_steps
 from fitkit.tensors import map_tensors, tensors_of, to_cpu
 

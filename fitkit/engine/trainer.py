@@ -22,8 +22,8 @@ import torch
 from fitkit.adapters.metrics import metric_directions
 from fitkit.adapters.optimizers import build_scheduler
 from fitkit.arguments import TrainingArguments
-from fitkit.callbacks.base import CallbackHandler, TrainerControl, TrainerState
-from fitkit.callbacks.progress import close_displays
+from fitkit.callbacks.base import CallbackHandler
+from fitkit.callbacks.state import TrainerControl, TrainerState
 from fitkit.compile_config import CompileConfig
 from fitkit.engine.checkpoint import Checkpointer
 from fitkit.engine.checks import check_data, keeps_float64
@@ -59,7 +59,6 @@ class Trainer:
         self.state: TrainerState | None = None
         self.control = TrainerControl()
         self.checkpointer: Checkpointer | None = None
-        self.preempted = False
 
     # -- fit ------------------------------------------------------------------------------------
     def fit(self, x: Any, y: Any = None, *, sample_weight: Any = None, validation_data: Any = None,
@@ -99,10 +98,9 @@ class Trainer:
             finally:
                 self.runtime.tools = None
                 self.control = loop.control
-                close_displays()  # also after an exception or KeyboardInterrupt: streams and cursor back
+                self.handler.close_run()  # also after an exception or KeyboardInterrupt: e.g. a live display
         if loop.preemption.preempted:
             # A scheduler sent SIGTERM: the checkpoint is written and on_train_end has fired.
-            self.preempted = True
             logger.warning("preempted: checkpoint written to %s; rerun with resume_from_checkpoint=True",
                            self.checkpointer.last)
             raise SystemExit(0)
