@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from fitkit.engine.data import TensorSource, adapt, epoch_permutation
-from fitkit.engine.snapshot import LoopSnapshot
+from fitkit.engine.checkpointer import LoopSnapshot
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "elastic.py")
 sys.path.insert(0, os.path.dirname(SCRIPT))

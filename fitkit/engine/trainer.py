@@ -25,7 +25,7 @@ from fitkit.arguments import TrainingArguments
 from fitkit.callbacks.base import CallbackHandler
 from fitkit.callbacks.state import TrainerControl, TrainerState
 from fitkit.compile_config import CompileConfig
-from fitkit.engine.checkpoint import Checkpointer
+from fitkit.engine.checkpointer import Checkpointer
 from fitkit.engine.checks import check_data, keeps_float64
 from fitkit.engine.data import DataSource, adapt, class_weight_table, split_validation
 from fitkit.engine.fabric import release_at_exit
