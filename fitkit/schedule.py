@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Any
-
 
 def steps_per_epoch(batches: int, accumulation: int) -> int:
     """Optimizer steps in an epoch of `batches` micro-batches (at least 1)."""

@@ -13,7 +13,7 @@ loading) is `fitkit.engine.checkpoint`. When a save happens is the loop's busine
         snapshot = checkpointer.resume(checkpointer.resume_path(callbacks))   # or None: a fresh run
         checkpointer.restore_callbacks(snapshot, control)                      # after on_train_begin
         start = checkpointer.restore_epoch(loop, snapshot, train)              # the batch to continue at
-        batches = checkpointer.epoch_batches(train, epoch, start, snapshot)    # with the first run's RNG
+        batches = checkpointer.epoch_iterator(train, epoch, start, snapshot)   # with the first run's RNG
         path = checkpointer.save(loop, control)                                # when control.should_save
         checkpointer.load_best()                                               # at the end of training
 """
@@ -34,7 +34,7 @@ from fitkit.engine import run_lock
 from fitkit.engine.rng import rng_state, set_rng_state
 from fitkit.engine.running_loss import EpochLoss
 from fitkit.options import error_line, writes_to_output_dir
-from fitkit.schedule import epoch_batches, steps_per_epoch, unplanned_steps
+from fitkit.schedule import steps_per_epoch, unplanned_steps
 
 logger = logging.getLogger("fitkit")
 
@@ -113,6 +113,8 @@ class TrainingLoop(Protocol):
     position: tuple[int, int]
     #: The training data (a `DataSource`): it counts the samples a position stands for.
     source: Any
+    #: Micro-batches in an epoch of it (None: unknown).
+    epoch_length: int | None
     #: The epoch's running loss sums.
     loss: EpochLoss
     #: The training metrics (a `MetricSet`), whose states a mid-epoch checkpoint keeps.
@@ -263,7 +265,7 @@ class Checkpointer:
         (training by epochs, `max_steps` is then counted again in this run's steps)."""
         args, state = self.args, self.state
         start = train.resume_at(resume) if resume.mid_epoch else 0
-        batches = epoch_batches(len(train) if train.has_len() else None, args.steps_per_epoch)
+        batches = loop.epoch_length
         if args.max_steps <= 0 and batches:
             state.max_steps = resume.steps_to_end(state.global_step, start, batches, state.num_train_epochs,
                                                   args.gradient_accumulation_steps)
@@ -276,7 +278,7 @@ class Checkpointer:
             loop.train_metrics.load_state(resume.metrics)
         return start
 
-    def epoch_batches(self, train: Any, epoch: int, start: int, resume: LoopSnapshot | None) -> Iterator[Any]:
+    def epoch_iterator(self, train: Any, epoch: int, start: int, resume: LoopSnapshot | None) -> Iterator[Any]:
         """The epoch's batches from `start`, with the RNG where the first run had it (and the
         epoch's starting RNG recorded, for a loader that draws its order from it)."""
         replay = resume.epoch_rng if resume else None

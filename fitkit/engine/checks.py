@@ -45,7 +45,7 @@ import torch
 from fitkit.adapters.losses import Loss
 from fitkit.adapters.metrics import metric_name, primary_output
 from fitkit.engine.batch import Batch
-from fitkit.engine.data import DataSource, TensorSource
+from fitkit.engine.sources import DataSource, TensorSource
 from fitkit.engine.step import Stepper, metric_outputs, model_loss, scalar_loss
 from fitkit.options import error_line
 from fitkit.tensors import tensors_of

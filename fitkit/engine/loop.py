@@ -2,8 +2,9 @@
 
 The order of events per optimizer step is Hugging Face's. What one step does to the module
 and optimizer is `fitkit.engine.step`; what a checkpoint holds, and saving and resuming one, is
-`fitkit.engine.checkpointer` (the loop decides when); SIGTERM is `fitkit.engine.preemption`. Losses are accumulated on the
-device and read back only when logged: the loop never calls `.item()` per step.
+`fitkit.engine.checkpointer` (the loop decides when); SIGTERM is `fitkit.engine.preemption`.
+Losses are accumulated on the device and read back only when logged: the loop never calls
+`.item()` per step.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from fitkit.callbacks.base import CallbackHandler
 from fitkit.callbacks.state import StopTraining, TrainerControl, TrainerState
 from fitkit.engine.checkpoint import checkpoint_path
 from fitkit.engine.checkpointer import Checkpointer, LoopSnapshot
-from fitkit.engine.data import Batch, DataSource
+from fitkit.engine.batch import Batch
+from fitkit.engine.sources import DataSource
 from fitkit.engine.eval_prediction import PredictionCollector
 from fitkit.engine.overrides import StepMeans, StepOverrides, StepTools, as_data, step_values
 from fitkit.engine.preemption import Preemption
@@ -30,7 +32,6 @@ from fitkit.engine.running_loss import EpochLoss
 from fitkit.engine.step import Stepper
 from fitkit.adapters.optimizers import is_plateau
 from fitkit.logs import best_metric_key
-from fitkit.schedule import epoch_batches
 from fitkit.tensors import map_tensors, tensors_of, to_cpu
 
 logger = logging.getLogger("fitkit")
@@ -47,7 +48,7 @@ class Loop:
     def __init__(self, stepper: Stepper, handler: CallbackHandler, args: TrainingArguments, state: TrainerState,
                  control: TrainerControl, *, metrics: list, scheduler: Any = None,
                  checkpointer: Checkpointer | None = None, directions: dict[str, str] | None = None,
-                 overrides: StepOverrides | None = None):
+                 overrides: StepOverrides | None = None, epoch_length: int | None = None):
         self.stepper, self.fabric = stepper, stepper.fabric
         self.handler, self.args, self.state, self.control = handler, args, state, control
         self.metric_specs = metrics
@@ -66,6 +67,7 @@ class Loop:
         self.val: DataSource | None = None
         self.source: DataSource | None = None  # the training data: checkpoints count positions in it
         self.position: tuple[int, int] = (0, 0)  # (epoch, micro-batches consumed in it)
+        self.epoch_length = epoch_length  # micro-batches in a training epoch, at most steps_per_epoch (None: unknown)
         self._warned_best = False
         self.overrides = overrides or StepOverrides()
         self.step_means = StepMeans(self.fabric.device)  # what an overridden train_step returns
@@ -133,9 +135,9 @@ class Loop:
         self.step_means.reset()
         self.loss.new_epoch()
         start = self.checkpointer.restore_epoch(self, resume, train) if resume else 0
-        batches = (self.checkpointer.epoch_batches(train, epoch, start, resume) if self.checkpointer is not None
+        batches = (self.checkpointer.epoch_iterator(train, epoch, start, resume) if self.checkpointer is not None
                    else train.batches(epoch, start))
-        n_batches = epoch_batches(len(train) if train.has_len() else None, self.args.steps_per_epoch)
+        n_batches = self.epoch_length
         if self.args.steps_per_epoch is not None:
             batches = itertools.islice(batches, max(n_batches - start, 0))
         stopped = self._steps(epoch, batches, start, n_batches)
