@@ -9,7 +9,7 @@ Each name loads its module on first use, so importing the contract (`fitkit.call
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 #: The callback classes fitkit ships, by the module that defines each.
 CALLBACK_CLASSES = {
@@ -43,6 +43,23 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and the API docs; nothing is imported at run time
+    from fitkit.callbacks.backup_and_restore import BackupAndRestore
+    from fitkit.callbacks.base import CallbackHandler, TrainerCallback
+    from fitkit.callbacks.csv_logger import CSVLogger
+    from fitkit.callbacks.early_stopping import EarlyStopping
+    from fitkit.callbacks.flow import DefaultFlowCallback
+    from fitkit.callbacks.hf_compat import EarlyStoppingCallback, ProgressCallback
+    from fitkit.callbacks.history import History
+    from fitkit.callbacks.lambda_callback import LambdaCallback
+    from fitkit.callbacks.learning_rate_scheduler import LearningRateScheduler
+    from fitkit.callbacks.model_checkpoint import ModelCheckpoint
+    from fitkit.callbacks.printer import PrinterCallback
+    from fitkit.callbacks.progress import ProgressBar
+    from fitkit.callbacks.reduce_lr_on_plateau import ReduceLROnPlateau
+    from fitkit.callbacks.state import Order, Stateful, StopTraining, TrainerControl, TrainerState
+    from fitkit.callbacks.terminate_on_nan import TerminateOnNaN
 
 
 def __getattr__(name: str) -> Any:
