@@ -21,7 +21,7 @@ import torch
 
 from fitkit import Model, TrainerCallback
 from fitkit.engine import checkpoint as ckpt
-from fitkit.engine.manifest import describe
+from fitkit.engine.checkpoint import describe
 
 
 def digest_seconds_per_gib(algorithm: str, repeats: int = 3) -> float:

@@ -20,38 +20,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from fitkit.jit_compile import jit_problem
-from fitkit.options import did_you_mean, parse_number
-
-STRATEGIES = ("no", "steps", "epoch")
-SAVE_STRATEGIES = ("no", "steps", "epoch", "best")
-SCHEDULERS = ("constant", "linear", "cosine")
-PRECISIONS = (
-    "32-true", "32", "bf16-mixed", "bf16-true", "bf16", "16-mixed", "16-true", "16",
-    "64-true", "64", "transformer-engine",
-)
-VERBOSITY = (0, 1, 2, "auto")
-LOG_LEVELS = ("passive", "debug", "info", "warning", "error", "critical")
-FSDP_SHARDING = ("full", "hybrid")
-
-#: Aliases a Keras or HF user may reach for, mapped to the argument name used here.
-ALIASES = {
-    "epochs": "num_train_epochs",
-    "batch_size": "per_device_train_batch_size",
-    "eval_batch_size": "per_device_eval_batch_size",
-    "evaluation_strategy": "eval_strategy",
-    "lr": "learning_rate",
-    "lr_scheduler_type": "lr_scheduler",
-    "validation_batch_size": "per_device_eval_batch_size",
-}
-
-#: Keras `fit` arguments with no fitkit equivalent, and the fitkit way to say what they mean.
-KERAS_ONLY = {
-    "workers": "load data in parallel with a DataLoader's `num_workers` (fit(DataLoader(dataset, num_workers=4)))",
-    "use_multiprocessing": "load data in worker processes with a DataLoader's `num_workers`",
-    "max_queue_size": "a DataLoader's `prefetch_factor` (with `num_workers` > 0) sets how many batches wait",
-}
-
+from fitkit.argument_checks import check_and_convert
+from fitkit.argument_names import canonical, named_as_given
 
 def _jsonable(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -88,8 +58,16 @@ def _memo_key(options: dict[str, Any]) -> tuple | None:
     return key
 
 
+class _TakesOtherNames(type):
+    """Builds `TrainingArguments` from the names users reach for too (`epochs`, `lr`, `fp16`, ...):
+    the keywords go through `argument_names.canonical` before the dataclass constructor sees them."""
+
+    def __call__(cls, *values: Any, **options: Any) -> Any:
+        return super().__call__(*values, **canonical(options, cls.__dataclass_fields__))
+
+
 @dataclass(frozen=True)
-class TrainingArguments:
+class TrainingArguments(metaclass=_TakesOtherNames):
     """The frozen configuration of one run. See the field list for defaults.
 
     Every field's type and range is checked once, when built (a `ValueError` naming the field and
@@ -160,7 +138,7 @@ class TrainingArguments:
     data_collator: Callable | None = None  # list of samples -> batch, for the DataLoader fitkit builds
 
     def __post_init__(self) -> None:
-        _check_and_convert(self)
+        check_and_convert(self)
 
     def __getstate__(self) -> dict[str, Any]:
         # The memo of `replace` is not pickled: its keys hold the options' types (a function's type
@@ -233,32 +211,7 @@ class TrainingArguments:
         An unknown option raises `TypeError` naming it, the closest valid name and the valid
         ones; a bad value raises `ValueError` naming the option as it was given.
         """
-        return _named_as_given(options, lambda: cls(**cls._canonical(options)))
-
-    @classmethod
-    def _canonical(cls, options: dict[str, Any]) -> dict[str, Any]:
-        """Options by field name (aliases resolved); an unknown one (even set to None) raises
-        `TypeError` suggesting the closest valid name, then listing them all."""
-        known = cls.__dataclass_fields__
-        values: dict[str, Any] = {}
-        if not known.keys() >= options.keys():  # HF names: fp16 -> precision, ...; HF fields fitkit lacks: warned
-            from fitkit.hf_names import hf_options, warn_unhonoured
-
-            options, ignored = hf_options(options, set(known) | set(ALIASES) | set(KERAS_ONLY))
-            warn_unhonoured(ignored)
-        for key, value in options.items():
-            name = ALIASES.get(key, key)
-            if name in KERAS_ONLY:
-                raise TypeError(f"`{key}` is a Keras option fitkit does not take: {KERAS_ONLY[name]}")
-            if name not in known:
-                valid = sorted(set(known) | set(ALIASES))
-                raise TypeError(f"{did_you_mean(key, valid)}unknown option {key!r}; "
-                                f"valid options are: {', '.join(valid)}")
-            if name in values:
-                other = next(k for k in options if ALIASES.get(k, k) == name and k != key)
-                raise TypeError(f"`{other}` and `{key}` are the same option: pass only one of them")
-            values[name] = value
-        return values
+        return named_as_given(options, lambda: cls(**options))  # the constructor resolves the names
 
     def replace(self, **options: Any) -> "TrainingArguments":
         """A copy with some options changed (aliases accepted), validated again.
@@ -269,7 +222,7 @@ class TrainingArguments:
         memo = self.__dict__.get("_replaced")
         if key is not None and memo is not None and key in memo:
             return memo[key]
-        new = _named_as_given(options, lambda: dataclasses.replace(self, **self._canonical(options)))
+        new = named_as_given(options, lambda: dataclasses.replace(self, **canonical(options, self.names())))
         if key is not None:
             if memo is None:
                 memo = {}
@@ -288,195 +241,3 @@ class TrainingArguments:
     def to_sanitized_dict(self) -> dict[str, Any]:
         """Values a tracker accepts as hyperparameters (bool, int, float, str)."""
         return {k: (v if isinstance(v, (bool, int, float, str)) else str(v)) for k, v in self.to_dict().items()}
-
-
-def _named_as_given(options: dict[str, Any], build: Callable[[], TrainingArguments]) -> TrainingArguments:
-    """`build()`, with a `ValueError` about a field given by its alias (`epochs=0`) naming the
-    alias the user wrote rather than the field (`num_train_epochs`)."""
-    try:
-        return build()
-    except ValueError as err:
-        text = str(err)
-        for key in options:
-            field_name = ALIASES.get(key)
-            if field_name is not None and text.startswith(f"`{field_name}`="):
-                raise ValueError(f"`{key}`=" + text[len(field_name) + 3:]) from None
-        raise
-
-
-# -- the checks of every field (run once, by __post_init__) ------------------------------------
-#: Integer fields: the smallest value allowed, and whether None is allowed too.
-_INTS: dict[str, tuple[int, bool]] = {
-    "per_device_train_batch_size": (1, False),
-    "per_device_eval_batch_size": (1, True), "gradient_accumulation_steps": (1, False), "warmup_steps": (0, False),
-    "save_total_limit": (1, True),
-    "num_nodes": (1, False), "steps_per_epoch": (1, True), "validation_steps": (1, True), "validation_freq": (1, False),
-    "dataloader_num_workers": (0, False),
-}
-#: Float fields: the test of the value, what to pass instead, and whether None is allowed too.
-_FLOATS: dict[str, tuple[Callable[[float], bool], str, bool]] = {
-    "learning_rate": (lambda v: v >= 0, "pass a finite number >= 0", True),
-    "weight_decay": (lambda v: v >= 0, "pass a finite number >= 0", True),
-    "max_grad_norm": (lambda v: v > 0, "pass a number > 0, or None to skip clipping", True),
-    "warmup_ratio": (lambda v: 0 <= v < 1, "pass a fraction in [0, 1)", False),
-}
-#: Bool fields, and whether None is allowed too.
-_BOOLS: dict[str, bool] = {
-    "shuffle": False, "logging_first_step": False, "load_best_model_at_end": False, "greater_is_better": True,
-    "save_on_sigterm": True, "skip_memory_metrics": False, "log_on_each_node": False, "fsdp_full_checkpoint": False,
-    "dataloader_pin_memory": False, "gradient_checkpointing": True, "prefetch": False,
-}
-#: String fields taking one of a set of names, and whether None is allowed too.
-_CHOICES: dict[str, tuple[tuple, bool]] = {
-    "eval_strategy": (STRATEGIES, True), "logging_strategy": (STRATEGIES, False),
-    "save_strategy": (SAVE_STRATEGIES, False), "log_level": (LOG_LEVELS, False),
-    "log_level_replica": (LOG_LEVELS, False), "fsdp_sharding": (FSDP_SHARDING, False),
-}
-
-
-def _check_and_convert(args: TrainingArguments) -> None:
-    """Check the type and range of every field; numbers given as text ("1e-3", "3") and paths
-    given as `os.PathLike` are converted (the dataclass is frozen: `object.__setattr__`)."""
-
-    def fail(name: str, fix: str) -> None:
-        raise ValueError(f"`{name}`={getattr(args, name)!r} is invalid: {fix}")
-
-    def set_value(name: str, value: Any) -> None:
-        object.__setattr__(args, name, value)
-
-    for name, (least, optional) in _INTS.items():
-        value = getattr(args, name)
-        if value is None and optional:
-            continue
-        number = parse_number(value, int)
-        if number is None or number < least:
-            fail(name, f"pass an integer {'> 0' if least == 1 else f'>= {least}'}" + (", or None" if optional else ""))
-        set_value(name, number)
-    steps = parse_number(args.max_steps, int)
-    if steps is None or not (steps == -1 or steps > 0):
-        fail("max_steps", "pass a positive number of optimizer steps, or -1 to train by epochs")
-    set_value("max_steps", steps)
-    for name, (test, fix, optional) in _FLOATS.items():
-        value = getattr(args, name)
-        if value is None and optional:
-            continue
-        number = parse_number(value, float)
-        if number is None or not test(number):
-            fail(name, fix)
-        set_value(name, number)
-    for name, optional in _BOOLS.items():
-        value = getattr(args, name)
-        if not (isinstance(value, bool) or (optional and value is None)):
-            fail(name, "pass True or False" + (" (or None for the default)" if optional else ""))
-    for name, (choices, optional) in _CHOICES.items():
-        value = getattr(args, name)
-        if not ((isinstance(value, str) and value in choices) or (optional and value is None)):
-            fail(name, f"{did_you_mean(value, choices)}use one of {list(choices)}")
-    _check_fractions(args, fail, set_value)
-    _check_the_others(args, fail, set_value)
-
-
-def _whole_or_fraction(value: Any, fraction: bool) -> int | float | None:
-    """An int >= 1 as an int (`3.0` too), or (with `fraction`) a float in (0, 1) as is; else None."""
-    number = parse_number(value, float)
-    if number is None or number <= 0:
-        return None
-    if number >= 1:
-        return int(number) if number == int(number) else None
-    return number if fraction else None
-
-
-def _check_fractions(args: TrainingArguments, fail: Callable, set_value: Callable) -> None:
-    """HF's numbers that may be fractions: `logging_steps` / `eval_steps` / `save_steps` below 1
-    are a share of `max_steps`; `num_train_epochs` may be a float (1.5 epochs); `eval_delay` >= 0."""
-    for name, optional in (("logging_steps", False), ("eval_steps", True), ("save_steps", False)):
-        value = getattr(args, name)
-        if value is None and optional:
-            continue
-        number = _whole_or_fraction(value, fraction=True)
-        if number is None:
-            fail(name, "pass an integer > 0 (steps) or a fraction in (0, 1) of `max_steps`"
-                 + (", or None" if optional else ""))
-        set_value(name, number)
-    epochs = parse_number(args.num_train_epochs, float)
-    if epochs is None or epochs <= 0:
-        fail("num_train_epochs", "pass a number of epochs > 0 (a float such as 1.5 trains part of the last one)")
-    set_value("num_train_epochs", int(epochs) if epochs == int(epochs) else epochs)
-    delay = parse_number(args.eval_delay, float)
-    if delay is None or delay < 0:
-        fail("eval_delay", "pass the epochs (eval_strategy='epoch') or steps ('steps') to wait, a number >= 0")
-    set_value("eval_delay", int(delay) if delay == int(delay) else delay)
-
-
-def _check_the_others(args: TrainingArguments, fail: Callable, set_value: Callable) -> None:
-    for name in ("output_dir", "resume_from_checkpoint"):  # a path may be a pathlib.Path
-        if isinstance(getattr(args, name), os.PathLike):
-            set_value(name, os.fspath(getattr(args, name)))
-    if not isinstance(args.output_dir, str) or not args.output_dir:
-        fail("output_dir", "pass the path of a folder (a str); it is created when missing")
-    if not (args.resume_from_checkpoint is None or isinstance(args.resume_from_checkpoint, (bool, str))):
-        fail("resume_from_checkpoint", "pass True (the last checkpoint in `output_dir`) or a checkpoint's path")
-    if not isinstance(args.metric_for_best_model, str) or not args.metric_for_best_model:
-        fail("metric_for_best_model", "pass the name of a logged value, e.g. 'val_loss' or 'val_accuracy'")
-    scheduler_object = hasattr(args.lr_scheduler, "optimizer") and callable(getattr(args.lr_scheduler, "step", None))
-    if not (callable(args.lr_scheduler) or scheduler_object
-            or (isinstance(args.lr_scheduler, str) and args.lr_scheduler in SCHEDULERS)):
-        fail("lr_scheduler", f"{did_you_mean(args.lr_scheduler, SCHEDULERS)}use one of {list(SCHEDULERS)} or a "
-             "callable (optimizer, num_training_steps) -> scheduler")
-    if isinstance(args.verbose, bool) or args.verbose not in VERBOSITY:
-        fail("verbose", "use 0 (silent), 1 (progress bar), 2 (a line per epoch) or 'auto'")
-    if args.precision is not None and (isinstance(args.precision, bool) or str(args.precision) not in PRECISIONS):
-        fail("precision", f"{did_you_mean(args.precision, PRECISIONS)}use one of {list(PRECISIONS)}")
-    if args.seed is not None:
-        seed = parse_number(args.seed, int)
-        if seed is None:
-            fail("seed", "pass an integer or None")
-        set_value("seed", seed)
-    report_to = args.report_to
-    if not (report_to is None or isinstance(report_to, (str, list, tuple))):
-        fail("report_to", "pass a tracker's name ('tensorboard', 'mlflow', ...), a list of names, 'all' or 'none'")
-    for item in [] if report_to is None or isinstance(report_to, str) else report_to:
-        if not isinstance(item, str):
-            raise TypeError(f"`report_to` takes names (str), got {item!r}; pass logger callbacks in `callbacks`")
-    if args.accelerator is None or isinstance(args.accelerator, (bool, int, float, list, tuple, dict)):
-        fail("accelerator", "pass a name such as 'cpu', 'cuda' or 'auto', or a lightning Accelerator")
-    problem = jit_problem(args.jit_compile)
-    if problem is not None:
-        fail("jit_compile", problem)
-    if isinstance(args.jit_compile, dict):
-        set_value("jit_compile", dict(args.jit_compile))  # a copy: changing the caller's dict changes no run
-    _check_hf_fields(args, fail)
-
-
-def _check_hf_fields(args: TrainingArguments, fail: Callable) -> None:
-    """The Hugging Face fields: names, callables and the optimizer name."""
-    for name in ("run_name", "logging_dir"):
-        value = getattr(args, name)
-        if isinstance(value, os.PathLike):
-            object.__setattr__(args, name, os.fspath(value))
-        elif not (value is None or isinstance(value, str)):
-            fail(name, "pass a str, or None for the default")
-    if args.optim is not None:
-        from fitkit.hf_names import HF_OPTIMIZERS
-
-        if args.optim not in HF_OPTIMIZERS:
-            fail("optim", f"{did_you_mean(args.optim, HF_OPTIMIZERS)}use one of {list(HF_OPTIMIZERS)}, or pass an "
-                 "optimizer to compile")
-    names = args.label_names
-    if names is not None and (isinstance(names, str) or not all(isinstance(n, str) for n in names) or not names):
-        fail("label_names", "pass a list of the batch keys that hold the target, e.g. ['labels']")
-    for name in ("compute_metrics", "data_collator"):
-        if getattr(args, name) is not None and not callable(getattr(args, name)):
-            fail(name, "pass a function, or None")
-
-
-_dataclass_init = TrainingArguments.__init__
-
-
-def _init_with_other_names(self: TrainingArguments, *values: Any, **options: Any) -> None:
-    """The dataclass constructor, also taking the aliases (`lr_scheduler_type`, `evaluation_strategy`,
-    `epochs`, ...) and Hugging Face names (`fp16`, `bf16`, `disable_tqdm`, ...)."""
-    _dataclass_init(self, *values, **TrainingArguments._canonical(options))
-
-
-TrainingArguments.__init__ = _init_with_other_names  # type: ignore[method-assign]

@@ -16,7 +16,8 @@ import enum
 import warnings
 from typing import Any
 
-from fitkit.arguments import SCHEDULERS, TrainingArguments
+from fitkit.argument_checks import SCHEDULERS
+from fitkit.arguments import TrainingArguments
 from fitkit.hf_names import HF_OPTIMIZERS, hf_defaults, hf_options, warn_unhonoured
 
 #: HF fields read by a rule of their own rather than copied under the same name.

@@ -147,3 +147,34 @@ def direction(name: str, directions: Mapping[str, str] | None = None) -> str | N
         if found in (MIN, MAX):
             return found
     return direction_from_name(name)
+
+
+# -- the value `metric_for_best_model` names --------------------------------------------------
+
+def metric_candidates(name: str) -> list[str]:
+    """The names `metric_for_best_model` may be logged under: HF's `eval_accuracy` and a bare
+    `accuracy` are fitkit's `val_accuracy` (and the other way round)::
+
+        metric_candidates("accuracy")       # ['accuracy', 'val_accuracy', 'eval_accuracy']
+        metric_candidates("eval_accuracy")  # ['eval_accuracy', 'val_accuracy']
+    """
+    for prefix, other in (("eval_", "val_"), ("val_", "eval_")):
+        if name.startswith(prefix):
+            return [name, other + name[len(prefix):]]
+    return [name, "val_" + name, "eval_" + name]
+
+
+def best_metric_key(name: str, values: Mapping[str, Any], required: bool = True) -> str | None:
+    """The key of `values` (an evaluation's metrics) that `metric_for_best_model`=`name` means.
+    None when none matches and not `required`; with `required`, a `ValueError` listing the
+    evaluation's names."""
+    for key in metric_candidates(name):
+        if key in values:
+            return key
+    if not required:
+        return None
+    raise ValueError(
+        f"`metric_for_best_model`={name!r} matches none of the evaluation's values "
+        f"({', '.join(sorted(values)) or 'none'}): pass one of them (HF's 'eval_' spelling and a bare name work "
+        "too, e.g. 'accuracy' or 'eval_accuracy' for 'val_accuracy')"
+    )

@@ -80,18 +80,7 @@ def plot_history(history: Mapping[str, Sequence[float]], epochs: Sequence[int] |
 
     columns = min(len(names), 3)
     rows = math.ceil(len(names) / columns)
-    size = (4.8 * columns, 3.6 * rows)
-    if path is None:  # for notebooks and `plt.show()`: a pyplot figure
-        import matplotlib.pyplot as plt
-
-        figure = plt.figure(figsize=size)
-        _shown_once_in_notebooks(figure)
-    else:  # for a file: no pyplot, no GUI backend, no window
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-
-        figure = Figure(figsize=size)
-        FigureCanvasAgg(figure)
+    figure = _new_figure((4.8 * columns, 3.6 * rows), for_file=path is not None)
     axes = figure.subplots(rows, columns, squeeze=False).ravel()
     from matplotlib.ticker import MaxNLocator
 
@@ -109,13 +98,33 @@ def plot_history(history: Mapping[str, Sequence[float]], epochs: Sequence[int] |
         ax.remove()
     figure.tight_layout()
     if path is not None:
-        path = os.fspath(path)
-        folder = os.path.dirname(path)
-        if folder:
-            os.makedirs(folder, exist_ok=True)
-        kind = os.path.splitext(path)[1][1:].lower() or "png"  # PNG unless the name says otherwise
-        figure.savefig(path, format=kind, dpi=100)
+        _save(figure, os.fspath(path))
     return figure
+
+
+def _new_figure(size: tuple[float, float], for_file: bool) -> Any:
+    """A pyplot figure for notebooks and `plt.show()`; for a file, one with no pyplot, no GUI
+    backend and no window."""
+    if not for_file:
+        import matplotlib.pyplot as plt
+
+        figure = plt.figure(figsize=size)
+        _shown_once_in_notebooks(figure)
+        return figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=size)
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def _save(figure: Any, path: str) -> None:
+    folder = os.path.dirname(path)
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+    kind = os.path.splitext(path)[1][1:].lower() or "png"  # PNG unless the name says otherwise
+    figure.savefig(path, format=kind, dpi=100)
 
 
 def _shown_once_in_notebooks(figure: Any) -> None:

@@ -14,14 +14,8 @@ micro-batches, and an epoch's last step may span fewer::
 
 from __future__ import annotations
 
-import logging
 import math
-import os
 import sys
-from typing import Any
-
-logger = logging.getLogger("fitkit")
-
 
 def steps_per_epoch(batches: int, accumulation: int) -> int:
     """Optimizer steps in an epoch of `batches` micro-batches (at least 1)."""
@@ -47,35 +41,6 @@ def interval_steps(value: int | float, max_steps: int) -> int:
     if value < 1:
         return max(1, math.ceil(max_steps * value))
     return int(value)
-
-
-def checkpoint_differences(args: Any, state: Any, saved: Any) -> list[str]:
-    """What a resumed run plans otherwise than the checkpoint's `trainer_state.json` recorded
-    (HF's `compare_trainer_and_checkpoint_args`): logging / eval / save steps and the
-    per-device batch size, one line each (`state`: this run's plan, `saved`: the checkpoint's)."""
-    lines = []
-    for name in ("logging_steps", "eval_steps", "save_steps"):
-        now, then = getattr(state, name, None), getattr(saved, name, None)
-        if now is not None and then is not None and now != then:
-            lines.append(f"{name}: {now} (from args) != {then} (from trainer_state.json)")
-    now, then = getattr(args, "per_device_train_batch_size", None), getattr(saved, "train_batch_size", None)
-    if now is not None and then is not None and now != then:
-        lines.append(f"per_device_train_batch_size: {now} (from args) != {then} (from trainer_state.json)")
-    return lines
-
-
-def warn_on_resume(args: Any, state: Any, saved: Any) -> None:
-    """Warn, as HF does, when the resumed run's step intervals or batch size differ from the
-    checkpoint's, and forget a recorded best checkpoint that no longer exists."""
-    lines = checkpoint_differences(args, state, saved)
-    if lines:
-        logger.warning("The following arguments do not match the ones in the `trainer_state.json` within the "
-                       "checkpoint directory: \n\t%s", "\n\t".join(lines))
-    best = getattr(state, "best_model_checkpoint", None)
-    if best is not None and not os.path.isdir(best):
-        logger.warning("The best checkpoint %s recorded in the resumed state does not exist anymore. Ignoring it "
-                       "for this run.", best)
-        state.best_model_checkpoint = None
 
 
 def epoch_batches(batches: int | None, steps_per_epoch: int | None) -> int | None:

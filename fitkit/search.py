@@ -25,7 +25,8 @@ import gc
 import os
 from typing import Any, Callable, NamedTuple
 
-from fitkit.arguments import ALIASES, TrainingArguments
+from fitkit.argument_names import ALIASES
+from fitkit.arguments import TrainingArguments
 from fitkit.callbacks.base import Order, TrainerCallback, callback_list
 from fitkit.engine.rng import seed_everything
 from fitkit.options import did_you_mean

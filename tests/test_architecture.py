@@ -1,15 +1,19 @@
 """The shape of the code, checked by reading it (`ast`): the layers depend one way.
 
-- no import cycle among fitkit's modules, counting imports inside functions too;
+- no import cycle among fitkit's modules, counting imports inside functions too, nor among
+  its packages (importing `a.b.c` runs `a/__init__` and `a/b/__init__` first);
+- the engine imports neither the facade nor a concrete callback: only the callbacks' contract;
 - no module but `fitkit/model.py` touches a private member of `Model`;
-- `fitkit/model.py` stays a facade (at most 300 lines) and no function of the engine is longer
-  than 60 lines.
+- `fitkit/model.py` stays a facade (at most 300 lines) and no function anywhere in the package
+  is longer than 60 lines;
+- the modules docs/concepts.md names for the checkpoint story exist and hold what it says.
 """
 
 from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -31,11 +35,25 @@ def _is_package(name: str) -> bool:
     return MODULES[name].name == "__init__.py"
 
 
-def _imports(name: str) -> set[str]:
-    """The fitkit modules `name` imports anywhere in its text (functions included)."""
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """The ids of the nodes inside `if TYPE_CHECKING:` blocks: imports that never run."""
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
+            skipped.update(id(n) for child in node.body for n in ast.walk(child))
+    return skipped
+
+
+def _imports(name: str, packages: bool = False) -> set[str]:
+    """The fitkit modules `name` imports anywhere in its text (functions included; not under
+    `if TYPE_CHECKING:`). With `packages`, also the packages each import runs first (their
+    `__init__`), but for `name`'s own, which are being imported already."""
     tree = ast.parse(MODULES[name].read_text(encoding="utf-8"))
+    skipped = _type_checking_only(tree)
     found: set[str] = set()
     for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -50,6 +68,11 @@ def _imports(name: str) -> set[str]:
         else:
             continue
         found.update(t for t in targets if t in MODULES and t != name)
+    if packages:
+        own = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1 + _is_package(name))}
+        for target in list(found):
+            parts = target.split(".")
+            found.update(p for p in (".".join(parts[:i]) for i in range(1, len(parts))) if p in MODULES and p not in own)
     return found
 
 
@@ -101,10 +124,32 @@ def test_no_import_cycle_among_fitkit_modules():
     assert _cycles(graph) == []
 
 
-def test_the_engine_never_imports_the_facade_or_the_search():
+def test_no_import_cycle_counting_the_packages_an_import_runs():
+    # the checker sees a package's __init__ run by an import of a module inside it
+    assert "fitkit.callbacks" in _imports("fitkit.engine.loop", packages=True)
+    assert "fitkit.engine" not in _imports("fitkit.engine.loop", packages=True)  # its own: being imported
+    graph = {name: _imports(name, packages=True) for name in MODULES}
+    assert _cycles(graph) == []
+
+
+#: The callbacks' contract: what the engine may import from `fitkit/callbacks/`.
+CONTRACT = {"fitkit.callbacks", "fitkit.callbacks.state", "fitkit.callbacks.base", "fitkit.callbacks.hf_view"}
+
+
+def test_the_engine_never_imports_the_facade_the_search_or_a_concrete_callback():
     for name in MODULES:
         if name.startswith("fitkit.engine"):
-            assert not _imports(name) & {"fitkit.model", "fitkit.search"}, name
+            found = _imports(name, packages=True)
+            assert not found & {"fitkit.model", "fitkit.search"}, name
+            concrete = {m for m in found if m.startswith("fitkit.callbacks") and m not in CONTRACT}
+            assert concrete == set(), f"{name} imports concrete callbacks: {sorted(concrete)}"
+
+
+def test_the_callbacks_contract_loads_no_built_in_callback():
+    # importing the contract must not run the package's built-in callbacks (the old package cycle)
+    for name in CONTRACT - {"fitkit.callbacks"}:
+        assert {m for m in _imports(name, packages=True) if m.startswith("fitkit.callbacks")} <= CONTRACT, name
+    assert _imports("fitkit.callbacks") == set()  # the package names its callbacks lazily
 
 
 def _model_privates() -> set[str]:
@@ -138,9 +183,53 @@ def test_the_facade_is_small():
     assert lines <= 300, f"fitkit/model.py has {lines} lines: move engine work into fitkit/engine"
 
 
-@pytest.mark.parametrize("name", sorted(n for n in MODULES if n.startswith("fitkit.engine")))
-def test_no_engine_function_is_longer_than_60_lines(name):
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_no_function_is_longer_than_60_lines(name):
     tree = ast.parse(MODULES[name].read_text(encoding="utf-8"))
     long = [f"{node.name}: {node.end_lineno - node.lineno + 1} lines" for node in ast.walk(tree)
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 60]
     assert long == []
+
+
+# -- the checkpoint story, as docs/concepts.md tells it -------------------------------------------
+def _story_table() -> dict[str, list[str]]:
+    """The rows of the table under "### The checkpoint story" in docs/concepts.md: module path ->
+    the names (in backticks) the docs say it holds."""
+    text = (ROOT / "docs" / "concepts.md").read_text(encoding="utf-8")
+    section = text.split("### The checkpoint story", 1)[1].split("\n#", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("|") else []
+        if len(cells) >= 2 and cells[0].startswith("`fitkit/"):
+            rows[cells[0].strip("`")] = re.findall(r"`([A-Za-z_][A-Za-z0-9_.]*)`", cells[1])
+    return rows
+
+
+def _defined(path: pathlib.Path) -> set[str]:
+    """Top-level names a module defines, and `Class.member` for its classes' members."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+            if isinstance(node, ast.ClassDef):
+                names.update(f"{node.name}.{n.name}" for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return names
+
+
+def test_the_checkpoint_story_modules_hold_what_the_docs_say():
+    rows = _story_table()
+    assert {"fitkit/engine/checkpointer.py", "fitkit/engine/checkpoint.py"} <= set(rows)  # the two modules
+    for module, names in rows.items():
+        path = ROOT / module
+        assert path.is_file(), f"docs/concepts.md names {module}, which does not exist"
+        assert names, f"docs/concepts.md names nothing {module} holds"
+        missing = sorted(set(names) - _defined(path))
+        assert missing == [], f"docs/concepts.md says {module} holds {missing}, which it does not define"
+
+
+def test_checkpoint_error_is_defined_where_it_is_raised():
+    assert "CheckpointError" in _defined(PACKAGE / "engine" / "checkpoint.py")
+    assert not any("CheckpointError" in _defined(p) for n, p in MODULES.items() if n != "fitkit.engine.checkpoint")

@@ -20,7 +20,7 @@ from fitkit import Model, TrainerCallback
 from fitkit.callbacks.base import CallbackHandler, TrainerControl
 from fitkit.engine import checkpoint as ckpt
 from fitkit.engine import run_lock
-from fitkit.engine.manifest import CheckpointError, file_digest
+from fitkit.engine.checkpoint import CheckpointError, file_digest
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "integrity_run.py")
 

@@ -9,7 +9,7 @@ from helpers import Pairs, training_records
 
 from fitkit import Model, TrainerCallback
 from fitkit.engine import checkpoint as ckpt
-from fitkit.engine.manifest import file_digest
+from fitkit.engine.checkpoint import file_digest
 
 
 def _net(seed):

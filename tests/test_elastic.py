@@ -19,8 +19,10 @@ import sys
 import pytest
 import torch
 
-from fitkit.engine.data import TensorSource, adapt, epoch_permutation
-from fitkit.engine.snapshot import LoopSnapshot
+from fitkit.engine.data import adapt
+from fitkit.engine.sampling import epoch_permutation
+from fitkit.engine.sources import TensorSource
+from fitkit.engine.checkpointer import LoopSnapshot
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "elastic.py")
 sys.path.insert(0, os.path.dirname(SCRIPT))
@@ -204,7 +206,7 @@ def test_fitkit_deals_an_epoch_as_distributed_sampler_does(world):
     the processes exactly as Fabric's wrapper around it did: runs from the start are unchanged."""
     from torch.utils.data import DistributedSampler
 
-    from fitkit.engine.data import deal
+    from fitkit.engine.sampling import deal
 
     order = epoch_permutation(163, 1, 0)
     for rank in range(world):

@@ -1,4 +1,6 @@
-"""The callback system: `TrainerCallback`, `TrainerState`, `TrainerControl`, `CallbackHandler`.
+"""The callback system: the `TrainerCallback` base, its argument checks, and `CallbackHandler`,
+which fires the events. The shared data (`TrainerState`, `TrainerControl`, `Order`,
+`Stateful`, `StopTraining`, `EVENTS`) is in `fitkit.callbacks.state` and importable from here.
 
 These follow the documented Hugging Face `TrainerCallback` event set, so a callback written
 for `transformers.Trainer` that only touches `args`, `state`, `control` and the documented
@@ -18,185 +20,20 @@ import dataclasses
 import dis
 import functools
 import inspect
-import json
 import logging
+import sys
 import types
 import warnings
-from dataclasses import dataclass, field
-from typing import Any, Iterable, Protocol, runtime_checkable
+from typing import Any, Iterable
 
 from fitkit.callbacks.hf_view import HFView, class_from_transformers, from_transformers
+from fitkit.callbacks.state import EVENTS, Order, Stateful, StopTraining, TrainerControl, TrainerState
 from fitkit.options import closest
 
+__all__ = ["EVENTS", "CallbackHandler", "Order", "Stateful", "StopTraining", "TrainerCallback", "TrainerControl",
+           "TrainerState", "as_callback", "callback_list"]
+
 logger = logging.getLogger("fitkit")
-
-#: The documented events, in the order a run first meets them.
-EVENTS: tuple[str, ...] = (
-    "on_init_end",
-    "on_train_begin",
-    "on_epoch_begin",
-    "on_step_begin",
-    "on_substep_end",
-    "on_pre_optimizer_step",
-    "on_optimizer_step",
-    "on_step_end",
-    "on_log",
-    "on_evaluate",
-    "on_save",
-    "on_epoch_end",
-    "on_train_end",
-    "on_prediction_step",
-    "on_predict",
-)
-
-
-class Order:
-    """Named values of `TrainerCallback.order`: callbacks run in increasing `order`, equal
-    orders in list order. A callback that reads values others add to the logs runs after them::
-
-        class MyMetric(TrainerCallback):
-            order = Order.USER  # the default: before the monitors, which see what it adds
-
-        class MyReport(TrainerCallback):
-            order = Order.LOGGER  # after the monitors, before the trackers and the display
-    """
-
-    #: `DefaultFlowCallback`: first, it sets the `control` switches the others read.
-    FLOW = -(10**9)
-    #: The default of `TrainerCallback.order`: user callbacks that add or change values.
-    USER = 0
-    #: Callbacks that watch a value: `EarlyStopping`, `ModelCheckpoint`, `ReduceLROnPlateau`,
-    #: HF's `EarlyStoppingCallback`, any `MonitorCallback`.
-    MONITOR = 10
-    #: Loggers of the values: `CSVLogger`, the hyperparameter search's trial reporter.
-    LOGGER = 50
-    #: `CodeCarbonCallback`: adds its figures to the final record before the trackers close.
-    EMISSIONS = 55
-    #: The experiment trackers of `fitkit.integrations` (TensorBoard, MLflow, W&B, ...).
-    TRACKER = 60
-    #: The progress display (`ProgressBar`): last, it shows what everything else logged.
-    DISPLAY = 100
-
-
-@runtime_checkable
-class Stateful(Protocol):
-    """What a callback implements to have its state saved in checkpoints and given back on
-    resume: `state()` returns a JSON-able dict, `load_state(state)` takes that dict back.
-
-    `CallbackHandler.export_states` saves `state()` of every callback that has one (HF's
-    `ExportableState` callbacks, which have no `load_state`, included); `load_states` calls
-    `load_state` of a `Stateful` callback, and on any other sets the `"attributes"` of HF's
-    `{"args": ..., "attributes": ...}` layout. Either layout may be returned by `state()`::
-
-        class Counter(TrainerCallback):
-            def __init__(self):
-                self.steps = 0
-
-            def on_step_end(self, args, state, control, **kwargs):
-                self.steps += 1
-
-            def state(self) -> dict:
-                return {"steps": self.steps}
-
-            def load_state(self, state: dict) -> None:
-                self.steps = state["steps"]
-
-        isinstance(Counter(), Stateful)  # True
-    """
-
-    def state(self) -> dict:
-        """The callback's state, as a JSON-able dict."""
-        ...
-
-    def load_state(self, state: dict) -> None:
-        """Take back a dict `state()` returned."""
-        ...
-
-
-class StopTraining(Exception):
-    """Raise from any callback (or an overridden step) to stop training gracefully.
-
-    The current step completes, `on_train_end` still fires and the reason is logged::
-
-        class StopAt(TrainerCallback):
-            def on_step_end(self, args, state, control, **kwargs):
-                if state.global_step == 10:
-                    raise fitkit.StopTraining("enough for today")
-    """
-
-
-@dataclass
-class TrainerState:
-    """Where the run is; saved with every checkpoint as `trainer_state.json`.
-
-    One *step* is one optimizer update: with `gradient_accumulation_steps=n` it spans `n`
-    micro-batches. `epoch` is a float whose fraction is the part of the epoch done.
-    """
-
-    epoch: float | None = None
-    global_step: int = 0
-    max_steps: int = 0
-    logging_steps: int = 500
-    eval_steps: int = 500
-    save_steps: int = 500
-    train_batch_size: int | None = None
-    num_train_epochs: int = 0
-    num_input_tokens_seen: int = 0
-    total_flos: float = 0.0
-    log_history: list[dict[str, float]] = field(default_factory=list)
-    best_metric: float | None = None
-    best_global_step: int | None = None
-    best_model_checkpoint: str | None = None
-    is_local_process_zero: bool = True
-    is_world_process_zero: bool = True
-    is_hyper_param_search: bool = False
-    trial_name: str | None = None
-    trial_params: dict[str, Any] | None = None
-    stateful_callbacks: dict[str, Any] = field(default_factory=dict)
-
-    def save_to_json(self, json_path: str) -> None:
-        """Write this state as JSON to `json_path`."""
-        text = json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"
-        with open(json_path, "w", encoding="utf-8") as f:
-            f.write(text)
-
-    @classmethod
-    def load_from_json(cls, json_path: str) -> "TrainerState":
-        """Create a state from the JSON written by `save_to_json`."""
-        with open(json_path, encoding="utf-8") as f:
-            data = json.load(f)
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
-
-
-@dataclass
-class TrainerControl:
-    """Switches callbacks flip to steer the loop (HF semantics).
-
-    `should_training_stop` is never reset; `should_epoch_stop` is reset at each epoch begin;
-    `should_save`, `should_evaluate` and `should_log` are reset at each step begin.
-    """
-
-    should_training_stop: bool = False
-    should_epoch_stop: bool = False
-    should_save: bool = False
-    should_evaluate: bool = False
-    should_log: bool = False
-
-    def _new_training(self) -> None:
-        self.should_training_stop = False
-
-    def _new_epoch(self) -> None:
-        self.should_epoch_stop = False
-
-    def _new_step(self) -> None:
-        self.should_save = False
-        self.should_evaluate = False
-        self.should_log = False
-
-    def state(self) -> dict:
-        """The flags as a JSON-able dict (stored in checkpoints)."""
-        return {"args": dataclasses.asdict(self), "attributes": {}}
 
 
 class TrainerCallback:
@@ -214,9 +51,22 @@ class TrainerCallback:
                 print("Starting training")
 
         Model(net).compile("adam", "mse").fit(x, y, callbacks=[MyCallback()])
+
+    Class attributes the engine and the handler read (the defaults suit a user callback):
+    `order`; `takes_batch` (False: its step events ignore `batch`, `outputs` and `loss`, so
+    the loop need not build them); `changes_learning_rate` (True: it sets the optimizer's rate,
+    so `History` records it per epoch); `drives_flow` (True: it sets the log / evaluate / save
+    switches on schedule, as `DefaultFlowCallback` does).
     """
 
     order: int = Order.USER
+    takes_batch: bool = True
+    changes_learning_rate: bool = False
+    drives_flow: bool = False
+
+    def close_run(self) -> None:
+        """Called when `fit` exits, however it exits (also after an exception or a
+        KeyboardInterrupt): release what the callback holds open, e.g. a live display."""
 
     def on_init_end(self, args, state, control, **kwargs):
         """Called once when the model is compiled."""
@@ -312,9 +162,21 @@ def _defines_an_event(obj: Any) -> bool:
     return any(callable(getattr(obj, event, None)) for event in EVENTS)
 
 
+def _drives_flow(callback: Any) -> bool:
+    """Whether `callback` sets the log / evaluate / save switches on schedule: one that says
+    `drives_flow = True` (`DefaultFlowCallback`), or transformers' own flow callback."""
+    if getattr(callback, "drives_flow", False) is True:
+        return True
+    hf = sys.modules.get("transformers.trainer_callback")  # loaded when such a callback exists
+    return hf is not None and isinstance(callback, getattr(hf, "DefaultFlowCallback", ()))
+
+
 def _known_callback_names() -> list[str]:
-    """The callback classes fitkit ships (those imported so far), for suggestions."""
-    found, todo = [], list(TrainerCallback.__subclasses__())
+    """The callback classes fitkit ships (its public ones, and any other imported so far), for
+    suggestions."""
+    from fitkit import callbacks
+
+    found, todo = list(callbacks.CALLBACK_CLASSES), list(TrainerCallback.__subclasses__())
     while todo:
         cls = todo.pop()
         todo.extend(cls.__subclasses__())
@@ -413,7 +275,7 @@ class CallbackHandler(TrainerCallback):
         #: Optimizer steps per epoch of the run starting (None: unknown), set by the engine and
         #: passed to `on_train_begin` as the `steps_per_epoch` keyword (Keras' `params["steps"]`).
         self.steps_per_epoch: int | None = None
-        if not any(k.__name__ == "DefaultFlowCallback" for cb in self.callbacks for k in type(cb).__mro__):
+        if not any(_drives_flow(cb) for cb in self.callbacks):
             logger.warning("a run will not log, evaluate or save on schedule without a DefaultFlowCallback among its "
                            "callbacks: add one with handler.add_callback(DefaultFlowCallback). The callbacks are:\n%s",
                            self.callback_list)
@@ -449,7 +311,7 @@ class CallbackHandler(TrainerCallback):
 
     def _sort(self) -> None:
         # Stable: equal `order` keeps insertion order.
-        self.callbacks.sort(key=lambda cb: getattr(cb, "order", Order.USER))
+        self.callbacks.sort(key=lambda cb: getattr(cb, "order", Order.USER))  # transformers' have none
         self._listeners: dict[str, list] = {}
 
     def listeners(self, event: str) -> list:
@@ -581,6 +443,17 @@ class CallbackHandler(TrainerCallback):
             else:
                 setattr(cb, key, value)
         return skipped
+
+    def close_run(self) -> None:
+        """Call `close_run()` of every callback that has one: the engine does when `fit` exits,
+        however it exits. A failing one is logged and the others still run."""
+        for cb in self.callbacks:
+            close = getattr(cb, "close_run", None)
+            if callable(close):
+                try:
+                    close()
+                except Exception as err:  # noqa: BLE001 - called on the way out, maybe after another error
+                    logger.warning("%s.close_run() failed: %s", type(cb).__name__, err)
 
     def has_listeners(self, event: str) -> bool:
         return bool(self.listeners(event))

@@ -20,7 +20,7 @@ class DefaultFlowCallback(TrainerCallback):
     """
 
     takes_batch = False  # its step events ignore `batch`, `outputs` and `loss`
-
+    drives_flow = True
     order = Order.FLOW
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -55,31 +55,3 @@ class DefaultFlowCallback(TrainerCallback):
             control.should_save = True
         return control
 
-
-def metric_candidates(name: str) -> list[str]:
-    """The names `metric_for_best_model` may be logged under: HF's `eval_accuracy` and a bare
-    `accuracy` are fitkit's `val_accuracy` (and the other way round)::
-
-        metric_candidates("accuracy")       # ['accuracy', 'val_accuracy', 'eval_accuracy']
-        metric_candidates("eval_accuracy")  # ['eval_accuracy', 'val_accuracy']
-    """
-    for prefix, other in (("eval_", "val_"), ("val_", "eval_")):
-        if name.startswith(prefix):
-            return [name, other + name[len(prefix):]]
-    return [name, "val_" + name, "eval_" + name]
-
-
-def best_metric_key(name: str, values, required: bool = True) -> str | None:
-    """The key of `values` (an evaluation's metrics) that `metric_for_best_model`=`name` means.
-    None when none matches and not `required`; with `required`, a `ValueError` listing the
-    evaluation's names."""
-    for key in metric_candidates(name):
-        if key in values:
-            return key
-    if not required:
-        return None
-    raise ValueError(
-        f"`metric_for_best_model`={name!r} matches none of the evaluation's values "
-        f"({', '.join(sorted(values)) or 'none'}): pass one of them (HF's 'eval_' spelling and a bare name work "
-        "too, e.g. 'accuracy' or 'eval_accuracy' for 'val_accuracy')"
-    )

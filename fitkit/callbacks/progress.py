@@ -159,6 +159,10 @@ class ProgressBar(TrainerCallback):
         self._epochs: int | None = None
         self._steps_per_epoch: int | None = None
 
+    def close_run(self) -> None:
+        """At the end of `fit`, however it ends: every live display closed (streams and cursor back)."""
+        close_displays()
+
     def _reset_epoch(self) -> None:
         self._epoch_index = 0  # 1-based; 0: no epoch on display
         self._epoch_logs: dict = {}

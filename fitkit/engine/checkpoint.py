@@ -1,37 +1,38 @@
-"""Checkpoints: `Checkpointer` (one run's save, rotation, best model and resume) over the I/O
-below it (atomic writes of `output_dir/checkpoint-{global_step}/` through `fabric.save`).
+"""Checkpoint files: everything `Checkpointer` (`fitkit.engine.checkpointer`) asks of the disk.
 
-A checkpoint is written under a temporary name and renamed when complete, with a manifest
-(every file's size and SHA-256, `fitkit.engine.manifest`) written last; a directory without a
-valid manifest is never treated as a checkpoint, and one is verified before it is loaded.
+`output_dir/checkpoint-{global_step}/` is written under a temporary name and renamed when
+complete, with a manifest (every file's size and SHA-256) written last; a directory without a
+valid manifest is never treated as a checkpoint, and one is verified before it is loaded::
 
-    checkpointer = Checkpointer(fabric, args, state, handler, module=m, optimizer=o, scheduler=s)
-    with checkpointer.writing():                                          # one writer per output_dir
-        snapshot = checkpointer.resume(checkpointer.resume_path(callbacks))   # or None: a fresh run
-        path = checkpointer.save(loop.snapshot(), control)                    # when control.should_save
+    path = save_checkpoint(fabric, "out", state=state, args=args, module=m, optimizer=o)  # atomic
+    list_checkpoints("out")                    # the complete ones, oldest first (sizes only)
+    rotate("out", limit=2, keep=best)          # never the newest nor the best
+    path = resolve(True, "out")                # the newest one that verifies (every digest)
+    rest = load_checkpoint(fabric, path, module=m, optimizer=o)   # refused when it does not fit
+    warn_on_resume(args, state, saved_state(path))                # HF's warnings on a resume
+
+A manifest names files relative to its directory; a name that leaves it (`..`, an absolute
+path, a symbolic link pointing out) is refused before anything outside is opened or sized.
+Manifests of format 1 (written before digests existed) are checked by size only. Loading a
+checkpoint whatever number of processes wrote it is `fitkit.engine.elastic`.
 """
 
 from __future__ import annotations
 
-import contextlib
+import hashlib
 import json
 import logging
 import os
 import re
-import secrets
 import shutil
-from dataclasses import fields
-from typing import Any, Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterator
 
 from fitkit.adapters.optimizers import implementation
-from fitkit.callbacks.base import TrainerControl, TrainerState
+from fitkit.callbacks.state import TrainerState
 from fitkit.engine import run_lock
 from fitkit.engine.elastic import load_state, saved_layout
-from fitkit.engine.manifest import FORMAT_VERSION, MANIFEST, CheckpointError, sizes_match, verify, write_manifest
-from fitkit.engine.rng import rng_state, set_rng_state  # noqa: F401 - set_rng_state: part of this module's API
-from fitkit.engine.snapshot import LoopSnapshot
-from fitkit.options import error_line, writes_to_output_dir
-from fitkit.schedule import warn_on_resume
+from fitkit.options import error_line
 
 STATE_FILE = "trainer_state.json"
 ARGS_FILE = "training_args.json"
@@ -40,175 +41,30 @@ WEIGHTS = "state.pt"
 REQUIRED = (WEIGHTS, STATE_FILE)
 #: A checkpoint being written: `.tmp-checkpoint-{step}-{token}`, the token unique to the run.
 TMP_PREFIX = ".tmp-checkpoint-"
+FORMAT_VERSION = 2
+MANIFEST = "fitkit_checkpoint.json"
+#: The digest new manifests record (with SHA-NI, on most x86 and ARM servers, faster than
+#: BLAKE2b: see docs/checkpoints.md). Files can be checked by hand with `sha256sum`.
+ALGORITHM = "sha256"
+_READABLE = frozenset({"sha256", "blake2b"})
 _NAME = re.compile(r"^checkpoint-(\d+)$")
+_FIX_DAMAGED = ("resume from an earlier checkpoint (resume_from_checkpoint=True takes the newest one that verifies) "
+                "or delete this checkpoint directory")
 logger = logging.getLogger("fitkit")
 
-#: `TrainerState` fields a run sets from its own arguments and processes; a resume restores
-#: every other field (the progress: step, epoch, logs, best model, callback states, ...).
-PLAN_FIELDS = frozenset({
-    "max_steps", "num_train_epochs", "logging_steps", "eval_steps", "save_steps", "train_batch_size",
-    "is_local_process_zero", "is_world_process_zero", "is_hyper_param_search", "trial_name", "trial_params",
-})
+
+class CheckpointError(ValueError):
+    """A checkpoint path that does not exist, is incomplete or corrupted, is not a fitkit
+    checkpoint, or was written for another model or optimizer."""
 
 
-class Checkpointer:
-    """One run's checkpoints: writes them (into `output_dir`, or another directory for a
-    callback such as `BackupAndRestore`), rotates them without losing the best one, resumes
-    from one and loads the best model at the end when asked.
-
-    Inside `writing()` the run holds its directories (one writer each, see `run_lock`); every
-    checkpoint it resumes or loads is verified first (every file's digest, `manifest.verify`)."""
-
-    def __init__(self, fabric: Any, args: Any, state: TrainerState, handler: Any, *, module: Any, optimizer: Any,
-                 scheduler: Any = None):
-        self.fabric, self.args, self.state, self.handler = fabric, args, state, handler
-        self.module, self.optimizer, self.scheduler = module, optimizer, scheduler
-        self.last: str | None = None  # the newest checkpoint written into `output_dir`
-        self._locks: dict[str, Any] | None = None  # by real path, while `writing()` runs
-        self._token: str | None = None  # this run's part of temporary names, the same on every process
-
-    @contextlib.contextmanager
-    def writing(self) -> Iterator[None]:
-        """Hold `output_dir` for the block when this run writes there (and, from its first save,
-        any other directory a save writes into): a second run on one of them is refused with a
-        `run_lock.DirectoryInUseError` naming the holder. Released at the end, also on an error."""
-        self._locks = {}
-        try:
-            if writes_to_output_dir(self.args):
-                self._hold(self.args.output_dir, "`output_dir`")
-            yield
-        finally:
-            locks, self._locks = self._locks, None
-            for lock in locks.values():
-                if lock is not None:
-                    lock.release()
-
-    def _hold(self, directory: str, argument: str) -> None:
-        key = os.path.realpath(directory)
-        if self._locks is not None and key not in self._locks:
-            self._locks[key] = self._on_zero(lambda: _held(directory, argument), share=False)
-
-    def _on_zero(self, fn: Callable[[], Any], share: bool = True) -> Any:
-        """`fn()` run on the global-zero process alone; every process returns its result (with
-        `share`) or raises its error, so no process waits for one that failed."""
-        result, problem = None, None
-        if self.fabric.is_global_zero:
-            try:
-                result = fn()
-            except Exception as err:  # noqa: BLE001 - raised again below, on every process
-                problem = err
-        if self.fabric.world_size > 1:
-            sent = problem if problem is None or isinstance(problem, (CheckpointError, run_lock.DirectoryInUseError)) \
-                else RuntimeError(f"on the global-zero process: {error_line(problem)}")
-            shared, received = self.fabric.broadcast((result if share else None, sent))
-            if not self.fabric.is_global_zero:
-                result, problem = shared, received
-        if problem is not None:
-            raise problem
-        return result
-
-    def save(self, snapshot: LoopSnapshot, control: TrainerControl, directory: str | None = None,
-             limit: int | None = None) -> str:
-        """Write a resumable checkpoint into `directory` (default `output_dir`) and rotate:
-        `save_total_limit` in `output_dir` (never the best one), `limit` elsewhere."""
-        own = directory is None
-        directory = self.args.output_dir if own else directory
-        self._hold(directory, "`output_dir`" if own else "directory")
-        if self._token is None:
-            self._token = self._on_zero(lambda: secrets.token_hex(4))
-        state = self.state
-        state.stateful_callbacks = self.handler.export_states(control)
-        best = checkpoint_path(directory, state.best_global_step) if state.best_global_step else None
-        # This checkpoint holds the best model, or an earlier one does (saved at the step an
-        # evaluation later found best, as HF records it): kept by rotation either way.
-        if own and best and (state.best_global_step == state.global_step or os.path.isdir(best)):
-            state.best_model_checkpoint = best
-        extra = {"rng": rng_state(), "loop": snapshot.to_payload()}
-        path = save_checkpoint(self.fabric, directory, state=state, args=self.args, module=self.module,
-                               optimizer=self.optimizer, scheduler=self.scheduler, extra=extra, token=self._token)
-        if self.fabric.is_global_zero:
-            if own:
-                rotate(directory, self.args.save_total_limit, keep=state.best_model_checkpoint)
-            else:
-                rotate(directory, limit)
-        if own:
-            self.last = path
-        return path
-
-    def resume_path(self, callbacks: Iterable[Any]) -> str | None:
-        """`resume_from_checkpoint` resolved, else a checkpoint a callback offers through
-        `checkpoint_to_resume(args)` (e.g. `BackupAndRestore`), else None. Verified on the
-        global-zero process before anything is loaded (see `resolve`)."""
-        return self._on_zero(lambda: self._choose(callbacks))
-
-    def _choose(self, callbacks: Iterable[Any]) -> str | None:
-        if self.args.resume_from_checkpoint:
-            return resolve(self.args.resume_from_checkpoint, self.args.output_dir)
-        for cb in callbacks:
-            offer = getattr(cb, "checkpoint_to_resume", None)
-            path = offer(self.args) if callable(offer) else None
-            if path:
-                return verified(path)
-        return None
-
-    def resume(self, path: str | None) -> LoopSnapshot | None:
-        """Load `path` into the module, optimizer, scheduler and state; return where the loop
-        continues (None for no path: a fresh run)."""
-        if path is None:
-            return None
-        payload = load_checkpoint(self.fabric, path, module=self.module, optimizer=self.optimizer)
-        if self.scheduler is not None and "scheduler" in payload:
-            self.scheduler.load_state_dict(payload["scheduler"])
-        saved = _saved_state(path)
-        for f in fields(TrainerState):
-            if f.name not in PLAN_FIELDS:
-                setattr(self.state, f.name, getattr(saved, f.name))
-        warn_on_resume(self.args, self.state, saved)  # other step intervals or batch size; a lost best checkpoint
-        logger.info("resuming from %s at step %d", path, self.state.global_step)
-        return LoopSnapshot.from_payload(payload["loop"], rng=payload["rng"], callbacks=self.state.stateful_callbacks)
-
-    def load_best(self) -> None:
-        """With `load_best_model_at_end`, put the best checkpoint's weights back into the module
-        (verified first)."""
-        if self.args.load_best_model_at_end and self.state.best_model_checkpoint:
-            path = self._on_zero(lambda: verified(self.state.best_model_checkpoint))
-            load_checkpoint(self.fabric, path, module=self.module, optimizer=None)
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint could not be written (disk full, read-only, quota): nothing half-written is
+    left, the earlier checkpoints are intact and the run can be resumed once space is freed."""
 
 
-def _held(directory: str, argument: str) -> Any:
-    """`directory`'s lock, taken; then what an interrupted run left there is tidied (see `recover`)."""
-    lock = run_lock.acquire(directory, argument)
-    recover(directory)
-    return lock
 
-
-def recover(directory: str) -> None:
-    """Tidy the temporary checkpoints an interrupted run left in `directory` (call it only while
-    holding the directory): one that is complete and whose `checkpoint-N` is missing (the run died
-    while replacing it) becomes `checkpoint-N`; any other is removed, with a warning."""
-    leftovers = sorted((n for n in os.listdir(directory) if n.startswith(TMP_PREFIX)),
-                       key=lambda n: n.endswith("-replaced"))  # the newer content first
-    for name in leftovers:
-        path = os.path.join(directory, name)
-        step = name[len(TMP_PREFIX):].split("-", 1)[0]
-        final = checkpoint_path(directory, int(step)) if step.isdigit() else None
-        if final and not os.path.exists(final) and is_complete(path):
-            logger.warning("recovering %s from %s, a complete checkpoint an interrupted run had not renamed yet",
-                           final, path)
-            os.replace(path, final)
-        else:
-            logger.warning("removing %s: an incomplete checkpoint an interrupted run left behind", path)
-            shutil.rmtree(path, ignore_errors=True)
-
-
-def _saved_state(path: str) -> TrainerState:
-    try:
-        return TrainerState.load_from_json(os.path.join(path, STATE_FILE))
-    except (OSError, ValueError, TypeError) as err:
-        raise CheckpointError(f"checkpoint {path!r} is damaged: {STATE_FILE} cannot be read ({error_line(err)}); "
-                              "resume from an earlier checkpoint or delete this one") from None
-
-
+# -- writing ---------------------------------------------------------------------------------
 def checkpoint_path(output_dir: str, global_step: int) -> str:
     return os.path.join(output_dir, f"checkpoint-{global_step}")
 
@@ -328,11 +184,6 @@ def _is_write_error(err: BaseException) -> bool:
         type(err).__name__ == "CheckpointException" and ("Errno" in text or "OSError" in text))
 
 
-class CheckpointWriteError(CheckpointError):
-    """A checkpoint could not be written (disk full, read-only, quota): nothing half-written is
-    left, the earlier checkpoints are intact and the run can be resumed once space is freed."""
-
-
 def _unwritten(final: str, failure: BaseException, module: Any, optimizer: Any) -> str:
     directory = os.path.dirname(final)
     earlier = list_checkpoints(directory)
@@ -391,6 +242,165 @@ def _size(n: int) -> str:
     return f"{n:.1f} TB"
 
 
+# -- the manifest ----------------------------------------------------------------------------
+def file_digest(path: str, algorithm: str = ALGORITHM) -> str:
+    """The hex digest of the file at `path` (read in blocks; the hashing releases the GIL)."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, algorithm).hexdigest()
+
+
+def describe(directory: str) -> dict[str, Any]:
+    """What a manifest records of `directory`: every file's size and digest, by relative name.
+    Several files (a sharded checkpoint) are hashed on several threads."""
+    names = sorted(os.path.relpath(os.path.join(root, name), directory).replace(os.sep, "/")
+                   for root, _, files in os.walk(directory) for name in files if name != MANIFEST or root != directory)
+    full = [os.path.join(directory, name) for name in names]
+    with ThreadPoolExecutor(max_workers=max(1, min(len(full), os.cpu_count() or 1, 8))) as pool:
+        digests = list(pool.map(file_digest, full))
+    return {"files": {n: os.path.getsize(p) for n, p in zip(names, full)}, "digest": ALGORITHM,
+            "digests": dict(zip(names, digests))}
+
+
+def write_manifest(directory: str, content: dict[str, Any]) -> None:
+    """Write `content` plus `describe(directory)` as the manifest, synced to disk (write it last)."""
+    manifest = {**content, **describe(directory)}
+    with open(os.path.join(directory, MANIFEST), "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_manifest(path: str) -> dict[str, Any]:
+    """The manifest of the checkpoint at `path`, checked for shape; CheckpointError otherwise."""
+    where = os.path.join(path, MANIFEST)
+    try:
+        with open(where, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"checkpoint {path!r} has no readable manifest {MANIFEST} ({err}): it is incomplete "
+                              f"or not a fitkit checkpoint; {_FIX_DAMAGED}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != "fitkit-checkpoint" or not isinstance(
+            manifest.get("files"), dict):
+        raise CheckpointError(f"{where!r} is not a fitkit checkpoint manifest; {_FIX_DAMAGED}")
+    version = manifest.get("version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint {path!r} has format version {version!r}, newer than this fitkit reads "
+                              f"({FORMAT_VERSION}): upgrade fitkit to resume it")
+    return manifest
+
+
+def confined(path: str, name: Any) -> str:
+    """The full path of the manifest entry `name` inside the checkpoint `path`: a relative name
+    without `..` whose real location (symbolic links followed) stays inside `path`. Anything
+    else raises CheckpointError; the file itself is neither opened nor sized here."""
+    parts = name.split("/") if isinstance(name, str) else [""]
+    if not isinstance(name, str) or name.startswith("/") or os.path.isabs(name) or any(
+            p in ("", ".", "..") for p in parts):
+        raise CheckpointError(f"checkpoint {path!r} lists the file {name!r} in its manifest, a path outside the "
+                              f"checkpoint directory: refused (the manifest was edited); {_FIX_DAMAGED}")
+    full = os.path.join(path, *parts)
+    root = os.path.realpath(path)
+    if os.path.commonpath([root, os.path.realpath(full)]) != root:
+        raise CheckpointError(f"checkpoint {path!r}: {name!r} is a symbolic link that leads outside the checkpoint "
+                              f"directory: refused; {_FIX_DAMAGED}")
+    return full
+
+
+def sizes_match(path: str) -> bool:
+    """True when `path` holds a manifest whose files all exist, inside it, with their recorded
+    sizes: a cheap test of completeness (no file is read)."""
+    try:
+        manifest = read_manifest(path)
+        return all(isinstance(size, int) and os.path.getsize(confined(path, name)) == size
+                   for name, size in manifest["files"].items())
+    except (OSError, CheckpointError):
+        return False
+
+
+def verify(path: str, required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Check the checkpoint at `path` before it is loaded and return its manifest: every file
+    inside it listed, with its size and digest (size only for format 1), every JSON file
+    parsing, and each of `required` (a file, or a directory of files) present. Raises a
+    CheckpointError naming the first file that differs and the fix."""
+    manifest = read_manifest(path)
+    files, digests, algorithm = manifest["files"], manifest.get("digests"), manifest.get("digest")
+    if manifest["version"] >= 2 and (not isinstance(digests, dict) or algorithm not in _READABLE):
+        raise CheckpointError(f"checkpoint {path!r}: its manifest records no digests it can check; {_FIX_DAMAGED}")
+    targets = {name: confined(path, name) for name in files}
+    _check_listing(path, files, required)
+    for name, size in files.items():
+        actual = os.path.getsize(targets[name]) if os.path.isfile(targets[name]) else None
+        if actual != size:
+            state = "is missing" if actual is None else f"has {actual} bytes where {size!r} were written"
+            raise CheckpointError(f"checkpoint {path!r} is damaged: {name} {state} (truncated or replaced); {_FIX_DAMAGED}")
+    if digests is None:
+        logger.info("checkpoint %s was written before digests existed (format 1): sizes checked only", path)
+    else:
+        names = list(files)
+        with ThreadPoolExecutor(max_workers=max(1, min(len(names), os.cpu_count() or 1, 8))) as pool:
+            found = pool.map(lambda n: file_digest(targets[n], algorithm), names)
+            for name, digest in zip(names, found):
+                if digest != digests.get(name):
+                    raise CheckpointError(
+                        f"checkpoint {path!r} is corrupted: the {algorithm} digest of {name} differs from the one "
+                        f"recorded when it was written (a changed byte or an edit); {_FIX_DAMAGED}")
+    _check_json(path, targets)
+    return manifest
+
+
+def _check_listing(path: str, files: dict, required: tuple[str, ...]) -> None:
+    """Every file in the directory is listed (none added later) and every required one is there."""
+    for root, _, names in os.walk(path):
+        for name in names:
+            rel = os.path.relpath(os.path.join(root, name), path).replace(os.sep, "/")
+            if rel != MANIFEST and rel not in files:
+                raise CheckpointError(f"checkpoint {path!r} holds {rel}, which its manifest does not list (added after "
+                                      f"the checkpoint was written); remove it, or {_FIX_DAMAGED}")
+    for name in required:
+        if name not in files and not any(n.startswith(name + "/") for n in files):
+            raise CheckpointError(f"checkpoint {path!r} is incomplete: its manifest does not list {name}; {_FIX_DAMAGED}")
+
+
+def _check_json(path: str, targets: dict[str, str]) -> None:
+    for name, full in targets.items():
+        if name.endswith(".json") and "/" not in name:
+            try:
+                with open(full, encoding="utf-8") as f:
+                    ok = isinstance(json.load(f), dict)
+            except (OSError, ValueError):
+                ok = False
+            if not ok:
+                raise CheckpointError(f"checkpoint {path!r} is damaged: {name} is not a valid JSON object "
+                                      f"(truncated or edited); {_FIX_DAMAGED}")
+
+
+# -- listing, rotating, tidying --------------------------------------------------------------
+def hold(directory: str, argument: str) -> Any:
+    """`directory`'s lock, taken; then what an interrupted run left there is tidied (see `recover`)."""
+    lock = run_lock.acquire(directory, argument)
+    recover(directory)
+    return lock
+
+
+def recover(directory: str) -> None:
+    """Tidy the temporary checkpoints an interrupted run left in `directory` (call it only while
+    holding the directory): one that is complete and whose `checkpoint-N` is missing (the run died
+    while replacing it) becomes `checkpoint-N`; any other is removed, with a warning."""
+    leftovers = sorted((n for n in os.listdir(directory) if n.startswith(TMP_PREFIX)),
+                       key=lambda n: n.endswith("-replaced"))  # the newer content first
+    for name in leftovers:
+        path = os.path.join(directory, name)
+        step = name[len(TMP_PREFIX):].split("-", 1)[0]
+        final = checkpoint_path(directory, int(step)) if step.isdigit() else None
+        if final and not os.path.exists(final) and is_complete(path):
+            logger.warning("recovering %s from %s, a complete checkpoint an interrupted run had not renamed yet",
+                           final, path)
+            os.replace(path, final)
+        else:
+            logger.warning("removing %s: an incomplete checkpoint an interrupted run left behind", path)
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def is_complete(path: str) -> bool:
     """True when `path` holds a manifest whose files all exist, inside it, with their recorded
     sizes: cheap (no file is read), for listing; `verified` checks the content before a load."""
@@ -424,7 +434,8 @@ def rotate(output_dir: str, limit: int | None, keep: str | None = None) -> list[
 
 
 # -- reading ---------------------------------------------------------------------------------
-_FIX = "resume with the same model and optimizer, or start a fresh `output_dir` (or `resume_from_checkpoint=False`)"
+_FIX_MISMATCH = (
+    "resume with the same model and optimizer, or start a fresh `output_dir` (or `resume_from_checkpoint=False`)")
 
 
 def resolve(resume: bool | str | None, output_dir: str) -> str | None:
@@ -476,6 +487,44 @@ def _newest_verified(output_dir: str) -> str | None:
         "resume_from_checkpoint=False to start fresh")
 
 
+def saved_state(path: str) -> TrainerState:
+    """The `TrainerState` a checkpoint recorded (`trainer_state.json`); CheckpointError when unreadable."""
+    try:
+        return TrainerState.load_from_json(os.path.join(path, STATE_FILE))
+    except (OSError, ValueError, TypeError) as err:
+        raise CheckpointError(f"checkpoint {path!r} is damaged: {STATE_FILE} cannot be read ({error_line(err)}); "
+                              "resume from an earlier checkpoint or delete this one") from None
+
+
+def checkpoint_differences(args: Any, state: Any, saved: Any) -> list[str]:
+    """What a resumed run plans otherwise than the checkpoint's `trainer_state.json` recorded
+    (HF's `compare_trainer_and_checkpoint_args`): logging / eval / save steps and the
+    per-device batch size, one line each (`state`: this run's plan, `saved`: the checkpoint's)."""
+    lines = []
+    for name in ("logging_steps", "eval_steps", "save_steps"):
+        now, then = getattr(state, name, None), getattr(saved, name, None)
+        if now is not None and then is not None and now != then:
+            lines.append(f"{name}: {now} (from args) != {then} (from trainer_state.json)")
+    now, then = getattr(args, "per_device_train_batch_size", None), getattr(saved, "train_batch_size", None)
+    if now is not None and then is not None and now != then:
+        lines.append(f"per_device_train_batch_size: {now} (from args) != {then} (from trainer_state.json)")
+    return lines
+
+
+def warn_on_resume(args: Any, state: Any, saved: Any) -> None:
+    """Warn, as HF does, when the resumed run's step intervals or batch size differ from the
+    checkpoint's, and forget a recorded best checkpoint that no longer exists."""
+    lines = checkpoint_differences(args, state, saved)
+    if lines:
+        logger.warning("The following arguments do not match the ones in the `trainer_state.json` within the "
+                       "checkpoint directory: \n\t%s", "\n\t".join(lines))
+    best = getattr(state, "best_model_checkpoint", None)
+    if best is not None and not os.path.isdir(best):
+        logger.warning("The best checkpoint %s recorded in the resumed state does not exist anymore. Ignoring it "
+                       "for this run.", best)
+        state.best_model_checkpoint = None
+
+
 def verified(path: str) -> str:
     """`path`, after checking every file of the checkpoint against its manifest (sizes, digests,
     JSON, paths inside it: `manifest.verify`); a CheckpointError naming the file otherwise."""
@@ -508,7 +557,7 @@ def load_checkpoint(fabric, path: str, *, module, optimizer) -> dict[str, Any]:
                 f"primitive values (weights-only loading). Details: {str(err).splitlines()[0]}"
             ) from None
         raise CheckpointError(f"cannot resume from {path!r}: loading it into this model and optimizer failed "
-                              f"({error_line(err)}); {_FIX}") from err
+                              f"({error_line(err)}); {_FIX_MISMATCH}") from err
     return remainder
 
 
@@ -527,7 +576,7 @@ def check_fits(path: str, *, module, optimizer) -> None:
     current = optimizer_class(optimizer)
     if optimizer is not None and saved_class and saved_class != current:
         raise CheckpointError(f"cannot resume from {path!r}: it was written with the optimizer {saved_class} and "
-                              f"this run uses {current}; {_FIX}")
+                              f"this run uses {current}; {_FIX_MISMATCH}")
     weights = os.path.join(path, WEIGHTS)
     try:
         payload = saved_layout(weights)  # one file or DCP shards: names and shapes, not the data
@@ -544,11 +593,11 @@ def check_fits(path: str, *, module, optimizer) -> None:
     problems = _state_differences(payload.get("model") or {}, module.state_dict())
     if problems:
         raise CheckpointError(f"cannot resume from {path!r}: it holds the weights of another model ({problems}); "
-                              f"{_FIX}")
+                              f"{_FIX_MISMATCH}")
     if optimizer is not None and not saved_class and isinstance(payload.get("optimizer"), dict):
         problem = _optimizer_difference(payload["optimizer"], optimizer.state_dict())
         if problem:
-            raise CheckpointError(f"cannot resume from {path!r}: {problem}; {_FIX}")
+            raise CheckpointError(f"cannot resume from {path!r}: {problem}; {_FIX_MISMATCH}")
 
 
 def _manifest(path: str) -> dict:

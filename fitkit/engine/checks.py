@@ -1,7 +1,7 @@
 """First-batch checks: data that does not fit the module, the loss or the metrics fails before
 the first training step and before anything is written, with an error that names the argument
-and the likely fix (DESIGN.md section 7). Only the first batch of each source is looked at, once
-per call; nothing is added to the steps.
+and the likely fix (docs/common-errors.md lists them). Only the first batch of each source is
+looked at, once per call; nothing is added to the steps.
 
     check_data(stepper, module, train, metrics=specs, training=True)   # fit, before the loop
     check_data(stepper, module, val, metrics=specs)                      # its validation data
@@ -45,7 +45,7 @@ import torch
 from fitkit.adapters.losses import Loss
 from fitkit.adapters.metrics import metric_name, primary_output
 from fitkit.engine.batch import Batch
-from fitkit.engine.data import DataSource, TensorSource
+from fitkit.engine.sources import DataSource, TensorSource
 from fitkit.engine.step import Stepper, metric_outputs, model_loss, scalar_loss
 from fitkit.options import error_line
 from fitkit.tensors import tensors_of

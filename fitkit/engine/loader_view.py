@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from fitkit.engine.data import DataSource
+from fitkit.engine.sources import DataSource
 from fitkit.engine.overrides import as_data
 
 

@@ -1,9 +1,10 @@
 """The loop: epochs and steps of training, evaluation and prediction, firing the callback events.
 
-The order of events per optimizer step is Hugging Face's (DESIGN.md section 3). What one step
-does to the module and optimizer is `fitkit.engine.step`; checkpoints are
-`fitkit.engine.checkpoint`; SIGTERM is `fitkit.engine.preemption`. Losses are accumulated on the
-device and read back only when logged: the loop never calls `.item()` per step.
+The order of events per optimizer step is Hugging Face's. What one step does to the module
+and optimizer is `fitkit.engine.step`; what a checkpoint holds, and saving and resuming one, is
+`fitkit.engine.checkpointer` (the loop decides when); SIGTERM is `fitkit.engine.preemption`.
+Losses are accumulated on the device and read back only when logged: the loop never calls
+`.item()` per step.
 """
 
 from __future__ import annotations
@@ -16,21 +17,21 @@ import torch
 
 from fitkit.adapters.metrics import MetricSet
 from fitkit.arguments import TrainingArguments
-from fitkit.callbacks.base import CallbackHandler, StopTraining, TrainerControl, TrainerState
-from fitkit.engine.checkpoint import Checkpointer, checkpoint_path
-from fitkit.engine.data import Batch, DataSource
+from fitkit.callbacks.base import CallbackHandler
+from fitkit.callbacks.state import StopTraining, TrainerControl, TrainerState
+from fitkit.engine.checkpoint import checkpoint_path
+from fitkit.engine.checkpointer import Checkpointer, LoopSnapshot
+from fitkit.engine.batch import Batch
+from fitkit.engine.sources import DataSource
 from fitkit.engine.eval_prediction import PredictionCollector
 from fitkit.engine.overrides import StepMeans, StepOverrides, StepTools, as_data, step_values
 from fitkit.engine.preemption import Preemption
 from fitkit.engine.prefetch import stopping
-from fitkit.engine.rng import rng_state, set_rng_state
 from fitkit.engine.run_metrics import RunMetrics
 from fitkit.engine.running_loss import EpochLoss
-from fitkit.engine.snapshot import LoopSnapshot
 from fitkit.engine.step import Stepper
 from fitkit.adapters.optimizers import is_plateau
-from fitkit.callbacks.flow import best_metric_key
-from fitkit.schedule import epoch_batches, unplanned_steps
+from fitkit.logs import best_metric_key
 from fitkit.tensors import map_tensors, tensors_of, to_cpu
 
 logger = logging.getLogger("fitkit")
@@ -47,7 +48,7 @@ class Loop:
     def __init__(self, stepper: Stepper, handler: CallbackHandler, args: TrainingArguments, state: TrainerState,
                  control: TrainerControl, *, metrics: list, scheduler: Any = None,
                  checkpointer: Checkpointer | None = None, directions: dict[str, str] | None = None,
-                 overrides: StepOverrides | None = None):
+                 overrides: StepOverrides | None = None, epoch_length: int | None = None):
         self.stepper, self.fabric = stepper, stepper.fabric
         self.handler, self.args, self.state, self.control = handler, args, state, control
         self.metric_specs = metrics
@@ -66,7 +67,7 @@ class Loop:
         self.val: DataSource | None = None
         self.source: DataSource | None = None  # the training data: checkpoints count positions in it
         self.position: tuple[int, int] = (0, 0)  # (epoch, micro-batches consumed in it)
-        self.epoch_rng: dict | None = None  # RNG at epoch start, for loaders that draw from it
+        self.epoch_length = epoch_length  # micro-batches in a training epoch, at most steps_per_epoch (None: unknown)
         self._warned_best = False
         self.overrides = overrides or StepOverrides()
         self.step_means = StepMeans(self.fabric.device)  # what an overridden train_step returns
@@ -89,7 +90,7 @@ class Loop:
         self._carry = self._carried_events()
         self.control = cb.on_train_begin(args, state, self.control)
         if resume:  # after on_train_begin, which resets Keras-style callbacks
-            cb.load_states(resume.callbacks, self.control)
+            self.checkpointer.restore_callbacks(resume, self.control)
         first_step = state.global_step
         figures = RunMetrics(self.fabric.device, memory=not args.skip_memory_metrics)
         try:
@@ -133,9 +134,10 @@ class Loop:
         self.train_metrics.reset()
         self.step_means.reset()
         self.loss.new_epoch()
-        start = self._restore_epoch(resume, train) if resume else 0
-        batches = self._epoch_batches(train, epoch, start, resume)
-        n_batches = epoch_batches(len(train) if train.has_len() else None, self.args.steps_per_epoch)
+        start = self.checkpointer.restore_epoch(self, resume, train) if resume else 0
+        batches = (self.checkpointer.epoch_iterator(train, epoch, start, resume) if self.checkpointer is not None
+                   else train.batches(epoch, start))
+        n_batches = self.epoch_length
         if self.args.steps_per_epoch is not None:
             batches = itertools.islice(batches, max(n_batches - start, 0))
         stopped = self._steps(epoch, batches, start, n_batches)
@@ -247,51 +249,11 @@ class Loop:
             summary["train_loss"] = mean
         self.log(summary)
 
-    # -- resuming -------------------------------------------------------------------------------
-    def _restore_epoch(self, resume: LoopSnapshot, train: DataSource) -> int:
-        """Put back the resumed epoch's running sums; return the batch number this run continues
-        from: the same sample, whatever the number of processes and batch size now (training by
-        epochs, `max_steps` is then counted again in this run's steps)."""
-        start = train.resume_at(resume) if resume.mid_epoch else 0
-        batches = epoch_batches(len(train) if train.has_len() else None, self.args.steps_per_epoch)
-        if self.args.max_steps <= 0 and batches:
-            self.state.max_steps = resume.steps_to_end(self.state.global_step, start, batches,
-                                                       self.state.num_train_epochs, self.args.gradient_accumulation_steps)
-            self.state.max_steps -= unplanned_steps(self.args.num_train_epochs, batches,
-                                                    self.args.gradient_accumulation_steps)  # epochs=1.5
-        if not resume.mid_epoch:
-            return 0
-        self.loss.restore(resume)
-        if self.fabric.global_rank == 0:  # metric states were synced over all processes when saved
-            self.train_metrics.load_state(resume.metrics)
-        return start
-
-    def _epoch_batches(self, train: DataSource, epoch: int, start: int, resume: LoopSnapshot | None):
-        """The epoch's batches from `start`, with the RNG where the first run had it."""
-        replay = resume.epoch_rng if resume else None
-        if resume:
-            set_rng_state(replay or resume.rng)
-        if train.replays_rng:
-            self.epoch_rng = replay or rng_state()
-        batches = train.batches(epoch, start)
-        if replay:  # the epoch's order was drawn as in the first run; now continue its RNG
-            set_rng_state(resume.rng)
-        return batches
-
-    def snapshot(self) -> LoopSnapshot:
-        """Where the loop is, for a checkpoint: data position and the epoch's running sums."""
-        epoch, batch = self.position
-        world_size = self.fabric.world_size
-        if not batch:
-            return LoopSnapshot(epoch=epoch, batch=0, samples=0, world_size=world_size)
-        sums = self.loss.export()  # over all processes: before the metric states, as every process does
-        return LoopSnapshot(epoch=epoch, batch=batch, samples=self.source.consumed(epoch, batch), world_size=world_size,
-                            **sums, metrics=self.train_metrics.export_state(), epoch_rng=self.epoch_rng)
-
+    # -- saving ----------------------------------------------------------------------------------
     def checkpoint(self, directory: str | None = None, limit: int | None = None) -> str:
         """Write a resumable checkpoint now (into `output_dir` by default); callbacks receive
         this as the `save_checkpoint` keyword. Call it on every process."""
-        return self.checkpointer.save(self.snapshot(), self.control, directory, limit)
+        return self.checkpointer.save(self, self.control, directory, limit)
 
     # -- logging, evaluating, saving ---------------------------------------------------------------
     def _log_evaluate_save(self, epoch_end: bool) -> None:

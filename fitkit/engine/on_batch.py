@@ -16,7 +16,8 @@ import torch
 from fitkit.adapters.metrics import MetricSet
 from fitkit.engine.batch import Batch
 from fitkit.engine.checks import keeps_float64
-from fitkit.engine.data import adapt, class_weight_table
+from fitkit.engine.data import adapt
+from fitkit.engine.keras_data import class_weight_table
 from fitkit.engine.overrides import StepOverrides, StepTools, as_data, step_values
 from fitkit.engine.step import Stepper
 
@@ -72,6 +73,10 @@ def _logs(metric_specs: list, loss: torch.Tensor | None, out: Any, batch: Batch)
     return logs
 
 
+def _no_event(event: str, **kwargs: Any) -> None:
+    """A call on one batch has no callbacks: the events an overridden step fires go nowhere."""
+
+
 def train(runtime: Any, module: torch.nn.Module, config: Any, args: Any, overrides: StepOverrides, x: Any,
           y: Any = None, sample_weight: Any = None, class_weight: dict | None = None) -> dict[str, float]:
     """One optimizer step on `(x, y)`; the batch's loss and metrics (computed before the step)."""
@@ -83,12 +88,8 @@ def train(runtime: Any, module: torch.nn.Module, config: Any, args: Any, overrid
             stepper.clip(args.max_grad_norm)
             stepper.step()
 
-        tools = runtime.tools = StepTools(stepper, lambda event, **kwargs: None, apply)
-        try:
-            with tools.micro_batch(1, True):
-                values = step_values(overrides.train_step(as_data(batch)), "train_step")
-        finally:
-            runtime.tools = None
+        with runtime.using(StepTools(stepper, _no_event, apply)) as tools, tools.micro_batch(1, True):
+            values = step_values(overrides.train_step(as_data(batch)), "train_step")
         return {name: float(value) for name, value in values.items()}
     loss, out = stepper.forward_backward(batch, 1, last=True)
     stepper.clip(args.max_grad_norm)
@@ -104,11 +105,8 @@ def test(runtime: Any, module: torch.nn.Module, config: Any, args: Any, override
     batch = _batch(runtime, module, x, y, sample_weight, None)
     with stepper.inference():
         if overrides.test_step is not None:
-            runtime.tools = StepTools(stepper, lambda event, **kwargs: None, None)
-            try:
+            with runtime.using(StepTools(stepper, _no_event, None)):
                 values = step_values(overrides.test_step(as_data(batch)), "test_step")
-            finally:
-                runtime.tools = None
             return {name: float(value) for name, value in values.items()}
         loss, out = stepper.forward(batch)
     return _logs(config.metrics if config else [], loss, out, batch)
@@ -123,11 +121,8 @@ def predict(runtime: Any, module: torch.nn.Module, config: Any, args: Any, overr
     batch = _batch(runtime, module, x, None, None, None)
     with stepper.inference():
         if overrides.predict_step is not None:
-            runtime.tools = StepTools(stepper, lambda event, **kwargs: None, None)
-            try:
+            with runtime.using(StepTools(stepper, _no_event, None)):
                 out = overrides.predict_step(as_data(batch))
-            finally:
-                runtime.tools = None
         else:
             _, out = stepper.forward(batch, with_loss=False)
     return to_cpu(out)

@@ -9,16 +9,18 @@ the module as Fabric set it up, the optimizer, and the processes of spawn strate
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
 from fitkit.adapters.optimizers import build_optimizer
 from fitkit.arguments import TrainingArguments
 from fitkit.engine.checks import CheckMemo
-from fitkit.engine.data import BlockSampler, DataSource, TensorSource, evaluation_shard
+from fitkit.engine.sampling import BlockSampler
+from fitkit.engine.sources import DataSource, TensorSource, evaluation_shard
 from fitkit.jit_compile import jit_kwargs
 from fitkit.tensors import to_cpu
 
@@ -45,6 +47,21 @@ class Runtime:
         self.checked = CheckMemo()  # in-memory data whose first batch was checked already
         self.tools: Any = None  # during a call with overridden steps: their `StepTools`
         self.batch_stepper: Any = None  # the Stepper `train_on_batch` and its kin keep (engine/on_batch.py)
+
+    @contextlib.contextmanager
+    def using(self, tools: Any) -> Iterator[Any]:
+        """`tools` (a `StepTools`, or None) as the step tools of the call under way, for the block:
+        an overridden step reaches them through the model (`Model.module`, `Model.optimizer`,
+        `backward`, `call_event`). Cleared at the end, also on an error::
+
+            with runtime.using(loop.tools):
+                loop.train(train, val, resume)
+        """
+        self.tools = tools
+        try:
+            yield tools
+        finally:
+            self.tools = None
 
     # -- Fabric, module, optimizer ------------------------------------------------------------
     def launch(self, args: TrainingArguments) -> Any:

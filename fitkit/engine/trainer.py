@@ -12,7 +12,6 @@ The `Model` facade builds one per call; nothing here knows the facade.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 from typing import Any
@@ -22,18 +21,20 @@ import torch
 from fitkit.adapters.metrics import metric_directions
 from fitkit.adapters.optimizers import build_scheduler
 from fitkit.arguments import TrainingArguments
-from fitkit.callbacks.base import CallbackHandler, TrainerControl, TrainerState
-from fitkit.callbacks.progress import close_displays
+from fitkit.callbacks.base import CallbackHandler
+from fitkit.callbacks.state import TrainerControl, TrainerState
 from fitkit.compile_config import CompileConfig
-from fitkit.engine.checkpoint import Checkpointer
+from fitkit.engine.checkpointer import Checkpointer
 from fitkit.engine.checks import check_data, keeps_float64
-from fitkit.engine.data import DataSource, adapt, class_weight_table, split_validation
+from fitkit.engine.data import adapt
+from fitkit.engine.keras_data import class_weight_table, split_validation
 from fitkit.engine.fabric import release_at_exit
 from fitkit.engine.loader_view import eval_loader
 from fitkit.engine.loop import Loop
 from fitkit.engine.overrides import StepOverrides
 from fitkit.engine.rng import seed_everything
 from fitkit.engine.runtime import Runtime
+from fitkit.engine.sources import DataSource
 from fitkit.engine.step import Stepper
 from fitkit.hf_arguments import prepare_module, run_optimizer
 from fitkit.schedule import epoch_batches, interval_steps, plan, steps_per_epoch
@@ -59,7 +60,6 @@ class Trainer:
         self.state: TrainerState | None = None
         self.control = TrainerControl()
         self.checkpointer: Checkpointer | None = None
-        self.preempted = False
 
     # -- fit ------------------------------------------------------------------------------------
     def fit(self, x: Any, y: Any = None, *, sample_weight: Any = None, validation_data: Any = None,
@@ -76,12 +76,13 @@ class Trainer:
         if class_weight is not None:
             train.class_weight = class_weight_table(class_weight, fabric.device)
         args = self.args = _with_evaluation(self.args, val)
-        state = self.state = self._new_state(train, fabric, trial, initial_epoch)
+        batches = epoch_batches(len(train) if train.has_len() else None, args.steps_per_epoch)  # per epoch
+        state = self.state = self._new_state(batches, fabric, trial, initial_epoch)
         # Built over the torch optimizer that is stepped (not Fabric's wrapper), so torch sees
         # each step and does not warn that the scheduler stepped first.
         scheduler = build_scheduler(args.lr_scheduler, getattr(optimizer, "optimizer", optimizer), state.max_steps or 1,
                                     args.warmup_steps or math.ceil(args.warmup_ratio * state.max_steps))
-        loop = self._fit_loop(wrapped, optimizer, scheduler, train, val)
+        loop = self._fit_loop(wrapped, optimizer, scheduler, train, val, batches)
         loop.first_epoch = initial_epoch
         # The first batches against the module, loss and metrics: before any step or file.
         memo, own = self.runtime.checked, self.overrides
@@ -94,21 +95,19 @@ class Trainer:
         with self.checkpointer.writing():  # one run writes into output_dir at a time
             resume = self.checkpointer.resume(self.checkpointer.resume_path(self.handler.callbacks))
             try:
-                self.runtime.tools = loop.tools
-                loop.train(train, val, resume)
+                with self.runtime.using(loop.tools):
+                    loop.train(train, val, resume)
             finally:
-                self.runtime.tools = None
                 self.control = loop.control
-                close_displays()  # also after an exception or KeyboardInterrupt: streams and cursor back
+                self.handler.close_run()  # also after an exception or KeyboardInterrupt: e.g. a live display
         if loop.preemption.preempted:
             # A scheduler sent SIGTERM: the checkpoint is written and on_train_end has fired.
-            self.preempted = True
             logger.warning("preempted: checkpoint written to %s; rerun with resume_from_checkpoint=True",
                            self.checkpointer.last)
             raise SystemExit(0)
 
     def _fit_loop(self, wrapped: torch.nn.Module, optimizer: Any, scheduler: Any, train: DataSource,
-                  val: DataSource | None) -> Loop:
+                  val: DataSource | None, batches: int | None) -> Loop:
         """The loop of a fit, with its checkpointer, and the callbacks' event keywords wired."""
         fabric, handler, state = self.runtime.fabric, self.handler, self.state
         directions = metric_directions(self.config.metrics)
@@ -116,7 +115,6 @@ class Trainer:
         handler.train_dataloader = getattr(train, "loader", None)
         handler.eval_dataloader = eval_loader(val)  # sized for in-memory data too
         handler.metric_directions = directions
-        batches = epoch_batches(len(train) if train.has_len() else None, self.args.steps_per_epoch)
         handler.steps_per_epoch = None if batches is None else steps_per_epoch(batches,
                                                                               self.args.gradient_accumulation_steps)
         self.control = TrainerControl()
@@ -125,7 +123,7 @@ class Trainer:
         stepper = Stepper(fabric, wrapped, optimizer, self.config.loss_fn, self.overrides.compute_loss)
         loop = Loop(stepper, handler, self.args, state, self.control, metrics=self.config.metrics,
                     scheduler=scheduler, checkpointer=self.checkpointer, directions=directions,
-                    overrides=self.overrides)
+                    overrides=self.overrides, epoch_length=batches)
         handler.save_checkpoint = loop.checkpoint
         return loop
 
@@ -156,9 +154,9 @@ class Trainer:
                                 cast_float64=not keeps_float64(self.module), args=self.args)
         return self.runtime.place(source, pad), tensors
 
-    def _new_state(self, train: DataSource, fabric: Any, trial: dict | None, initial_epoch: int = 0) -> TrainerState:
+    def _new_state(self, batches: int | None, fabric: Any, trial: dict | None, initial_epoch: int = 0) -> TrainerState:
+        """The plan of a run over epochs of `batches` micro-batches (None: unknown)."""
         args = self.args
-        batches = epoch_batches(len(train) if train.has_len() else None, args.steps_per_epoch)
         epochs, max_steps = plan(batches, epochs=args.num_train_epochs, max_steps=args.max_steps,
                                  accumulation=args.gradient_accumulation_steps)
         state = TrainerState(
@@ -183,7 +181,7 @@ class Trainer:
         source, _ = self._source(x, y, sample_weight, batch_size=batch_size, shuffle=False, seed=None, pad=False)
         if self.overrides.test_step is None:
             check_data(loop.stepper, self.module, source, metrics=loop.metric_specs, memo=self.runtime.checked)
-        with self._tools(loop):
+        with self.runtime.using(loop.tools):
             metrics = loop.evaluate(source, steps=steps)
         self.control = self.handler.on_evaluate(self.args, state, loop.control, metrics)
         return metrics
@@ -197,7 +195,7 @@ class Trainer:
         source, _ = self._source(x, None, None, batch_size=batch_size, shuffle=False, seed=None, pad=False)
         if self.overrides.predict_step is None:
             check_data(loop.stepper, self.module, source, with_loss=False, memo=self.runtime.checked)
-        with self._tools(loop):
+        with self.runtime.using(loop.tools):
             out = loop.predict(source, steps=steps)
         self.control = self.handler.on_predict(self.args, state, loop.control, {})
         return out
@@ -211,15 +209,6 @@ class Trainer:
         loss_fn, metrics = (self.config.loss_fn, self.config.metrics) if self.config else (None, [])
         stepper = Stepper(fabric, wrapped, self.runtime.optimizer, loss_fn, self.overrides.compute_loss)
         return Loop(stepper, self.handler, self.args, state, control, metrics=metrics, overrides=self.overrides)
-
-    @contextlib.contextmanager
-    def _tools(self, loop: Loop):
-        """The loop's `StepTools` on the runtime while it runs (overridden steps reach them there)."""
-        self.runtime.tools = loop.tools
-        try:
-            yield
-        finally:
-            self.runtime.tools = None
 
 
 def _with_evaluation(args: TrainingArguments, val: DataSource | None) -> TrainingArguments:

@@ -1,0 +1,300 @@
+"""What a checkpoint holds, and one run's save / resume / best-model loading.
+
+A checkpoint (`output_dir/checkpoint-{global_step}/`) holds the module, the optimizer, the
+scheduler, the `TrainerState` (with every callback's state in `stateful_callbacks`), the RNG
+states and a `LoopSnapshot`: the data position and the running sums of the epoch under way.
+`Checkpointer` gathers all of these itself when it saves, and puts each back when a run
+resumes; the file work (atomic writes, manifest and digests, listing, rotation, verification,
+loading) is `fitkit.engine.checkpoint`. When a save happens is the loop's business
+(`Loop._log_evaluate_save`, from `control.should_save`)::
+
+    checkpointer = Checkpointer(fabric, args, state, handler, module=m, optimizer=o, scheduler=s)
+    with checkpointer.writing():                                          # one writer per output_dir
+        snapshot = checkpointer.resume(checkpointer.resume_path(callbacks))   # or None: a fresh run
+        checkpointer.restore_callbacks(snapshot, control)                      # after on_train_begin
+        start = checkpointer.restore_epoch(loop, snapshot, train)              # the batch to continue at
+        batches = checkpointer.epoch_iterator(train, epoch, start, snapshot)   # with the first run's RNG
+        path = checkpointer.save(loop, control)                                # when control.should_save
+        checkpointer.load_best()                                               # at the end of training
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import secrets
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator, Protocol
+
+from fitkit.callbacks.state import OffersCheckpoint, TrainerControl, TrainerState
+from fitkit.engine import checkpoint as files
+from fitkit.engine import run_lock
+from fitkit.engine.rng import rng_state, set_rng_state
+from fitkit.engine.running_loss import EpochLoss
+from fitkit.options import error_line, writes_to_output_dir
+from fitkit.schedule import steps_per_epoch, unplanned_steps
+
+logger = logging.getLogger("fitkit")
+
+#: `TrainerState` fields a run sets from its own arguments and processes; a resume restores
+#: every other field (the progress: step, epoch, logs, best model, callback states, ...).
+PLAN_FIELDS = frozenset({
+    "max_steps", "num_train_epochs", "logging_steps", "eval_steps", "save_steps", "train_batch_size",
+    "is_local_process_zero", "is_world_process_zero", "is_hyper_param_search", "trial_name", "trial_params",
+})
+
+#: `LoopSnapshot` fields kept beside the loop's own record in a checkpoint, not inside it.
+_BESIDE = ("rng", "callbacks")
+
+
+@dataclass
+class LoopSnapshot:
+    """The data position and the running sums of the epoch under way.
+
+    The position is `samples`: how many samples of epoch `epoch`'s order all processes together
+    had consumed, so a run with another number of processes or another batch size continues at
+    the same sample (None when the data cannot say, e.g. a list of batches). `batch` counts the
+    micro-batches each of the `world_size` processes had consumed (0 at an epoch boundary; then
+    the sums are zero). `by_rank` holds each process's own `(loss sum, count)` under several
+    processes; `epoch_rng` the RNG state when the epoch's batches were drawn (for loaders that
+    draw their order from the global RNG). `rng` is the RNG state when the checkpoint was
+    written and `callbacks` the saved callback states: a resume sets both back.
+
+        snap = LoopSnapshot(epoch=2, batch=5, samples=80)
+        LoopSnapshot.from_payload(snap.to_payload(), rng=rng_state(), callbacks={})
+
+    The payload is plain values and tensors, so it loads with `weights_only=True`.
+    """
+
+    epoch: int = 0
+    batch: int = 0
+    samples: int | None = None
+    world_size: int = 1
+    epoch_loss: float = 0.0
+    epoch_count: int = 0
+    logged_loss: float = 0.0
+    logged_count: int = 0
+    metrics: dict | None = None
+    by_rank: list | None = None
+    epoch_rng: dict | None = None
+    rng: dict | None = None
+    callbacks: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def mid_epoch(self) -> bool:
+        return self.batch > 0
+
+    def steps_to_end(self, global_step: int, start: int, batches: int, epochs: int, accumulation: int) -> int:
+        """`max_steps` of a run by epochs resumed here at `global_step`, in this run's steps: the
+        steps left in the resumed epoch (from batch number `start` of `batches`) and in the
+        epochs after it. Another number of processes or batch size makes other steps than the
+        run that wrote the checkpoint; on the same ones this is the plan of that run."""
+        per_epoch = steps_per_epoch(batches, accumulation)
+        left = steps_per_epoch(batches - start, accumulation) if self.mid_epoch else per_epoch
+        return global_step + left + (epochs - self.epoch - 1) * per_epoch
+
+    def to_payload(self) -> dict[str, Any]:
+        """The loop's record for a checkpoint (`rng` and `callbacks` are stored beside it)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _BESIDE}
+
+    @classmethod
+    def from_payload(cls, record: dict[str, Any], *, rng: dict | None, callbacks: dict | None) -> "LoopSnapshot":
+        """Read a loop record back (keys this version does not know are ignored)."""
+        known = {f.name for f in dataclasses.fields(cls)} - set(_BESIDE)
+        return cls(**{k: v for k, v in record.items() if k in known}, rng=rng, callbacks=dict(callbacks or {}))
+
+
+class TrainingLoop(Protocol):
+    """What the checkpointer reads from the training loop (`fitkit.engine.loop.Loop`)."""
+
+    #: `(epoch, micro-batches consumed in it)`: where a checkpoint written now resumes.
+    position: tuple[int, int]
+    #: The training data (a `DataSource`): it counts the samples a position stands for.
+    source: Any
+    #: Micro-batches in an epoch of it (None: unknown).
+    epoch_length: int | None
+    #: The epoch's running loss sums.
+    loss: EpochLoss
+    #: The training metrics (a `MetricSet`), whose states a mid-epoch checkpoint keeps.
+    train_metrics: Any
+
+
+class Checkpointer:
+    """One run's checkpoints: writes them (into `output_dir`, or another directory for a
+    callback such as `BackupAndRestore`), rotates them without losing the best one, resumes
+    from one and loads the best model at the end when asked.
+
+    Inside `writing()` the run holds its directories (one writer each, see `run_lock`); every
+    checkpoint it resumes or loads is verified first (every file's digest, `checkpoint.verify`)."""
+
+    def __init__(self, fabric: Any, args: Any, state: TrainerState, handler: Any, *, module: Any, optimizer: Any,
+                 scheduler: Any = None):
+        self.fabric, self.args, self.state, self.handler = fabric, args, state, handler
+        self.module, self.optimizer, self.scheduler = module, optimizer, scheduler
+        self.last: str | None = None  # the newest checkpoint written into `output_dir`
+        self.epoch_rng: dict | None = None  # RNG at epoch start, for loaders that draw from it
+        self._locks: dict[str, Any] | None = None  # by real path, while `writing()` runs
+        self._token: str | None = None  # this run's part of temporary names, the same on every process
+
+    # -- holding the directories ---------------------------------------------------------------
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """Hold `output_dir` for the block when this run writes there (and, from its first save,
+        any other directory a save writes into): a second run on one of them is refused with a
+        `run_lock.DirectoryInUseError` naming the holder. Released at the end, also on an error."""
+        self._locks = {}
+        try:
+            if writes_to_output_dir(self.args):
+                self._hold(self.args.output_dir, "`output_dir`")
+            yield
+        finally:
+            locks, self._locks = self._locks, None
+            for lock in locks.values():
+                if lock is not None:
+                    lock.release()
+
+    def _hold(self, directory: str, argument: str) -> None:
+        key = os.path.realpath(directory)
+        if self._locks is not None and key not in self._locks:
+            self._locks[key] = self._on_zero(lambda: files.hold(directory, argument), share=False)
+
+    def _on_zero(self, fn: Callable[[], Any], share: bool = True) -> Any:
+        """`fn()` run on the global-zero process alone; every process returns its result (with
+        `share`) or raises its error, so no process waits for one that failed."""
+        result, problem = None, None
+        if self.fabric.is_global_zero:
+            try:
+                result = fn()
+            except Exception as err:  # noqa: BLE001 - raised again below, on every process
+                problem = err
+        if self.fabric.world_size > 1:
+            sent = problem if problem is None or isinstance(problem, (files.CheckpointError,
+                                                                      run_lock.DirectoryInUseError)) \
+                else RuntimeError(f"on the global-zero process: {error_line(problem)}")
+            shared, received = self.fabric.broadcast((result if share else None, sent))
+            if not self.fabric.is_global_zero:
+                result, problem = shared, received
+        if problem is not None:
+            raise problem
+        return result
+
+    # -- saving ------------------------------------------------------------------------------------
+    def snapshot(self, loop: TrainingLoop) -> LoopSnapshot:
+        """Where `loop` is, for a checkpoint: data position and the epoch's running sums."""
+        epoch, batch = loop.position
+        world_size = self.fabric.world_size
+        if not batch:
+            return LoopSnapshot(epoch=epoch, batch=0, samples=0, world_size=world_size)
+        sums = loop.loss.export()  # over all processes: before the metric states, as every process does
+        return LoopSnapshot(epoch=epoch, batch=batch, samples=loop.source.consumed(epoch, batch), world_size=world_size,
+                            **sums, metrics=loop.train_metrics.export_state(), epoch_rng=self.epoch_rng)
+
+    def save(self, loop: TrainingLoop, control: TrainerControl, directory: str | None = None,
+             limit: int | None = None) -> str:
+        """Write a resumable checkpoint of `loop`'s run into `directory` (default `output_dir`)
+        and rotate: `save_total_limit` in `output_dir` (never the best one), `limit` elsewhere."""
+        own = directory is None
+        directory = self.args.output_dir if own else directory
+        snapshot = self.snapshot(loop)
+        self._hold(directory, "`output_dir`" if own else "directory")
+        if self._token is None:
+            self._token = self._on_zero(lambda: secrets.token_hex(4))
+        state = self.state
+        state.stateful_callbacks = self.handler.export_states(control)
+        best = files.checkpoint_path(directory, state.best_global_step) if state.best_global_step else None
+        # This checkpoint holds the best model, or an earlier one does (saved at the step an
+        # evaluation later found best, as HF records it): kept by rotation either way.
+        if own and best and (state.best_global_step == state.global_step or os.path.isdir(best)):
+            state.best_model_checkpoint = best
+        extra = {"rng": rng_state(), "loop": snapshot.to_payload()}
+        path = files.save_checkpoint(self.fabric, directory, state=state, args=self.args, module=self.module,
+                                     optimizer=self.optimizer, scheduler=self.scheduler, extra=extra,
+                                     token=self._token)
+        if self.fabric.is_global_zero:
+            if own:
+                files.rotate(directory, self.args.save_total_limit, keep=state.best_model_checkpoint)
+            else:
+                files.rotate(directory, limit)
+        if own:
+            self.last = path
+        return path
+
+    # -- resuming ----------------------------------------------------------------------------------
+    def resume_path(self, callbacks: Iterable[Any]) -> str | None:
+        """`resume_from_checkpoint` resolved, else a checkpoint a callback offers through
+        `checkpoint_to_resume(args)` (`OffersCheckpoint`, e.g. `BackupAndRestore`), else None.
+        Verified on the global-zero process before anything is loaded (see `checkpoint.resolve`)."""
+        return self._on_zero(lambda: self._choose(callbacks))
+
+    def _choose(self, callbacks: Iterable[Any]) -> str | None:
+        if self.args.resume_from_checkpoint:
+            return files.resolve(self.args.resume_from_checkpoint, self.args.output_dir)
+        for cb in callbacks:
+            path = cb.checkpoint_to_resume(self.args) if isinstance(cb, OffersCheckpoint) else None
+            if path:
+                return files.verified(path)
+        return None
+
+    def resume(self, path: str | None) -> LoopSnapshot | None:
+        """Load `path` into the module, optimizer, scheduler and state; return where the loop
+        continues (None for no path: a fresh run)."""
+        if path is None:
+            return None
+        payload = files.load_checkpoint(self.fabric, path, module=self.module, optimizer=self.optimizer)
+        if self.scheduler is not None and "scheduler" in payload:
+            self.scheduler.load_state_dict(payload["scheduler"])
+        saved = files.saved_state(path)
+        for f in dataclasses.fields(TrainerState):
+            if f.name not in PLAN_FIELDS:
+                setattr(self.state, f.name, getattr(saved, f.name))
+        files.warn_on_resume(self.args, self.state, saved)  # other step intervals or batch size; a lost best one
+        logger.info("resuming from %s at step %d", path, self.state.global_step)
+        return LoopSnapshot.from_payload(payload["loop"], rng=payload["rng"], callbacks=self.state.stateful_callbacks)
+
+    def restore_callbacks(self, resume: LoopSnapshot | None, control: TrainerControl) -> None:
+        """Give the callbacks their saved states (and the control flags) back; call it after
+        `on_train_begin`, which resets Keras-style callbacks."""
+        if resume:
+            self.handler.load_states(resume.callbacks, control)
+
+    def restore_epoch(self, loop: TrainingLoop, resume: LoopSnapshot, train: Any) -> int:
+        """Put back the resumed epoch's running sums into `loop`; return the batch number this
+        run continues from: the same sample, whatever the number of processes and batch size now
+        (training by epochs, `max_steps` is then counted again in this run's steps)."""
+        args, state = self.args, self.state
+        start = train.resume_at(resume) if resume.mid_epoch else 0
+        batches = loop.epoch_length
+        if args.max_steps <= 0 and batches:
+            state.max_steps = resume.steps_to_end(state.global_step, start, batches, state.num_train_epochs,
+                                                  args.gradient_accumulation_steps)
+            state.max_steps -= unplanned_steps(args.num_train_epochs, batches,
+                                               args.gradient_accumulation_steps)  # epochs=1.5
+        if not resume.mid_epoch:
+            return 0
+        loop.loss.restore(resume)
+        if self.fabric.global_rank == 0:  # metric states were synced over all processes when saved
+            loop.train_metrics.load_state(resume.metrics)
+        return start
+
+    def epoch_iterator(self, train: Any, epoch: int, start: int, resume: LoopSnapshot | None) -> Iterator[Any]:
+        """The epoch's batches from `start`, with the RNG where the first run had it (and the
+        epoch's starting RNG recorded, for a loader that draws its order from it)."""
+        replay = resume.epoch_rng if resume else None
+        if resume:
+            set_rng_state(replay or resume.rng)
+        if train.replays_rng:
+            self.epoch_rng = replay or rng_state()
+        batches = train.batches(epoch, start)
+        if replay:  # the epoch's order was drawn as in the first run; now continue its RNG
+            set_rng_state(resume.rng)
+        return batches
+
+    # -- the best model ------------------------------------------------------------------------------
+    def load_best(self) -> None:
+        """With `load_best_model_at_end`, put the best checkpoint's weights back into the module
+        (verified first)."""
+        if self.args.load_best_model_at_end and self.state.best_model_checkpoint:
+            path = self._on_zero(lambda: files.verified(self.state.best_model_checkpoint))
+            files.load_checkpoint(self.fabric, path, module=self.module, optimizer=None)
