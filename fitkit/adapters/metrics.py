@@ -269,6 +269,11 @@ class MetricSet:
     def names(self) -> list[str]:
         return [self.prefix + n for n in self._base_names()]
 
+    @property
+    def base_names(self) -> list[str]:
+        """The metrics' names without the prefix, in order."""
+        return self._base_names()
+
     def _base_names(self) -> list[str]:
         return [metric_name(spec) for spec in self.specs]
 
@@ -360,10 +365,32 @@ class MetricSet:
             else:
                 metric.update(*_prepare(kind, key, preds, target))
 
+    def update_one(self, index: int, outputs: Any, target: Any) -> None:
+        """Update only the `index`-th metric (`Model.metrics[i].update_state` in a custom step)."""
+        preds = primary_output(outputs).detach()
+        if self._items is None:
+            self._build(preds, target)
+        _, metric, kind, key = self._items[index]
+        if kind == "custom":
+            metric.update(preds, target)
+        else:
+            metric.update(*_prepare(kind, key, preds, target))
+
     def compute(self) -> dict[str, float]:
         if not self._items:
             return {}
         return {name: float(metric.compute()) for name, metric, _, _ in self._items}
+
+    def results(self) -> dict[str, torch.Tensor]:
+        """The values so far as device tensors (no host read), under the names without prefix:
+        what `Model.compute_metrics` returns in a custom step."""
+        if not self._items:
+            return {}
+        return {name[len(self.prefix):]: metric.compute() for name, metric, _, _ in self._items}
+
+    def result_of(self, index: int) -> torch.Tensor | None:
+        """The `index`-th metric's value so far (None before its first update)."""
+        return None if not self._items else self._items[index][1].compute()
 
     def reset(self) -> None:
         self._pending = None
