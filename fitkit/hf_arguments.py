@@ -29,14 +29,17 @@ _NOT_TRAINER_FIELDS = ("do_train", "do_eval", "do_predict", "local_rank", "accel
 
 
 def optimizer_spec(optim: str) -> Any:
-    """The optimizer for an HF `optim` name: a fitkit name, or torch's class for "adafactor"."""
+    """The optimizer for an HF `optim` name: a fitkit name built with torch's defaults (as HF's
+    Trainer builds it, not Keras'), or torch's class for "adafactor"."""
     import torch
+
+    from fitkit.adapters.optimizers import TorchDefaults
 
     name = HF_OPTIMIZERS.get(str(optim))
     if name is None:
         raise ValueError(f"`optim`={optim!r} is not available in fitkit; valid names are: {', '.join(HF_OPTIMIZERS)} "
                          "(or pass an optimizer to compile)")
-    return torch.optim.Adafactor if name == "adafactor" else name
+    return torch.optim.Adafactor if name == "adafactor" else TorchDefaults(name)
 
 
 def _plain(value: Any) -> Any:

@@ -1,5 +1,6 @@
-"""Saving and loading a `Model`: one weights-only file with the weights and the compile
-configuration.
+"""Saving and loading a `Model`: one weights-only file with the weights, the compile
+configuration and the optimizer's state (with the last fit's scheduler state), so training
+continued after `load` equals training continued in the original process.
 
     model.save("digits.pt")
     model = Model.load("digits.pt", make_net())    # a module of the same architecture
@@ -16,7 +17,8 @@ from fitkit.compile_config import CompileConfig
 from fitkit.io import atomic_torch_save
 
 
-def write_model_file(path: str, module: torch.nn.Module, config: CompileConfig | None = None) -> None:
+def write_model_file(path: str, module: torch.nn.Module, config: CompileConfig | None = None,
+                     optimizer: Any = None, scheduler: Any = None) -> None:
     """Write the file `Model.save` writes and `Model.load` reads, atomically: `module`'s weights
     (CPU copies) and the compile configuration (None: `Model.load` returns an uncompiled model)::
 
@@ -25,21 +27,38 @@ def write_model_file(path: str, module: torch.nn.Module, config: CompileConfig |
     """
     payload = {"format": "fitkit-model", "version": 1,
                "state_dict": {k: v.detach().cpu() for k, v in module.state_dict().items()},
-               "config": config.to_json() if config is not None else None}
+               "config": config.to_json() if config is not None else None,
+               "optimizer": _state_of(optimizer), "scheduler": _state_of(scheduler)}
     atomic_torch_save(payload, path)
+
+
+def _state_of(obj: Any) -> dict | None:
+    """CPU copies of `obj.state_dict()` (the torch optimizer inside Fabric's wrapper), or None."""
+    obj = getattr(obj, "optimizer", obj) if obj is not None and not hasattr(obj, "last_epoch") else obj
+    if obj is None or not hasattr(obj, "state_dict"):
+        return None
+    from fitkit.tensors import to_cpu
+
+    return to_cpu(obj.state_dict())
 
 
 class Saving:
     """`save` and `load`, which `Model` inherits (they use only its public members)."""
 
+    saved_scheduler_state: dict | None = None  # set by `load`: the last fit's scheduler state
+
     def save(self, path: str) -> None:
-        """Save the weights and the compile configuration to one weights-only file at `path`."""
-        write_model_file(path, self.module, self.config)
+        """Save the weights, the compile configuration and the optimizer's state (and the last
+        fit's scheduler state) to one weights-only file at `path`."""
+        write_model_file(path, self.module, self.config, self.runtime.optimizer, self.runtime.scheduler)
 
     @classmethod
     def load(cls, path: str, module_or_model_init: torch.nn.Module | Callable) -> "Model":
         """Load a model saved with `save` into `module_or_model_init`; compiled again when the
-        configuration was made of names (callables must be passed to `compile` again)."""
+        configuration was made of names (callables must be passed to `compile` again), and its
+        optimizer, built at the next fit, starts from the saved state. Each fit builds its
+        learning-rate schedule afresh (as in the original process); the last fit's scheduler
+        state is kept as `saved_scheduler_state`."""
         if not os.path.isfile(path):
             raise FileNotFoundError(f"no saved model at `path`={path!r}: pass the file written by Model.save")
         try:
@@ -56,6 +75,9 @@ class Saving:
         config = CompileConfig.from_json(payload["config"]) if payload.get("config") else None
         if config is not None:
             model.compile(config.optimizer, config.loss, config.metrics, **config.options)
+            # the optimizer is built at the first fit; it starts from the saved state then
+            model.runtime.restore_optimizer = payload.get("optimizer")
+        model.saved_scheduler_state = payload.get("scheduler")
         return model
 
     def save_weights(self, filepath: str) -> None:

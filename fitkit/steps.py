@@ -5,7 +5,7 @@
     from fitkit import Model, unpack_data
 
     class WithPenalty(Model):
-        def compute_loss(self, x, y, y_pred, sample_weight=None):
+        def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None):
             loss = super().compute_loss(x, y, y_pred, sample_weight)
             return loss + 1e-3 * sum(p.square().sum() for p in self.module.parameters())
 
@@ -84,31 +84,71 @@ class Steps:
                                "evaluate or predict runs it")
         return tools
 
-    def compute_loss(self, x: Any, y: Any, y_pred: Any, sample_weight: Any = None) -> torch.Tensor:
+    def compute_loss(self, x: Any = None, y: Any = None, y_pred: Any = None, sample_weight: Any = None) -> torch.Tensor:
         """The loss of one batch: the compiled loss of `y_pred` against `y` (weighted by
-        `sample_weight`), or the loss the module returned itself when compiled with `loss=None`."""
+        `sample_weight`), or the loss the module returned itself when compiled with `loss=None`.
+        Keywords as in Keras 3: `self.compute_loss(y=y, y_pred=y_pred)`."""
         loss_fn = self.config.loss_fn if self.config is not None else None
-        if loss_fn is None:
-            return model_loss(y_pred)
-        return loss_fn(primary_output(y_pred), y, sample_weight)
+        loss = model_loss(y_pred) if loss_fn is None else loss_fn(primary_output(y_pred), y, sample_weight)
+        tools = self.runtime.tools
+        if tools is not None:
+            tools.last_loss = loss  # `compute_metrics` reports it, as Keras' loss tracker
+        return loss
+
+    def compute_metrics(self, x: Any, y: Any, y_pred: Any, sample_weight: Any = None) -> dict[str, Any]:
+        """Update the compiled metrics with one batch and return `{"loss": ..., name: value}`:
+        the loss `compute_loss` computed in this step and each metric's value so far (device
+        tensors). What a custom `train_step` / `test_step` returns (Keras 3)::
+
+            def train_step(self, data):
+                x, y = data
+                y_pred = self(x)
+                loss = self.compute_loss(y=y, y_pred=y_pred)
+                self.backward(loss)
+                self.optimizer.step()
+                self.optimizer.zero_grad()
+                return self.compute_metrics(x, y, y_pred)
+
+        The loop logs the compiled metrics exactly over the epoch (or evaluation), not as a mean
+        of these per-step values; `sample_weight` does not weight fitkit's metrics."""
+        tools = self._step_tools("compute_metrics")
+        metrics = tools.compiled_metrics(self.config.metrics if self.config is not None else [])
+        if metrics and y is not None:
+            metrics.update(y_pred, y)
+            tools.reported = True
+        values: dict[str, Any] = {} if tools.last_loss is None else {"loss": tools.last_loss}
+        values.update(metrics.results() if metrics else {})
+        return values
+
+    @property
+    def metrics(self) -> list["StepMetric"]:
+        """Keras 3's `model.metrics` inside a custom step: the loss tracker (`name == "loss"`),
+        then one view per compiled metric, each with `name`, `update_state`, `result()` and
+        `reset_state()`. Empty outside a call of fit, evaluate or the `*_on_batch` methods."""
+        tools = self.runtime.tools
+        if tools is None:
+            return []
+        metrics = tools.compiled_metrics(self.config.metrics if self.config is not None else [])
+        return [StepMetric(tools, None), *(StepMetric(tools, i) for i in range(len(metrics.base_names)))]
 
     def train_step(self, data: Any) -> dict[str, Any]:
-        """One optimization step on one batch; returns the values to log (`{"loss": loss}`)."""
+        """One optimization step on one batch; returns the loss and the compiled metrics."""
         x, y, sample_weight = unpack_data(data)
         y_pred = self._forward(x, y)
         loss = self.compute_loss(x, y, y_pred, sample_weight)
         self.backward(loss)
         self.optimizer.step()
         self.optimizer.zero_grad()
-        return {"loss": loss}
+        return self.compute_metrics(x, y, y_pred, sample_weight)
 
     def test_step(self, data: Any) -> dict[str, Any]:
-        """The values of one evaluation batch (`{"loss": loss}`; empty without targets)."""
+        """The loss and compiled metrics of one evaluation batch (empty without targets)."""
         x, y, sample_weight = unpack_data(data)
         y_pred = self._forward(x, y)
         if y is None and self.config is not None and self.config.loss_fn is not None:
             return {}
-        return {"loss": self.compute_loss(x, y, y_pred, sample_weight)}
+        self.compute_loss(x, y, y_pred, sample_weight)
+        return self.compute_metrics(x, y, y_pred, sample_weight)
 
     def predict_step(self, data: Any) -> Any:
         """The module's outputs for one batch (what `predict` concatenates)."""
@@ -122,3 +162,33 @@ class Steps:
                 return self.module(**x, labels=y)
             return self.module(*(x if isinstance(x, tuple) else (x,)), y)
         return call_module(self.module, x)
+
+
+class StepMetric:
+    """One entry of `Model.metrics` in a custom step (Keras' metric interface): the loss
+    tracker (`index` None: `update_state(loss)` records the step's loss) or a compiled metric."""
+
+    def __init__(self, tools: Any, index: int | None):
+        self.tools, self.index = tools, index
+        self.name = "loss" if index is None else tools.metrics.base_names[index]
+
+    def update_state(self, *args: Any, sample_weight: Any = None) -> None:
+        """`update_state(loss)` for the loss tracker, `update_state(y, y_pred)` for a metric."""
+        if self.index is None:
+            self.tools.last_loss = args[0]
+            return
+        y, y_pred = args[:2]
+        self.tools.metrics.update_one(self.index, y_pred, y)
+        self.tools.reported = True
+
+    def result(self) -> Any:
+        """The loss of this step (the loop averages it per epoch), or the metric's value so far."""
+        if self.index is None:
+            return self.tools.last_loss
+        return self.tools.metrics.result_of(self.index)
+
+    def reset_state(self) -> None:
+        """Nothing to do: the loop resets the compiled metrics at each epoch and evaluation."""
+
+    def __repr__(self) -> str:
+        return f"<StepMetric {self.name}>"

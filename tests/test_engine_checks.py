@@ -178,10 +178,11 @@ def test_a_loss_returning_a_number_is_a_type_error(tmp_path, data):
     _refused(tmp_path, _model(loss=lambda out, t: 1.0), TypeError, "`loss`", x, y)
 
 
-def test_a_loss_that_is_not_a_scalar_names_loss(tmp_path, data):
+def test_a_scalar_loss_cannot_weight_samples(tmp_path, data):
     x, y = data
-    err = _refused(tmp_path, _model(loss=torch.nn.CrossEntropyLoss(reduction="none")), ValueError, "`loss`", x, y)
-    assert "the loss must be a scalar tensor but has shape (32,)" in str(err)
+    err = _refused(tmp_path, _model(loss=lambda out, t: torch.nn.functional.cross_entropy(out, t)), ValueError,
+                   "`sample_weight`", x, y, sample_weight=torch.ones(len(x)))
+    assert "per-sample losses" in str(err)
 
 
 def test_no_loss_for_a_module_that_does_not_return_one(tmp_path, data):

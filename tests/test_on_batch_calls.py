@@ -19,7 +19,7 @@ def _batches(n=6):
 def test_a_loop_of_train_on_batch_is_the_hand_written_loop():
     model = Model(_net()).compile("adam", "cross_entropy", learning_rate=1e-2)
     hand = _net()
-    optimizer = torch.optim.Adam(hand.parameters(), lr=1e-2, fused=True)  # what the name "adam" builds on CPU
+    optimizer = torch.optim.Adam(hand.parameters(), lr=1e-2, eps=1e-7, fused=True)  # what "adam" builds on CPU
     for x, y in _batches():
         reported = model.train_on_batch(x, y)
         optimizer.zero_grad()

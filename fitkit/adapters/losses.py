@@ -1,13 +1,15 @@
-"""Losses by name, module or callable, with Keras-style sample weights.
+"""Losses by name, module or callable, with Keras-style sample weights and reduction.
 
 A loss adapter is called as `loss(outputs, targets, sample_weight=None) -> scalar tensor`.
-With sample weights the per-sample losses are weighted and averaged over the batch
-(Keras' "sum over batch size").
+A callable whose first two parameters are `y_true, y_pred` is called in Keras' order. Values
+with a shape are reduced as Keras' "sum over batch size" does; with sample weights the
+per-sample losses are weighted and averaged over the batch.
 """
 
 from __future__ import annotations
 
 import copy
+import inspect
 from typing import Any, Callable
 
 import torch
@@ -57,41 +59,77 @@ LOSSES: dict[str, Callable[..., torch.Tensor]] = {
 }
 
 
+def keras_order(fn: Any) -> bool:
+    """True when `fn`'s first two parameters are named `y_true, y_pred` (Keras' order)."""
+    try:
+        params = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):  # a builtin without a signature: fitkit's order
+        return False
+    return params[:2] == ["y_true", "y_pred"]
+
+
+def reduce_loss(values: torch.Tensor, sample_weight: torch.Tensor | None = None) -> torch.Tensor:
+    """Keras' `sum_over_batch_size` reduction of the values a loss returned: their mean; with
+    `sample_weight` (one per sample), each sample's mean value weighted, averaged over the batch::
+
+        reduce_loss(torch.tensor([1.0, 3.0]))                            # 2.0
+        reduce_loss(torch.tensor([1.0, 3.0]), torch.tensor([1.0, 0.0]))  # 0.5
+    """
+    if sample_weight is None:
+        return values if values.dim() == 0 else values.mean()
+    if values.dim() > 1:
+        values = values.reshape(values.shape[0], -1).mean(dim=1)
+    return (values * sample_weight.to(values.dtype)).mean()
+
+
 class Loss:
-    """A compiled loss. `fn(outputs, targets, reduction)` for named losses, else the user's callable."""
+    """A compiled loss, called as `loss(outputs, targets, sample_weight=None) -> scalar`.
+
+    A name runs fitkit's own function. A callable (or an object with a Keras-style
+    `call(y_true, y_pred)`) whose first two parameters are `y_true, y_pred` is called in Keras'
+    order, any other as `fn(outputs, targets)`. Values with a shape (one per sample, or per
+    element) are reduced as Keras does (`reduce_loss`)::
+
+        def custom_mse(y_true, y_pred):             # Keras' order, one value per sample
+            return ((y_true - y_pred) ** 2).mean(dim=-1)
+        Loss(custom_mse)(outputs, targets, sample_weight=w)
+    """
 
     def __init__(self, spec: Any):
         self.spec = spec
         self.name = spec if isinstance(spec, str) else getattr(spec, "__name__", type(spec).__name__)
         self._named = LOSSES[spec] if isinstance(spec, str) else None
         self._unreduced: Callable | None = None
+        call = getattr(spec, "call", None)
+        if self._named is None and not isinstance(spec, torch.nn.Module) and callable(call) and keras_order(call):
+            self.fn, self.keras_order = call, True  # a keras.losses.Loss-like object: its unreduced `call`
+        else:
+            self.fn, self.keras_order = spec, self._named is None and keras_order(spec)
 
     def __call__(self, outputs: Any, targets: Any, sample_weight: torch.Tensor | None = None) -> torch.Tensor:
         if self._named is not None:
             if sample_weight is None:
                 return self._named(outputs, targets, "mean")
-            per_sample = self._named(outputs, targets, "none")
-        else:
-            if sample_weight is None:
-                return self.spec(outputs, targets)
-            per_sample = self._per_sample(outputs, targets)
-        if per_sample.dim() > 1:
-            per_sample = per_sample.reshape(per_sample.shape[0], -1).mean(dim=1)
-        return (per_sample * sample_weight.to(per_sample.dtype)).mean()
+            return reduce_loss(self._named(outputs, targets, "none"), sample_weight)
+        if sample_weight is not None and isinstance(self.spec, torch.nn.Module) and hasattr(self.spec, "reduction"):
+            return reduce_loss(self._unreduced_module()(outputs, targets), sample_weight)
+        value = self.fn(targets, outputs) if self.keras_order else self.fn(outputs, targets)
+        if not isinstance(value, torch.Tensor):
+            return value  # the first-batch check says what is wrong with it
+        if sample_weight is not None and (value.dim() == 0 or value.shape[0] != sample_weight.shape[0]):
+            raise ValueError(
+                "`sample_weight` / `class_weight` need per-sample losses: return one value per sample from "
+                f"{self.name!r} (Keras reduces them), use a named loss ({', '.join(LOSSES)}), or a torch loss "
+                f"module with a `reduction` attribute; {self.name!r} returned shape {tuple(value.shape)}"
+            )
+        return reduce_loss(value, sample_weight)
 
-    def _per_sample(self, outputs: Any, targets: Any) -> torch.Tensor:
+    def _unreduced_module(self) -> Callable:
         if self._unreduced is None:
-            if isinstance(self.spec, torch.nn.Module) and hasattr(self.spec, "reduction"):
-                unreduced = copy.copy(self.spec)
-                unreduced.reduction = "none"
-                self._unreduced = unreduced
-            else:
-                raise ValueError(
-                    "`sample_weight` / `class_weight` need per-sample losses: use a named loss "
-                    f"({', '.join(LOSSES)}) or a torch loss module with a `reduction` attribute, "
-                    f"not {self.name!r}"
-                )
-        return self._unreduced(outputs, targets)
+            unreduced = copy.copy(self.spec)
+            unreduced.reduction = "none"
+            self._unreduced = unreduced
+        return self._unreduced
 
 
 def build_loss(spec: Any) -> Loss | None:
@@ -109,6 +147,6 @@ def build_loss(spec: Any) -> Loss | None:
         return Loss(key)
     if isinstance(spec, type) and issubclass(spec, torch.nn.Module):
         return Loss(spec())
-    if callable(spec):
+    if callable(spec) or (callable(getattr(spec, "call", None)) and keras_order(spec.call)):
         return Loss(spec)
     raise TypeError(f"`loss` must be a name, an nn.Module, a callable or None; got {type(spec).__name__}")

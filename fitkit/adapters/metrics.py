@@ -15,7 +15,12 @@ import torch
 from fitkit.options import did_you_mean
 
 NAMES = ("accuracy", "mae", "mse", "f1", "precision", "recall", "auroc")
-_ALIASES = {"acc": "accuracy", "f1_score": "f1", "mean_absolute_error": "mae", "mean_squared_error": "mse", "auc": "auroc"}
+#: Keras 3's metric names: the metric each computes. Keras settles the task by the name, not by
+#: the data (`_keras_task`); they are logged under the name given, as Keras logs them.
+KERAS_NAMES = {"sparse_categorical_accuracy": "accuracy", "categorical_accuracy": "accuracy",
+               "binary_accuracy": "accuracy", "top_k_categorical_accuracy": "top_k", "auc": "auroc",
+               "mean_absolute_error": "mae", "mean_squared_error": "mse"}
+_ALIASES = {"acc": "accuracy", "f1_score": "f1", **KERAS_NAMES}
 
 
 def _snake(name: str) -> str:
@@ -46,9 +51,10 @@ def check_metrics(specs: Any) -> list:
     for spec in specs:
         if isinstance(spec, str):
             key = _ALIASES.get(spec.lower(), spec.lower())
-            if key not in NAMES:
+            if key not in NAMES and key != "top_k":
                 raise ValueError(
-                    f"{did_you_mean(spec, NAMES)}unknown metric {spec!r} in `metrics`; valid names are: {', '.join(NAMES)} "
+                    f"{did_you_mean(spec, (*NAMES, *KERAS_NAMES))}unknown metric {spec!r} in `metrics`; valid names are: "
+                    f"{', '.join(NAMES)} and Keras' {', '.join(KERAS_NAMES)} "
                     "(or pass torchmetrics.Metric instances or callables (preds, target) -> tensor)"
                 )
             out.append(spec)
@@ -82,6 +88,7 @@ _NAME_CLASSES = {
     "precision": ("torchmetrics.classification", "BinaryPrecision"),
     "recall": ("torchmetrics.classification", "BinaryRecall"),
     "auroc": ("torchmetrics.classification", "BinaryAUROC"),
+    "top_k": ("torchmetrics.classification", "MulticlassAccuracy"),
     "mae": ("torchmetrics.regression", "MeanAbsoluteError"),
     "mse": ("torchmetrics.regression", "MeanSquaredError"),
 }
@@ -171,10 +178,32 @@ def _infer(key: str, preds: torch.Tensor, target: torch.Tensor) -> tuple[str, in
     return ("multiclass" if classes > 1 else "binary"), classes
 
 
+def _keras_task(name: str, preds: torch.Tensor, target: torch.Tensor) -> tuple[str, int] | None:
+    """The task a Keras metric name fixes (None: inferred from the batch as for fitkit's names).
+    Predictions are fitkit's logits: a Keras model's sigmoid / softmax outputs thresholded at
+    0.5 / compared by argmax give the same values."""
+    classes = preds.shape[-1] if preds.dim() >= 2 else 1
+    if name == "sparse_categorical_accuracy" and classes > 1:
+        return "multiclass", classes
+    if name == "categorical_accuracy" and classes > 1:
+        return "onehot", classes  # argmax of the targets: one-hot or probability rows
+    if name == "binary_accuracy":
+        return ("binary", 1) if classes == 1 else ("multilabel", classes)
+    if name == "top_k_categorical_accuracy" and classes > 1:
+        return "top_k", classes
+    if name == "auc" and classes == 1:
+        return "auc", 1  # Keras' AUC: 200 thresholds on the scores, not the exact area
+    return None
+
+
 def _construct(key: str, kind: str, classes: int):
     import torchmetrics.classification as C
     import torchmetrics.regression as R
 
+    if kind == "top_k":  # Keras' k=5 (every class counts when there are fewer)
+        return C.MulticlassAccuracy(num_classes=classes, top_k=min(5, classes), average="micro", validate_args=False)
+    if kind == "auc":
+        return C.BinaryAUROC(thresholds=200, validate_args=False)
     if kind == "regression":
         return R.MeanAbsoluteError() if key == "mae" else R.MeanSquaredError()
     common = {"validate_args": False}
@@ -209,15 +238,15 @@ def _prepare(kind: str, name: str, preds: torch.Tensor, target: torch.Tensor):
         if preds.dim() == target.dim() + 1 and preds.shape[-1] == 1:
             preds = preds.squeeze(-1)
         return preds.float(), target.float()
-    if kind in ("multiclass", "onehot"):
-        if kind == "onehot":
+    if kind in ("multiclass", "onehot", "top_k"):
+        if kind == "onehot" or (kind == "top_k" and target.shape == preds.shape):
             target = target.argmax(-1)
         if name == "auroc":
             preds = preds.float().softmax(-1)
         return preds, target
     if preds.dim() == target.dim() + 1 and preds.shape[-1] == 1:
         preds = preds.squeeze(-1)
-    if name == "auroc":  # scores in [0, 1]; logits are assumed
+    if name == "auroc" or kind == "auc":  # scores in [0, 1]; logits are assumed
         return preds.float().sigmoid(), target.long()
     return (preds > 0).long(), target.long()  # logits -> hard labels (binary and multilabel)
 
@@ -240,6 +269,11 @@ class MetricSet:
     def names(self) -> list[str]:
         return [self.prefix + n for n in self._base_names()]
 
+    @property
+    def base_names(self) -> list[str]:
+        """The metrics' names without the prefix, in order."""
+        return self._base_names()
+
     def _base_names(self) -> list[str]:
         return [metric_name(spec) for spec in self.specs]
 
@@ -252,7 +286,7 @@ class MetricSet:
                 if saved is not None:
                     kind, classes = saved[self.prefix + name]["_task"]
                 else:
-                    kind, classes = _infer(key, preds, target)
+                    kind, classes = _keras_task(spec.lower(), preds, target) or _infer(key, preds, target)
                 metric = _construct(key, kind, classes)
                 self._tasks[self.prefix + name] = (kind, classes)
             elif _is_metric(spec):
@@ -331,10 +365,32 @@ class MetricSet:
             else:
                 metric.update(*_prepare(kind, key, preds, target))
 
+    def update_one(self, index: int, outputs: Any, target: Any) -> None:
+        """Update only the `index`-th metric (`Model.metrics[i].update_state` in a custom step)."""
+        preds = primary_output(outputs).detach()
+        if self._items is None:
+            self._build(preds, target)
+        _, metric, kind, key = self._items[index]
+        if kind == "custom":
+            metric.update(preds, target)
+        else:
+            metric.update(*_prepare(kind, key, preds, target))
+
     def compute(self) -> dict[str, float]:
         if not self._items:
             return {}
         return {name: float(metric.compute()) for name, metric, _, _ in self._items}
+
+    def results(self) -> dict[str, torch.Tensor]:
+        """The values so far as device tensors (no host read), under the names without prefix:
+        what `Model.compute_metrics` returns in a custom step."""
+        if not self._items:
+            return {}
+        return {name[len(self.prefix):]: metric.compute() for name, metric, _, _ in self._items}
+
+    def result_of(self, index: int) -> torch.Tensor | None:
+        """The `index`-th metric's value so far (None before its first update)."""
+        return None if not self._items else self._items[index][1].compute()
 
     def reset(self) -> None:
         self._pending = None

@@ -1,8 +1,16 @@
-"""Optimizers by name, class or factory, and the learning-rate schedules."""
+"""Optimizers by name, class or factory, and the learning-rate schedules.
+
+A name builds torch's optimizer with Keras 3's defaults for every hyperparameter (`KERAS_DEFAULTS`);
+an HF `optim` name (`TorchDefaults`, from `TrainingArguments(optim=...)`) keeps torch's / HF's::
+
+    build_optimizer("rmsprop", net.parameters(), None, None)     # RMSprop(lr=1e-3, alpha=0.9, eps=1e-7)
+    build_optimizer(TorchDefaults("adamw"), net.parameters(), 5e-5, 0.0)  # HF's AdamW (eps=1e-8)
+"""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import torch
@@ -19,8 +27,32 @@ OPTIMIZERS: dict[str, tuple[type, float]] = {
 }
 
 
+#: Keras 3's default for every hyperparameter of each named optimizer, as torch's keywords
+#: (keras/src/optimizers/*.py, Keras 3.15). Where torch's algorithm places epsilon elsewhere
+#: (Adam/AdamW: after the bias correction; RMSprop/Adagrad: outside the square root), the same
+#: epsilon value is used: the updates agree to float tolerance unless the gradients are of
+#: epsilon's order (docs/migrating-from-keras.md, "Optimizer defaults").
+KERAS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "adam": {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-7, "amsgrad": False},
+    "adamw": {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-7, "weight_decay": 0.004, "amsgrad": False},
+    "sgd": {"lr": 1e-2, "momentum": 0.0, "nesterov": False},
+    "rmsprop": {"lr": 1e-3, "alpha": 0.9, "eps": 1e-7, "momentum": 0.0, "centered": False},
+    "adagrad": {"lr": 1e-3, "initial_accumulator_value": 0.1, "eps": 1e-7},
+}
+
+
+@dataclass(frozen=True)
+class TorchDefaults:
+    """A named optimizer built with torch's defaults (HF's Trainer builds torch's classes so):
+    what `TrainingArguments(optim="adamw_torch")` and the other HF names select."""
+
+    name: str
+
+
 def check_optimizer(spec: Any) -> None:
     """Fail early (at `compile`) on an optimizer that cannot be built."""
+    if isinstance(spec, TorchDefaults):
+        spec = spec.name
     if isinstance(spec, str):
         if spec.lower() not in OPTIMIZERS:
             raise ValueError(
@@ -64,19 +96,8 @@ def build_optimizer(
     kwargs: dict[str, Any] = {}
     if weight_decay is not None:
         kwargs["weight_decay"] = weight_decay
-    if isinstance(spec, str):
-        cls, default_lr = OPTIMIZERS[spec.lower()]
-        kwargs["lr"] = default_lr if learning_rate is None else learning_rate
-        if str(precision) in ("16-true", "16") and spec.lower() in _EPS_FP16:
-            kwargs["eps"] = _EPS_FP16[spec.lower()]  # pure float16 weights: keep the denominator representable
-        params = list(params)
-        kind = fastest_implementation(spec.lower(), params, module)
-        if kind is not None:
-            try:
-                return cls(params, **kwargs, **{kind: True})
-            except (RuntimeError, ValueError):  # a device or dtype this implementation does not take
-                pass
-        return cls(params, **kwargs)
+    if isinstance(spec, (str, TorchDefaults)):
+        return _named(spec, list(params), learning_rate, kwargs, precision, module)
     if isinstance(spec, type) and issubclass(spec, torch.optim.Optimizer):
         if learning_rate is not None:
             kwargs["lr"] = learning_rate
@@ -88,6 +109,45 @@ def build_optimizer(
         for group in optimizer.param_groups:
             group["lr"] = learning_rate
     return optimizer
+
+
+def named_keywords(spec: "str | TorchDefaults", learning_rate: float | None,
+                   weight_decay: float | None = None) -> dict[str, Any]:
+    """The keywords a named optimizer is built with: Keras 3's defaults for a name (a
+    `TorchDefaults` name: torch's, with Keras' learning rate unless `learning_rate` is given),
+    the rate and weight decay given over them::
+
+        named_keywords("adagrad", None)   # {"lr": 1e-3, "initial_accumulator_value": 0.1, "eps": 1e-7}
+    """
+    name = spec.name if isinstance(spec, TorchDefaults) else spec.lower()
+    if isinstance(spec, TorchDefaults):
+        kwargs: dict[str, Any] = {"lr": OPTIMIZERS[name][1]}
+    else:
+        kwargs = dict(KERAS_DEFAULTS[name])
+    if learning_rate is not None:
+        kwargs["lr"] = learning_rate
+    if weight_decay is not None:
+        kwargs["weight_decay"] = weight_decay
+        if name == "adam" and not isinstance(spec, TorchDefaults) and weight_decay:
+            kwargs["decoupled_weight_decay"] = True  # Keras decays every optimizer's weights directly
+    return kwargs
+
+
+def _named(spec: "str | TorchDefaults", params: list, learning_rate: float | None, given: dict[str, Any],
+           precision: str | None, module: torch.nn.Module | None) -> torch.optim.Optimizer:
+    """A named optimizer in the fastest exact implementation for the parameters' device."""
+    name = spec.name if isinstance(spec, TorchDefaults) else spec.lower()
+    cls = OPTIMIZERS[name][0]
+    kwargs = named_keywords(spec, learning_rate, given.get("weight_decay"))
+    if str(precision) in ("16-true", "16") and name in _EPS_FP16:
+        kwargs["eps"] = _EPS_FP16[name]  # pure float16 weights: keep the denominator representable
+    kind = fastest_implementation(name, params, module)
+    if kind is not None:
+        try:
+            return cls(params, **kwargs, **{kind: True})
+        except (RuntimeError, ValueError):  # a device or dtype this implementation does not take
+            pass
+    return cls(params, **kwargs)
 
 
 def fastest_implementation(name: str, params: list, module: torch.nn.Module | None = None) -> str | None:
@@ -128,6 +188,8 @@ def optimizer_note(spec: Any, built: Any = None) -> str:
     """The summary's optimizer line: what was built, else what a name will build."""
     if built is not None:
         return f"Optimizer: {describe(built)}"
+    if isinstance(spec, TorchDefaults):
+        spec = spec.name
     if isinstance(spec, str):
         devices: dict[str, list[str]] = {}  # implementation -> the device types it is chosen on
         for (name, device), kind in FASTEST.items():

@@ -24,7 +24,7 @@ from fitkit.engine.checkpointer import Checkpointer, LoopSnapshot
 from fitkit.engine.batch import Batch
 from fitkit.engine.sources import DataSource
 from fitkit.engine.eval_prediction import PredictionCollector
-from fitkit.engine.overrides import StepMeans, StepOverrides, StepTools, as_data, step_values
+from fitkit.engine.overrides import StepMeans, StepOverrides, StepTools, as_data
 from fitkit.engine.preemption import Preemption
 from fitkit.engine.prefetch import stopping
 from fitkit.engine.run_metrics import RunMetrics
@@ -74,6 +74,7 @@ class Loop:
         self.tools: StepTools | None = None
         if self.overrides:
             self.tools = StepTools(stepper, self.call_event, self._apply_gradients)
+            self.tools.metrics = self.train_metrics  # what `Model.compute_metrics` updates in training
         self._carry = self._carried_events()
         self.first_epoch = 0  # Keras' initial_epoch
         self._module_dict: dict = {}  # the user's module's attributes: Keras' `stop_training` is set there
@@ -205,7 +206,7 @@ class Loop:
     def _own_train_step(self, batch: Batch, cycle: int, last: bool) -> tuple[torch.Tensor | None, None]:
         """One micro-batch through an overridden `train_step`; its values are averaged per epoch."""
         with self.tools.micro_batch(cycle, last):
-            values = step_values(self.overrides.train_step(as_data(batch)), "train_step")
+            values = self.tools.values(self.overrides.train_step(as_data(batch)), "train_step")
         loss = values.get("loss")
         if loss is not None:
             loss = loss if isinstance(loss, torch.Tensor) else torch.tensor(float(loss), device=self.fabric.device)
@@ -379,18 +380,21 @@ class Loop:
     def _own_evaluate(self, source: DataSource, prefix: str, steps: int | None) -> dict[str, float]:
         """`evaluate` through an overridden `test_step`: its values, sample-weighted means."""
         means, carry = StepMeans(self.fabric.device), self._carry["on_prediction_step"]
-        count = 0
+        metrics, trained = self.val_metrics if prefix else MetricSet(self.metric_specs), self.tools.metrics
+        metrics.reset()
+        self.tools.metrics, self.tools.updated, count = metrics, False, 0  # what `compute_metrics` updates
         with self.stepper.inference(), stopping(source):
             for batch in first(source.batches(0), steps):
-                values = step_values(self.overrides.test_step(as_data(batch)), "test_step")
+                values = self.tools.values(self.overrides.test_step(as_data(batch)), "test_step")
                 means.add(values, batch.size)
                 count += batch.size
                 self._prediction_step(batch, None, values.get("loss"), carry)
         if self.fabric.world_size > 1:
             count = int(self.fabric.all_reduce(torch.tensor(count, device=self.fabric.device), reduce_op="sum"))
+        self.tools.metrics = trained
         if count == 0:
             raise ValueError("the evaluation data is empty: pass at least one sample")
-        return means.compute(self.fabric, prefix)
+        return {**means.compute(self.fabric, prefix), **(metrics.compute() if self.tools.updated else {})}
 
     def _prediction_step(self, batch: Batch, outputs: Any, loss: Any, carry: bool) -> None:
         cb = self.handler

@@ -129,8 +129,32 @@ class StepTools:
         self.call_event = call_event
         self.cycle = 1
         self.optimizer = None
+        self.metrics: Any = None  # the phase's compiled `MetricSet` (set by the loop); None: one per call
+        self.last_loss: torch.Tensor | None = None  # the step's `compute_loss` value, for `compute_metrics`
+        self.reported = False  # `compute_metrics` updated `metrics` in this step
+        self.updated = False  # ... in some step since the loop last cleared this
         if stepper.optimizer is not None and optimizer_step is not None:
             self.optimizer = DeferredOptimizer(stepper.optimizer, optimizer_step, stepper.zero_grad)
+
+    def compiled_metrics(self, specs: list) -> Any:
+        """The `MetricSet` `compute_metrics` updates: the loop's for this phase, else one kept
+        for this call (`train_on_batch` and its kin)."""
+        if self.metrics is None:
+            from fitkit.adapters.metrics import MetricSet
+
+            self.metrics = MetricSet(specs)
+        return self.metrics
+
+    def values(self, result: Any, step: str) -> dict[str, Any]:
+        """An overridden step's values for the loop: the compiled metrics `compute_metrics`
+        updated are left out (the loop logs them exactly from `metrics`, not as per-step means)."""
+        values = step_values(result, step)
+        self.updated = self.updated or self.reported
+        if self.reported and self.metrics is not None:
+            compiled = set(self.metrics.base_names)
+            values = {name: value for name, value in values.items() if name not in compiled}
+        self.reported, self.last_loss = False, None
+        return values
 
     def backward(self, loss: torch.Tensor) -> None:
         """Fabric's backward (mixed precision, DDP, FSDP, DeepSpeed), scaled for accumulation."""

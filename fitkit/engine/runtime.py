@@ -42,6 +42,8 @@ class Runtime:
         self.wrapped_of: torch.nn.Module | None = None
         self.wrapped_jit: dict[str, Any] | None = None  # the torch.compile keywords it was set up with
         self.optimizer: Any = None  # Fabric's wrapper around the optimizer
+        self.scheduler: Any = None  # the last fit's learning-rate scheduler (None: constant rate)
+        self.restore_optimizer: dict | None = None  # a state `Model.load` read, for the next optimizer built
         self.example: Any = None  # the first in-memory training input (summary's shapes)
         self.in_child = False  # inside a process a spawn strategy started
         self.checked = CheckMemo()  # in-memory data whose first batch was checked already
@@ -96,8 +98,13 @@ class Runtime:
             _check_bound_to(spec, self.wrapped)
             opt = build_optimizer(spec, self.wrapped.parameters(), args.learning_rate, args.weight_decay,
                                   precision=args.precision, module=self.wrapped)
+            saved, self.restore_optimizer = self.restore_optimizer, None
+            if saved is not None:  # `Model.load`: continue from the saved optimizer state
+                opt.load_state_dict(saved)
             self.optimizer = self.fabric.setup_optimizers(opt)
-        elif args.learning_rate is not None:
+            if saved is None:
+                return self.optimizer
+        if args.learning_rate is not None:
             for group in self.optimizer.param_groups:
                 group["lr"] = args.learning_rate
                 group.pop("initial_lr", None)
@@ -105,7 +112,7 @@ class Runtime:
 
     def forget_optimizer(self) -> None:
         """Compiling again starts a fresh optimizer (Keras)."""
-        self.optimizer = None
+        self.optimizer = self.restore_optimizer = self.scheduler = None
 
     def shared(self) -> "Runtime":
         """A runtime on the same (already launched) Fabric, with nothing else: a search trial's."""

@@ -82,6 +82,7 @@ class Trainer:
         # each step and does not warn that the scheduler stepped first.
         scheduler = build_scheduler(args.lr_scheduler, getattr(optimizer, "optimizer", optimizer), state.max_steps or 1,
                                     args.warmup_steps or math.ceil(args.warmup_ratio * state.max_steps))
+        self.runtime.scheduler = scheduler  # the last fit's, for `Model.save`
         loop = self._fit_loop(wrapped, optimizer, scheduler, train, val, batches)
         loop.first_epoch = initial_epoch
         # The first batches against the module, loss and metrics: before any step or file.
