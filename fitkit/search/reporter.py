@@ -19,11 +19,14 @@ from fitkit.callbacks.base import Order, TrainerCallback
 STEPS_PER_EPOCH = 1000
 
 
-def report_step(args: Any, state: Any) -> int:
-    """The step an evaluation is reported at (see the module docstring)."""
+def report_step(args: Any, state: Any) -> int | None:
+    """The step an evaluation is reported at (see the module docstring); None for an epoch-end
+    evaluation of an epoch cut short (a preempted or stopped run): it is not comparable."""
     epoch = float(state.epoch or 0.0)
     if args.eval_strategy == "steps":
         return int(round(epoch * STEPS_PER_EPOCH))
+    if abs(epoch - round(epoch)) > 1e-6:
+        return None
     return int(round(epoch))
 
 
@@ -51,7 +54,7 @@ class TrialReporter(TrainerCallback):
         prune = False
         if self.fabric is None or self.fabric.is_global_zero:
             step = report_step(args, state)
-            if step not in self.reported:
+            if step is not None and step not in self.reported:
                 self.trial.report(self.compute_objective(dict(self.metrics)), step=step)
                 self.reported.add(step)
             prune = self.trial.should_prune()

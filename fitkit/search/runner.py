@@ -15,6 +15,7 @@ import json
 import math
 import os
 import time
+import warnings
 from typing import Any, Callable, NamedTuple
 
 from fitkit.arguments import ALIASES, TrainingArguments
@@ -116,7 +117,9 @@ class Search:
         if not running or not is_heartbeat_enabled(storage):
             return False
         time.sleep(max(0.0, min(storage.get_heartbeat_interval(), deadline - time.monotonic(), 10)))
-        optuna.storages.fail_stale_trials(self.study)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(self.study)
         return True
 
     def follow(self) -> BestRun | list[BestRun]:
@@ -180,7 +183,7 @@ class Search:
             metrics = dict(reporter.metrics) or {k: v[-1] for k, v in history.history.items()}
         except SystemExit:
             if reporter.preempted:  # SIGTERM: the checkpoint is written, the trial is to be resumed
-                raise _Preempted(f"trial {trial.number} preempted (SIGTERM)") from None
+                raise _Preempted(f"trial {trial.number} preempted (SIGTERM): checkpointed, queued to resume") from None
             raise
         finally:
             state = trial_model.state

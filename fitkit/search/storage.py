@@ -114,7 +114,12 @@ def _rdb(url: str, options: StorageOptions) -> Any:
         engine_kwargs["connect_args"] = {"connect_timeout": int(max(1, options.storage_connect_timeout))}
     elif dialect == "sqlite":
         engine_kwargs["connect_args"] = {"timeout": max(1, options.storage_connect_timeout)}
-    return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+    try:
+        return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+    except ImportError as error:
+        driver = f" (the module {error.__cause__.name!r} is missing)" if isinstance(error.__cause__, ImportError) else ""
+        raise ImportError(f"`storage` {describe(url)} needs a database driver{driver}: install it, or name an "
+                          "installed one in the URL, e.g. postgresql+psycopg2://... with psycopg2-binary") from error
 
 
 def _with_heartbeats(storage: Any, options: StorageOptions, on_stale: Callable | None) -> None:
