@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import math
 import os
 import time
@@ -25,6 +26,8 @@ from fitkit.search.claims import (BEST_CHECKPOINT, METRICS, OUTPUT_DIR, RESUMED_
 from fitkit.search.objective import check_params, objective_value, parameters
 from fitkit.search.reporter import TrialReporter
 from fitkit.search.storage import StorageError, _chain
+
+logger = logging.getLogger("fitkit")
 
 #: Exit status of a search stopped by SIGTERM (128 + 15, as a shell reports a process that
 #: SIGTERM ended): its trial is checkpointed and queued to resume; run the worker again (requeue).
@@ -64,7 +67,7 @@ class Search:
         self.args = model.training_arguments(**{k: v for k, v in fit_options.items() if k in names})
         self.fabric = model.launch(self.args)
         self.distributed = self.fabric.world_size > 1
-        self.study, self.n_trials, self.preempted = None, 0, None
+        self.study, self.n_trials, self.preempted, self.waiting = None, 0, None, False
 
     # -- the two roles ------------------------------------------------------------------------
     def lead(self, study: Any, n_trials: int) -> BestRun | list[BestRun]:
@@ -116,6 +119,11 @@ class Search:
         storage = self.study._storage
         if not running or not is_heartbeat_enabled(storage):
             return False
+        if not self.waiting:
+            self.waiting = True
+            logger.warning("all n_trials=%d trials are taken; waiting for the %d running elsewhere (a trial whose "
+                           "worker dies is re-run here once stale); heartbeat_interval=None leaves at once",
+                           self.n_trials, running)
         time.sleep(max(0.0, min(storage.get_heartbeat_interval(), deadline - time.monotonic(), 10)))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
