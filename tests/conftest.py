@@ -29,3 +29,24 @@ def _quiet_fabric():
         warnings.filterwarnings("ignore", message=".*does not have many workers.*")
         warnings.filterwarnings("ignore", message=".*GPU available but not used.*")
         yield
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """One real PostgreSQL server for the whole session (loopback, a free port), stopped at the
+    end; skipped when no server binaries are installed. Each test asks it for its own database."""
+    pytest.importorskip("psycopg2", reason="psycopg2 (psycopg2-binary) is needed to talk to PostgreSQL")
+    from postgres import PostgresServer, find_binaries
+
+    if find_binaries() is None:
+        pytest.skip("no PostgreSQL server binaries (initdb, pg_ctl, postgres) in /usr/lib/postgresql/*/bin or on "
+                    "PATH (apt-get install postgresql, or set FITKIT_PG_BIN)")
+    server = PostgresServer.start()
+    yield server
+    server.shutdown()
+
+
+@pytest.fixture
+def postgres_url(postgres_server):
+    """The URL of a fresh, empty database on the session's PostgreSQL server."""
+    return postgres_server.new_database()

@@ -212,4 +212,67 @@ def test_two_processes_share_one_storage(tmp_path):
     assert not set(ran[0]) & set(ran[1])  # and never the same trial
     study = optuna.load_study(study_name="shared", storage=url)
     finished = [t for t in study.trials if t.state in FINISHED]  # the default MedianPruner may prune some
-    assert 6 <= len(finished) <= 7  # each process stops once 6 are done; one may be in flight
+    assert len(finished) == 6  # trials are claimed against the storage: exactly n_trials, never one more
+
+
+def test_trials_with_other_batch_sizes_report_at_the_same_epoch_steps():
+    x, y = _data()
+    study = optuna.create_study()
+    for batch_size in (32, 64):
+        study.enqueue_trial({"batch_size": batch_size, "hidden": 8})
+    model = Model(model_init=_model_init()).compile("adam", "cross_entropy")
+    model.hyperparameter_search(x, y, validation_split=0.25, n_trials=2, study=study, verbose=0, epochs=3,
+                                hp_space=lambda t: {"batch_size": t.suggest_categorical("batch_size", [32, 64])})
+    assert [sorted(t.intermediate_values) for t in study.trials] == [[1, 2, 3], [1, 2, 3]]
+
+
+def test_evaluations_by_steps_report_thousandths_of_an_epoch():
+    x, y = _data()  # 180 training samples: 6 batches of 32 an epoch (the last one short)
+    study = optuna.create_study()
+    model = Model(model_init=_model_init()).compile("adam", "cross_entropy")
+    model.hyperparameter_search(x, y, validation_split=0.25, n_trials=1, study=study, verbose=0, epochs=1,
+                                batch_size=32, eval_strategy="steps", eval_steps=3,
+                                hp_space=lambda t: {"learning_rate": 1e-2})
+    assert sorted(study.trials[0].intermediate_values) == [500, 1000]
+
+
+def test_trial_user_attributes_hold_metrics_output_dir_and_checkpoint(tmp_path):
+    x, y = _data()
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    model = Model(model_init=_model_init()).compile("adam", "cross_entropy", ["accuracy"])
+    best = model.hyperparameter_search(x, y, validation_split=0.25, hp_space=_lr_space, n_trials=2, verbose=0,
+                                       direction="maximize", storage=storage, study_name="attrs",
+                                       output_dir=str(tmp_path / "runs"), save_strategy="epoch",
+                                       load_best_model_at_end=True, metric_for_best_model="val_accuracy")
+    study = optuna.load_study(study_name="attrs", storage=storage)
+    for trial in study.trials:
+        attrs = trial.user_attrs
+        assert attrs["output_dir"] == str(tmp_path / "runs" / f"run-{trial.number}")
+        assert {"loss", "val_loss", "val_accuracy"} <= set(attrs["metrics"])
+        assert trial.value == pytest.approx(attrs["metrics"]["val_accuracy"])
+        assert attrs["best_checkpoint"].startswith(attrs["output_dir"]) and os.path.isdir(attrs["best_checkpoint"])
+    # the best run's checkpoint, from the study alone
+    assert best.run_summary == study.best_trial.user_attrs
+    assert os.path.isdir(study.best_trial.user_attrs["best_checkpoint"])
+
+
+def test_storage_defaults_heartbeats_and_constant_liar(tmp_path):
+    from fitkit.search import GRACE_INTERVALS, HEARTBEAT_INTERVAL, open_study, split_options
+
+    def opened(**options):
+        study_kwargs, _, storage_options, _ = split_options(dict(options))
+        study = open_study(study_kwargs, storage_options, "minimize")
+        return study, study._storage._backend
+
+    study, backend = opened(storage=f"sqlite:///{tmp_path / 'a.db'}", study_name="a")
+    assert backend.heartbeat_interval == HEARTBEAT_INTERVAL
+    assert backend.grace_period == GRACE_INTERVALS * HEARTBEAT_INTERVAL
+    assert backend.engine.pool._pre_ping
+    assert isinstance(study.sampler, optuna.samplers.TPESampler) and study.sampler._constant_liar
+    _, backend = opened(storage=f"sqlite:///{tmp_path / 'b.db'}", study_name="b", heartbeat_interval=None)
+    assert backend.heartbeat_interval is None
+    _, backend = opened(storage=f"sqlite:///{tmp_path / 'c.db'}", study_name="c", heartbeat_interval=5,
+                        grace_period=7)
+    assert (backend.heartbeat_interval, backend.grace_period) == (5, 7)
+    with pytest.raises(ValueError, match="`heartbeat_interval`=-1 is invalid"):
+        opened(storage=f"sqlite:///{tmp_path / 'd.db'}", heartbeat_interval=-1)
