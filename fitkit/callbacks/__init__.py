@@ -7,6 +7,7 @@ from fitkit.callbacks.base import (
 from fitkit.callbacks.csv_logger import CSVLogger
 from fitkit.callbacks.early_stopping import EarlyStopping
 from fitkit.callbacks.flow import DefaultFlowCallback
+from fitkit.callbacks.keras_callback import Callback
 from fitkit.callbacks.hf_compat import EarlyStoppingCallback, ProgressCallback
 from fitkit.callbacks.history import History
 from fitkit.callbacks.lambda_callback import LambdaCallback
@@ -21,7 +22,7 @@ __all__ = [
     "CallbackHandler", "DefaultFlowCallback", "History", "Order", "PrinterCallback", "ProgressBar", "Stateful",
     "StopTraining", "TrainerCallback", "TrainerControl", "TrainerState",
     # Keras-like callbacks
-    "BackupAndRestore", "CSVLogger", "EarlyStopping", "LambdaCallback", "LearningRateScheduler", "ModelCheckpoint",
+    "BackupAndRestore", "Callback", "CSVLogger", "EarlyStopping", "LambdaCallback", "LearningRateScheduler", "ModelCheckpoint",
     "ReduceLROnPlateau", "TerminateOnNaN",
     # Hugging Face names
     "EarlyStoppingCallback", "ProgressCallback",
