@@ -75,8 +75,10 @@ def keras_signature(method: Any, name: str) -> bool | None:
     except (TypeError, ValueError):
         return None
     names = [p.name for p in params]
-    if names[:3] == ["args", "state", "control"] or any(p.kind is p.VAR_KEYWORD for p in params):
+    if names[:3] == ["args", "state", "control"]:
         return False
+    if name in SHARED_NAMES and any(p.kind is p.VAR_KEYWORD for p in params):
+        return False  # an HF event's usual `**kwargs`; a Keras-only name has no HF reading
     try:
         if name in INDEXED:
             inspect.signature(method).bind(0, {})
