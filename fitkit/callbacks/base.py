@@ -601,7 +601,7 @@ class CallbackHandler(TrainerCallback):
         control._new_training()
         return self.call_event("on_train_begin", args, state, control,
                                metric_directions=dict(self.metric_directions), callbacks=tuple(self.callbacks),
-                               steps_per_epoch=self.steps_per_epoch)
+                               steps_per_epoch=self.steps_per_epoch, running_logs=self.running_logs)
 
     def on_train_end(self, args, state, control, **kwargs):
         return self.call_event("on_train_end", args, state, control, **kwargs)

@@ -24,6 +24,10 @@ class RunningLogs:
         #: Set by the evaluation loop at each batch: (loss sum, sample count, metrics, step means).
         self.eval_sums: tuple[Any, int, Any, Any] | None = None
 
+    def samples(self) -> int:
+        """Samples this process trained on so far in the epoch (a host count: no device read)."""
+        return self.loop.loss.running.count
+
     def read(self, phase: str) -> dict[str, float]:
         loop = self.loop
         if phase == "train":
