@@ -65,7 +65,7 @@ def keras_methods(callback: Any) -> tuple[str, ...]:
     found = []
     for name in KERAS_NAMES:
         method = getattr(callback, name, None)
-        if callable(method) and (name in KERAS_ONLY_NAMES or overrides(callback, name)):
+        if callable(method) and overrides(callback, name):  # really defined, not made up by __getattr__
             if keras_signature(method, name):
                 found.append(name)
     return tuple(found)
