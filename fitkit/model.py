@@ -26,6 +26,7 @@ from fitkit.callbacks.base import CallbackHandler, TrainerCallback, TrainerContr
 from fitkit.callbacks.defaults import defaults_for
 from fitkit.callbacks.flow import DefaultFlowCallback
 from fitkit.callbacks.history import History
+from fitkit.callbacks.keras_model_view import ModelView
 from fitkit.compile_config import CompileConfig
 from fitkit.engine.overrides import StepOverrides
 from fitkit.engine.runtime import Runtime, pack_result, unpack_result
@@ -143,6 +144,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving):
         handler = CallbackHandler(self.callback_handler.callbacks)
         for cb in [*callback_list(extra), *more]:
             handler.add_callback(cb)
+        handler.keras_model = ModelView(self, handler)  # what Keras-style callbacks see as `self.model`
         return handler
 
     # -- fit, evaluate, predict ------------------------------------------------------------------

@@ -228,7 +228,9 @@ def test_only_the_given_events_are_listened_to():
 
 def test_unknown_event_name_lists_the_events():
     with pytest.raises(TypeError, match="on_epoch_end") as err:
-        LambdaCallback(on_batch_end=lambda *a, **k: None)
-    assert "on_batch_end" in str(err.value)
+        LambdaCallback(on_epoch_ned=lambda *a, **k: None)
+    assert "on_epoch_ned" in str(err.value)
+    with pytest.raises(TypeError, match="on_step_end"):  # Keras' name, HF's arguments: the event to use
+        LambdaCallback(on_batch_end=lambda args, state, control, **k: None)
     with pytest.raises(TypeError, match="function"):
         LambdaCallback(on_log=3)

@@ -21,6 +21,7 @@ CALLBACK_CLASSES = {
     "ProgressBar": "fitkit.callbacks.progress",
     # Keras-like callbacks
     "BackupAndRestore": "fitkit.callbacks.backup_and_restore",
+    "Callback": "fitkit.callbacks.keras_callback",
     "CSVLogger": "fitkit.callbacks.csv_logger",
     "EarlyStopping": "fitkit.callbacks.early_stopping",
     "LambdaCallback": "fitkit.callbacks.lambda_callback",
@@ -51,6 +52,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and the API docs; noth
     from fitkit.callbacks.early_stopping import EarlyStopping
     from fitkit.callbacks.flow import DefaultFlowCallback
     from fitkit.callbacks.hf_compat import EarlyStoppingCallback, ProgressCallback
+    from fitkit.callbacks.keras_callback import Callback
     from fitkit.callbacks.history import History
     from fitkit.callbacks.lambda_callback import LambdaCallback
     from fitkit.callbacks.learning_rate_scheduler import LearningRateScheduler

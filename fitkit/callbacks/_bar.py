@@ -74,7 +74,8 @@ def frame(rows: list[Row], now: float, width: int | None = None, values: bool = 
     if width is not None and tails:
         longest = max(_length(tail) for tail in tails)
         bar = max(10, min(BAR_WIDTH, width - title - 1 - longest))
-    return [[(row.title.ljust(title) + " ", None)] + _bar(row, now, bar) + tail for row, tail in zip(rows, tails)]
+    return [([(row.title.ljust(title) + " ", None)] if title else []) + _bar(row, now, bar) + tail
+            for row, tail in zip(rows, tails)]
 
 
 def layout(rows: list[Row], now: float, width: int) -> list[Pieces]:

@@ -275,6 +275,10 @@ class CallbackHandler(TrainerCallback):
         #: Optimizer steps per epoch of the run starting (None: unknown), set by the engine and
         #: passed to `on_train_begin` as the `steps_per_epoch` keyword (Keras' `params["steps"]`).
         self.steps_per_epoch: int | None = None
+        #: Keras-style callbacks: the fitkit `Model` running this handler (`self.model` of such a
+        #: callback, set by the facade) and the loop's running averages (`fitkit.engine.batch_logs`).
+        self.keras_model: Any = None
+        self.running_logs: Any = None
         if not any(_drives_flow(cb) for cb in self.callbacks):
             logger.warning("a run will not log, evaluate or save on schedule without a DefaultFlowCallback among its "
                            "callbacks: add one with handler.add_callback(DefaultFlowCallback). The callbacks are:\n%s",
@@ -318,12 +322,16 @@ class CallbackHandler(TrainerCallback):
         """The bound methods that handle `event`, cached."""
         found = self._listeners.get(event)
         if found is None:
-            found = []
+            from fitkit.callbacks.keras_bridge import keras_bridge, with_bookkeeping  # Keras-style callbacks
+
+            found, bridge = [], keras_bridge(self)
             for cb in self.callbacks:
-                listens, hf = _listening(cb, event)
+                keras, native = bridge.listeners(cb, event)
+                listens, hf = _listening(cb, event) if native else (False, False)
                 if listens:
                     found.append(self._hf_wrapped(event, getattr(cb, event)) if hf else getattr(cb, event))
-            self._listeners[event] = found
+                found.extend(keras)
+            found = self._listeners[event] = with_bookkeeping(bridge, event, found, self.callbacks)
         return found
 
     def _hf_wrapped(self, event: str, method: Any) -> Any:
@@ -466,7 +474,7 @@ class CallbackHandler(TrainerCallback):
         control._new_training()
         return self.call_event("on_train_begin", args, state, control,
                                metric_directions=dict(self.metric_directions), callbacks=tuple(self.callbacks),
-                               steps_per_epoch=self.steps_per_epoch)
+                               steps_per_epoch=self.steps_per_epoch, running_logs=self.running_logs)
 
     def on_train_end(self, args, state, control, **kwargs):
         return self.call_event("on_train_end", args, state, control, **kwargs)

@@ -5,18 +5,20 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from fitkit.callbacks.base import EVENTS, TrainerCallback
+from fitkit.callbacks.keras_names import MOMENTS, keras_signature
 from fitkit.options import closest, did_you_mean
 
-#: Keras' event names that fitkit's event set has no method of that name for, and the fitkit
-#: event where the same moment is (None: no such moment).
+#: What an HF-style function given under a Keras-only name should be given as.
 KERAS_EVENTS: dict[str, str | None] = {
     "on_batch_begin": "on_step_begin", "on_batch_end": "on_step_end",
     "on_train_batch_begin": "on_step_begin", "on_train_batch_end": "on_step_end",
-    "on_test_begin": None, "on_test_end": "on_evaluate",
-    "on_test_batch_begin": None, "on_test_batch_end": "on_prediction_step",
-    "on_predict_begin": None, "on_predict_end": "on_predict",
-    "on_predict_batch_begin": None, "on_predict_batch_end": "on_prediction_step",
+    "on_test_begin": "on_evaluate_begin", "on_test_end": "on_evaluate",
+    "on_test_batch_begin": "on_prediction_step_begin", "on_test_batch_end": "on_prediction_step",
+    "on_predict_begin": "on_predict_begin", "on_predict_end": "on_predict",
+    "on_predict_batch_begin": "on_prediction_step_begin", "on_predict_batch_end": "on_prediction_step",
 }
+#: The names a function may be given under: HF's events, fitkit's added moments, Keras' methods.
+NAMES: tuple[str, ...] = EVENTS + MOMENTS + tuple(n for n in KERAS_EVENTS if n not in MOMENTS)
 
 
 class LambdaCallback(TrainerCallback):
@@ -33,9 +35,14 @@ class LambdaCallback(TrainerCallback):
     Other keyword arguments are stored as attributes, as Keras does
     (`LambdaCallback(custom_method=fn).custom_method is fn`); a function stored under a
     custom event's name is called by that event (`model.call_event("on_verify_batch", ...)`).
-    A Keras event name fitkit does not have (`on_train_batch_end`, `on_test_begin`, ...) and a
-    name close to a documented event (a typo such as `on_epoch_ned`) raise `TypeError` naming
-    the event to use.
+
+    Keras' signatures work too, decided per function by its parameters: `on_epoch_end=lambda
+    epoch, logs: ...`, `on_train_batch_end=lambda batch, logs: ...` (running averages),
+    `on_train_begin=lambda logs: ...`, `on_test_end`, `on_predict_batch_end`, ... are called with
+    Keras 3's meanings (see `fitkit.callbacks.Callback`); a function taking `(args, state, control,
+    **kwargs)` (or `**kwargs`) is called HF-style. A Keras-only name (`on_train_batch_end`) given
+    an HF-style function, and a name close to an event (a typo such as `on_epoch_ned`), raise
+    `TypeError` naming the event to use.
 
     Example::
 
@@ -60,13 +67,19 @@ class LambdaCallback(TrainerCallback):
             problem = _name_problem(name)
             if problem:
                 raise TypeError(f"LambdaCallback: {problem}")
-            if name in EVENTS and fn is not None and not callable(fn):
+            if name in NAMES and fn is not None and not callable(fn):
                 raise TypeError(f"LambdaCallback: `{name}` must be a function (args, state, control, **kwargs), "
-                                f"got {fn!r}")
+                                f"or Keras' ({'epoch, ' if 'epoch' in name else 'batch, ' if 'batch' in name else ''}"
+                                f"logs), got {fn!r}")
+            if name in KERAS_EVENTS and fn is not None and keras_signature(fn, name) is not True:
+                raise TypeError(f"LambdaCallback: `{name}` is Keras' method, called as {name}("
+                                f"{'batch, ' if 'batch' in name else ''}logs); this function takes other arguments. "
+                                f"For fitkit's event at that moment pass it as `{KERAS_EVENTS[name]}` "
+                                "(args, state, control, **kwargs)")
         self._functions: dict[str, Callable] = {k: v for k, v in event_functions.items()
-                                                if k in EVENTS and v is not None}
+                                                if k in NAMES and v is not None}
         for name, value in event_functions.items():
-            if name not in EVENTS or value is not None:
+            if name not in NAMES or value is not None:
                 setattr(self, name, value)
 
     def __repr__(self) -> str:
@@ -75,18 +88,11 @@ class LambdaCallback(TrainerCallback):
 
 def _name_problem(name: str) -> str | None:
     """Why `name` cannot be a keyword of LambdaCallback, or None when it can."""
-    if name in EVENTS:
+    if name in NAMES:
         return None
     if name.startswith("_"):
         return f"`{name}` is private (starts with '_'); pass the events by name, or other attributes without '_'"
-    if name in KERAS_EVENTS:
-        target = KERAS_EVENTS[name]
-        where = (f"use `{target}`" if target else
-                 "it has no event at that moment (`on_prediction_step` follows each batch, `on_evaluate` / "
-                 "`on_predict` the end)")
-        return (f"`{name}` is a Keras event that fitkit does not have: {where}; fitkit's events are called as "
-                f"(args, state, control, **kwargs). The events are: {', '.join(EVENTS)}")
-    if name.startswith("on_") and closest(name, EVENTS) is not None:
-        return (f"{did_you_mean(name, EVENTS)}`{name}` is not one of the events: {', '.join(EVENTS)} (for a custom "
+    if name.startswith("on_") and closest(name, EVENTS + MOMENTS) is not None:
+        return (f"{did_you_mean(name, NAMES)}`{name}` is not one of the events: {', '.join(NAMES)} (for a custom "
                 "event of that name, subclass TrainerCallback)")
     return None

@@ -73,6 +73,87 @@ def epoch_line(epoch: int, epochs: int | None, seconds: float, per_step: float |
     return " - ".join(parts)
 
 
+def keras_number(value: float) -> str:
+    """A value as Keras 3 prints it: 4 decimals, scientific below 1e-3."""
+    return f"{value:.4f}" if abs(value) > 1e-3 or not math.isfinite(value) else f"{value:.4e}"
+
+
+def keras_values(logs: dict) -> str:
+    """`loss: 0.1234 - accuracy: 0.9612 - val_loss: ...` with Keras' number format."""
+    training, validation = [], []
+    for key, value in logs.items():
+        if key in NOT_VALUES or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        (validation if key.startswith("val_") else training).append(f"{key}: {keras_number(float(value))}")
+    return " - ".join(training + validation)
+
+
+def keras_per_step(seconds: float) -> str:
+    """Keras 3's time per step: `3ms/step`, `265ms/step`, `2s/step`, `850us/step`."""
+    if seconds >= 1 or seconds == 0:
+        return f"{seconds:.0f}s/step"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.0f}ms/step"
+    return f"{seconds * 1e6:.0f}us/step"
+
+
+#: Keras' bar width in its final frame.
+KERAS_BAR = 20
+
+
+def keras_epoch_line(steps: int, seconds: float, per_step: float | None, logs: dict, extras: str = "",
+                     bar: bool = False) -> str:
+    """The line an epoch ends with, in Keras 3's format, then fitkit's extras after `|`::
+
+        13/13 - 3s - 265ms/step - loss: 0.2213 - val_loss: 0.1263 | 4.9 steps/s - 157 samples/s - ...
+        13/13 ━━━━━━━━━━━━━━━━━━━━ 3s 265ms/step - loss: 0.2213 - val_loss: 0.1263 | ...   (bar=True)
+    """
+    step = keras_per_step(per_step if per_step is not None else 0.0)
+    head = (f"{steps}/{steps} {'━' * KERAS_BAR} {seconds:.0f}s {step}" if bar
+            else f"{steps}/{steps} - {seconds:.0f}s - {step}")
+    values = keras_values(logs)
+    line = f"{head} - {values}" if values else head
+    return f"{line} | {extras}" if extras else line
+
+
+def extras_text(steps_per_second: float | None, samples_per_second: float | None, run_eta: float | None,
+                peak_bytes: int | None) -> str:
+    """fitkit's figures beside Keras' line: `4.9 steps/s - 157 samples/s - ETA 0:00:12 - peak 812 MiB`
+    (the ETA is the whole run's, evaluations included)."""
+    parts = []
+    if steps_per_second:
+        parts.append(f"{steps_per_second:.1f} steps/s")
+    if samples_per_second:
+        parts.append(f"{samples_per_second:.0f} samples/s")
+    if run_eta is not None:
+        minutes, secs = divmod(int(run_eta + 0.5), 60)
+        hours, minutes = divmod(minutes, 60)
+        parts.append(f"ETA {hours}:{minutes:02d}:{secs:02d}")
+    if peak_bytes:
+        parts.append(f"peak {peak_bytes / 2**20:.0f} MiB")
+    return " - ".join(parts)
+
+
+def peak_memory(device: Any = None) -> int | None:
+    """The epoch's peak memory: CUDA's max allocated on a GPU (a host-side allocator figure, no
+    device sync), else the process's peak resident set size."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        return int(torch.cuda.max_memory_allocated())
+    try:
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
+    except (ImportError, OSError):
+        return None
+
+
+def reset_peak_memory() -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.reset_peak_memory_stats()
+
+
 def _epoch_title(epoch: int, epochs: int | None) -> str:
     # `max_steps` without a known epoch count leaves `num_train_epochs` at sys.maxsize.
     if epochs and epochs < 10**9:
@@ -150,9 +231,13 @@ class ProgressBar(TrainerCallback):
 
     order = Order.DISPLAY  # after callbacks that add values to the logs
 
-    def __init__(self, bar: bool = True, refresh_seconds: float = 0.1):
+    def __init__(self, bar: bool = True, refresh_seconds: float = 0.1, values_seconds: float = 0.5):
         self.bar = bar
         self.refresh_seconds = refresh_seconds
+        self.values_seconds = values_seconds  # running values: one host read per refresh of them
+        self._running: Any = None
+        self._next_values = 0.0
+        self._run_started, self._epochs_done, self._world_size = 0.0, 0, 1
         self._progress: Any = None
         self._active = False
         self._reset_epoch()
@@ -214,14 +299,22 @@ class ProgressBar(TrainerCallback):
         return steps_in_epoch(epoch, per_epoch=self._steps_per_epoch, max_steps=state.max_steps)
 
     def _finish_epoch(self) -> None:
-        """Print the epoch's line in place of its bars."""
+        """Print the epoch's line (Keras 3's, then fitkit's figures) in place of its bars."""
         if not self._epoch_index:
             return
         now = time.monotonic()
         train_seconds = (self._train_ended or now) - self._epoch_started - self._eval_seconds
         run = self._steps - self._steps_before
         per_step = train_seconds / run if run > 0 else None
-        line = epoch_line(self._epoch_index, self._epochs, now - self._epoch_started, per_step, self._epoch_logs)
+        self._epochs_done += 1
+        samples = self._running.samples() * self._world_size if self._running is not None else 0
+        left = (self._epochs or 0) - self._epoch_index
+        run_eta = (now - self._run_started) / self._epochs_done * left if 0 <= left < 10**9 else None
+        extras = extras_text(1 / per_step if per_step else None,
+                             samples / train_seconds if samples and train_seconds > 0 else None, run_eta,
+                             peak_memory())
+        line = keras_epoch_line(self._steps, now - self._epoch_started, per_step, self._epoch_logs, extras,
+                                bar=self._progress is not None)
         if self._progress is not None:
             self._progress.finish(line)
         else:
@@ -236,6 +329,9 @@ class ProgressBar(TrainerCallback):
         if not self._active:
             return
         self._epochs = state.num_train_epochs
+        self._running = kwargs.get("running_logs")
+        self._run_started, self._epochs_done = time.monotonic(), 0
+        self._world_size = max(getattr(args, "world_size", 1) or 1, 1)
         if state.max_steps and state.num_train_epochs and args.max_steps <= 0:
             # the engine planned max_steps = epochs x steps per epoch (fitkit.schedule.plan)
             self._steps_per_epoch = max(1, state.max_steps // state.num_train_epochs)
@@ -255,12 +351,20 @@ class ProgressBar(TrainerCallback):
         epoch = int(state.epoch or 0)
         self._epoch_index = epoch + 1
         self._epoch_started = self._next_refresh = time.monotonic()
+        self._next_values = self._epoch_started + self.values_seconds
+        reset_peak_memory()
+        if self._epochs and 1 < self._epochs < 10**9:  # Keras prints no title for a single epoch
+            title = _epoch_title(self._epoch_index, self._epochs)
+            if self._progress is not None:
+                self._progress.print(title)
+            else:
+                print(title, flush=True)
         total = self._total = self._epoch_total(state, epoch)
         if self._steps_per_epoch and total and state.global_step > epoch * self._steps_per_epoch:
             self._steps = min(state.global_step - epoch * self._steps_per_epoch, total)  # resumed mid-epoch
         self._steps_before = self._steps
         if self._progress is not None:
-            self._task = self._progress.add_row(_epoch_title(self._epoch_index, self._epochs), total, self._steps)
+            self._task = self._progress.add_row("", total, self._steps)
             self._refresh(self._epoch_started)
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -268,6 +372,9 @@ class ProgressBar(TrainerCallback):
         if self._progress is not None:
             now = time.monotonic()
             if now >= self._next_refresh:
+                if now >= self._next_values and self._running is not None and self._task is not None:
+                    self._next_values = now + self.values_seconds  # the running values: one host read
+                    self._task.values = keras_values({**self._epoch_logs, **self._running.read("train")})
                 self._refresh(now)
 
     def on_epoch_end(self, args, state, control, **kwargs):
@@ -308,7 +415,7 @@ class ProgressBar(TrainerCallback):
             return
         self._epoch_logs.update(logs)
         if self._task is not None:
-            self._task.values = format_logs(self._epoch_logs)
+            self._task.values = keras_values(self._epoch_logs)
             now = time.monotonic()
             if self._ending or now >= self._next_refresh:  # per-step logging still redraws on the timer
                 self._refresh(now)

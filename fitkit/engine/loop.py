@@ -22,6 +22,7 @@ from fitkit.callbacks.state import StopTraining, TrainerControl, TrainerState
 from fitkit.engine.checkpoint import checkpoint_path
 from fitkit.engine.checkpointer import Checkpointer, LoopSnapshot
 from fitkit.engine.batch import Batch
+from fitkit.engine.batch_logs import RunningLogs, epoch_values
 from fitkit.engine.sources import DataSource
 from fitkit.engine.eval_prediction import PredictionCollector
 from fitkit.engine.overrides import StepMeans, StepOverrides, StepTools, as_data
@@ -78,6 +79,9 @@ class Loop:
         self._carry = self._carried_events()
         self.first_epoch = 0  # Keras' initial_epoch
         self._module_dict: dict = {}  # the user's module's attributes: Keras' `stop_training` is set there
+        # Keras' batch-end logs, read only when a Keras-style callback asks (fitkit.engine.batch_logs)
+        self.running_logs = handler.running_logs = RunningLogs(self)
+        self.epoch_validation: dict[str, float] | None = None  # the epoch's last evaluation (Keras' epoch logs)
 
     # -- training -----------------------------------------------------------------------------
     def train(self, train: DataSource, val: DataSource | None, resume: LoopSnapshot | None = None) -> None:
@@ -238,6 +242,14 @@ class Loop:
         self.position = (epoch + 1, 0)
         self.loss.close()  # the epoch's one host read
         self._log_evaluate_save(epoch_end=True)
+        self._epoch_summary(epoch)
+
+    def _epoch_summary(self, epoch: int) -> None:
+        """`on_epoch_summary` (Keras' `on_epoch_end` moment): after the epoch's validation, with
+        the epoch's values; built only when some callback listens."""
+        if self.handler.has_listeners("on_epoch_summary"):
+            self.call_event("on_epoch_summary", epoch=epoch, logs=epoch_values(self))
+        self.epoch_validation = None
 
     def _closing_log(self, figures: RunMetrics, first_step: int) -> None:
         """HF's closing record (speed, memory, `train_loss`), before `on_train_end`."""
@@ -263,6 +275,7 @@ class Loop:
             self._log_training(epoch_end)
         if self.control.should_evaluate and self.val is not None:
             metrics = self.evaluate(self.val, prefix="val_", steps=self.args.validation_steps)
+            self.epoch_validation = dict(metrics)
             self.log(dict(metrics))
             self.control = cb.on_evaluate(args, state, self.control, metrics)
             if self._track_best(metrics) and args.save_strategy == "best":  # after on_evaluate, as HF
@@ -351,8 +364,10 @@ class Loop:
         collector = PredictionCollector.of(self.args)  # HF's compute_metrics, when set
         total = torch.zeros((), device=fabric.device, dtype=torch.float64)
         count, with_loss = 0, False
+        self.call_event("on_evaluate_begin")
         with stepper.inference(), stopping(source):
             for batch in first(source.batches(0), steps):
+                self.call_event("on_prediction_step_begin")
                 loss, out = stepper.forward(batch)
                 if loss is not None:
                     total += loss.detach().double() * batch.size
@@ -362,6 +377,7 @@ class Loop:
                     metrics.update(out, batch.target)
                 if collector is not None:
                     collector.add(out, batch.target)
+                self.running_logs.eval_sums = (total if with_loss else None, count, metrics, None)
                 self._prediction_step(batch, out, loss, carry)
         if fabric.world_size > 1:
             total = fabric.all_reduce(total, reduce_op="sum")
@@ -383,11 +399,14 @@ class Loop:
         metrics, trained = self.val_metrics if prefix else MetricSet(self.metric_specs), self.tools.metrics
         metrics.reset()
         self.tools.metrics, self.tools.updated, count = metrics, False, 0  # what `compute_metrics` updates
+        self.call_event("on_evaluate_begin")
         with self.stepper.inference(), stopping(source):
             for batch in first(source.batches(0), steps):
+                self.call_event("on_prediction_step_begin")
                 values = self.tools.values(self.overrides.test_step(as_data(batch)), "test_step")
                 means.add(values, batch.size)
                 count += batch.size
+                self.running_logs.eval_sums = (None, count, None, means)
                 self._prediction_step(batch, None, values.get("loss"), carry)
         if self.fabric.world_size > 1:
             count = int(self.fabric.all_reduce(torch.tensor(count, device=self.fabric.device), reduce_op="sum"))
@@ -409,8 +428,10 @@ class Loop:
         stepper, own_step = self.stepper, self.overrides.predict_step
         carry = self._carry["on_prediction_step"]
         outputs: list = []
+        self.call_event("on_predict_begin")
         with stepper.inference(), stopping(source):
             for batch in first(source.batches(0), steps):
+                self.call_event("on_prediction_step_begin")
                 if own_step is None:
                     _, out = stepper.forward(batch, with_loss=False)
                 else:

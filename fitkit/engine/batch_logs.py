@@ -1,0 +1,75 @@
+"""Keras' logs outside fitkit's logging steps: the running averages a batch-end callback reads,
+and the epoch's values after its validation.
+
+Nothing here runs unless a callback asks: `RunningLogs.read` is called by a Keras-style
+batch-end method (one host read per batch, however many values and callbacks), and the epoch's
+values are put together only when `on_epoch_summary` has listeners::
+
+    logs = loop.running_logs.read("train")     # {"loss": 0.41, "accuracy": 0.87}: this process's
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+class RunningLogs:
+    """The running averages so far of the epoch under way ("train") or of the evaluation under
+    way ("test"), on this process, read from the device in one transfer."""
+
+    def __init__(self, loop: Any):
+        self.loop = loop
+        #: Set by the evaluation loop at each batch: (loss sum, sample count, metrics, step means).
+        self.eval_sums: tuple[Any, int, Any, Any] | None = None
+
+    def samples(self) -> int:
+        """Samples this process trained on so far in the epoch (a host count: no device read)."""
+        return self.loop.loss.running.count
+
+    def read(self, phase: str) -> dict[str, float]:
+        loop = self.loop
+        if phase == "train":
+            running = loop.loss.running
+            loss = (running.total, running.count) if running.count else None
+            return _read(loss, loop.train_metrics, loop.step_means, strip="")
+        if self.eval_sums is None:
+            return {}
+        total, count, metrics, means = self.eval_sums
+        loss = (total, count) if count and total is not None else None
+        return _read(loss, metrics, means, strip="val_")
+
+
+def _read(loss: tuple[torch.Tensor, int] | None, metrics: Any, means: Any, strip: str) -> dict[str, float]:
+    names: list[str] = []
+    values: list[torch.Tensor] = []
+    if loss is not None:
+        names.append("loss")
+        values.append(loss[0].detach().double() / loss[1])
+    for name, metric, _, _ in (getattr(metrics, "_items", None) or ()) if metrics else ():
+        names.append(name[len(strip):] if strip and name.startswith(strip) else name)
+        values.append(torch.as_tensor(metric.compute()).detach().double().reshape(()))
+    for name, total in (means.sums.items() if means else ()):
+        names.append(name)
+        values.append(total.double() / max(means.counts[name], 1))
+    if not values:
+        return {}
+    device = values[0].device
+    numbers = torch.stack([v.to(device) for v in values]).tolist()  # the one host read
+    return dict(zip(names, numbers))
+
+
+def epoch_values(loop: Any) -> dict[str, float]:
+    """The epoch's values as Keras' `on_epoch_end` has them: the training loss and metrics over
+    the epoch, then the validation values of the epoch's last evaluation (`val_`)."""
+    logs: dict[str, float] = {}
+    total, count = loop.loss.totals()  # read once at the epoch's end already
+    if count:
+        logs["loss"] = total / count
+    if loop.train_metrics:
+        logs.update(loop.train_metrics.compute())
+    if loop.step_means:
+        logs.update(loop.step_means.compute(loop.fabric))
+    logs.update(loop.epoch_validation or {})
+    return logs
