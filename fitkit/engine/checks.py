@@ -113,6 +113,8 @@ def _check(stepper: Stepper, module: torch.nn.Module, source: DataSource, *, met
             raise ValueError(f"`{source.name}` is empty: it yields no batch; pass at least one sample")
         return None
     loss = stepper.loss if with_loss else None
+    if isinstance(loss, Loss) and is_structure(batch.target):
+        loss.structured = True  # one loss on several outputs: `<output>_loss` is logged from the first step
     if with_loss:
         _check_targets_given(batch, loss, names, training)
     _check_features(batch, module, names)
