@@ -181,3 +181,19 @@ def test_a_per_output_compile_survives_save_and_load(tmp_path):
     assert loaded.config.loss == model.config.loss and loaded.config.options["loss_weights"] == {"cls": 0.5}
     assert set(loaded.evaluate([xa, xb], {"score": ys, "cls": yc}, verbose=0)) == {
         "loss", "score_loss", "cls_loss", "cls_accuracy"}
+
+
+def test_model_checkpoint_names_may_use_the_loss_logged_at_that_step(tmp_path):
+    from fitkit.callbacks import ModelCheckpoint
+
+    xa, xb, ys, yc = _data()
+    model = Model(TwoHeads()).compile("sgd", loss={"score": "mse", "cls": "cross_entropy"})
+    saver = ModelCheckpoint(str(tmp_path / "m-{step}-{loss:.2f}.pt"), save_freq=2)
+    model.fit([xa, xb], {"score": ys, "cls": yc}, batch_size=4, epochs=1, verbose=0, callbacks=[saver],
+              logging_strategy="steps", logging_steps=2)
+    logged = {}
+    for record in model.state.log_history:  # the step's own log (the epoch's comes after, at the last step)
+        if "loss" in record:
+            logged.setdefault(record["step"], record)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == sorted(f"m-{s}-{logged[s]['loss']:.2f}.pt" for s in (2, 4, 6))
