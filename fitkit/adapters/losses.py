@@ -163,7 +163,7 @@ def build_loss(spec: Any, loss_weights: Any = None) -> Loss | OutputLosses | Non
         if loss_weights is not None and not isinstance(loss_weights, (list, tuple, dict, int, float)):
             raise TypeError(f"`loss_weights` must be a list (one per output) or a dict by output name; got "
                             f"{type(loss_weights).__name__}")
-        return OutputLosses(spec, loss_weights)
+        return OutputLosses(spec, loss_weights, build=build_loss)
     if spec is None:
         return None
     if isinstance(spec, str):

@@ -315,8 +315,10 @@ class MetricSet:
         items = []
         for spec in self.specs:
             if isinstance(spec, LossParts):
+                names = spec.names() if saved is None else [
+                    k[len(self.prefix):] for k in saved if k.startswith(self.prefix) and k.endswith("_loss")]
                 items.extend((self.prefix + name, _Part(spec, name[: -len("_loss")]), "part", name, None)
-                             for name in spec.names())
+                             for name in names)
                 continue
             name, select = metric_name(spec), (spec.select if isinstance(spec, OutputMetric) else None)
             base = spec.spec if isinstance(spec, OutputMetric) else spec
@@ -368,7 +370,8 @@ class MetricSet:
             return
         if self._items is not None:
             self._apply(states)
-        elif all(isinstance(spec, str) for spec in self.specs):
+        elif all(isinstance(spec, (str, LossParts)) or isinstance(getattr(spec, "spec", None), str)
+                 for spec in self.specs):
             self._pending = states
             self._build(None, None, saved=states)  # names only: rebuild now, no batch needed
         else:

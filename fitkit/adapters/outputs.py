@@ -8,7 +8,7 @@ module has no layer names, which Keras uses for a functional model's unnamed out
     output_names((score, cls))                       # ["output_0", "output_1"]
     output_names({"score": s, "cls": c})             # ["score", "cls"]
 
-    losses = OutputLosses({"score": "mse", "cls": "cross_entropy"}, loss_weights={"cls": 0.5})
+    losses = build_loss({"score": "mse", "cls": "cross_entropy"}, loss_weights={"cls": 0.5})
     total = losses({"score": s, "cls": c}, {"score": ys, "cls": yc})   # mse + 0.5 * cross entropy
     losses.parts                                     # {"score": ..., "cls": ...}: each output's loss
 
@@ -114,17 +114,15 @@ def _targets_for(targets: Any, names: list[str], index: int, lone: bool) -> Any:
 
 class OutputLosses:
     """The compiled loss of a module with several outputs: the weighted sum of each output's
-    loss, as Keras 3 computes it. `spec` is one loss for every output, a list (one per output,
+    loss, as Keras 3 computes it (built by `fitkit.adapters.losses.build_loss`, passed as `build`
+    for each output's loss). `spec` is one loss for every output, a list (one per output,
     None for none) or a dict by output name; `loss_weights` a list or dict (default 1 each).
     After each call, `parts` holds each output's (unweighted) loss, detached, when two or more
     outputs have one (Keras logs `<output>_loss` then); `None` otherwise."""
 
     structured = True
 
-    def __init__(self, spec: Any, loss_weights: Any = None, build: Any = None):
-        from fitkit.adapters.losses import build_loss
-
-        build = build or build_loss
+    def __init__(self, spec: Any, loss_weights: Any = None, *, build: Any):
         self.spec, self.loss_weights = spec, loss_weights
         self.name = "loss"
         if isinstance(spec, dict):
