@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 from fitkit.adapters.losses import build_loss
 from fitkit.adapters.metrics import check_metrics
+from fitkit.adapters.outputs import LossParts, OutputMetric
 from fitkit.adapters.optimizers import check_optimizer
 from fitkit.arguments import TrainingArguments, _jsonable
 from fitkit.hf_arguments import from_hf, is_hf_arguments
@@ -32,6 +33,13 @@ class CompileConfig:
     options: dict[str, Any] = field(default_factory=dict)
     loss_fn: Any = field(default=None, compare=False, repr=False)
     args: TrainingArguments = field(default_factory=TrainingArguments, compare=False, repr=False)
+    loss_parts: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def logged_metrics(self) -> list:
+        """The metric specs a run logs: the compiled metrics, then the per-output losses
+        (`<output>_loss`, a `LossParts`) when the loss turns out to have several outputs."""
+        return self.metrics if self.loss_parts is None else [*self.metrics, self.loss_parts]
 
     @classmethod
     def build(cls, optimizer: Any = "adam", loss: Any = None, metrics: Sequence | None = None,
@@ -40,11 +48,13 @@ class CompileConfig:
         from fitkit.engine.fabric import check_devices
 
         check_optimizer(optimizer)
-        loss_fn = build_loss(loss)
+        given = dict(options)
+        loss_fn = build_loss(loss, options.pop("loss_weights", None))  # kept in `options` for Model.save
         specs = check_metrics(metrics)
         args = TrainingArguments.from_options(**options)
         check_devices(args)
-        return cls(optimizer, loss, specs, dict(options), loss_fn, args)
+        parts = LossParts(loss_fn) if loss_fn is not None else None
+        return cls(optimizer, loss, specs, given, loss_fn, args, parts)
 
     def arguments(self, args: TrainingArguments | None = None, **options: Any) -> TrainingArguments:
         """The arguments of a fit: `args` (default: compile's options over the `TrainingArguments`
@@ -69,7 +79,7 @@ class CompileConfig:
     def to_dict(self) -> dict[str, Any]:
         """JSON-able: names stay names; a class, object or callable becomes `{"object": its name}`."""
         return {"optimizer": _spec(self.optimizer), "loss": _spec(self.loss),
-                "metrics": [_spec(m) for m in self.metrics],
+                "metrics": [_metric_spec(m) for m in self.metrics],
                 "options": {k: _spec(v) if _holds_callable(v) else _jsonable(v) for k, v in self.options.items()}}
 
     def to_json(self) -> str:
@@ -82,11 +92,39 @@ class CompileConfig:
         data = json.loads(text)
         if not _names_only(data):
             return None
-        return cls.build(data["optimizer"], data["loss"], data["metrics"], **data["options"])
+        return cls.build(data["optimizer"], data["loss"], _metrics_from(data["metrics"]), **data["options"])
 
 
 def _spec(value: Any) -> Any:
+    """A name (or None) as is; a list or dict of them (one per output) element-wise; anything
+    else `{"object": its name}`."""
+    if isinstance(value, (list, tuple)):
+        return [_spec(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _spec(v) for k, v in value.items()}
     return value if value is None or isinstance(value, str) else {"object": _jsonable(value)}
+
+
+def _metric_spec(spec: Any) -> Any:
+    if isinstance(spec, OutputMetric):
+        return {"output": spec.key, "metric": _spec(spec.spec)}
+    return _spec(spec)
+
+
+def _metrics_from(saved: list) -> Any:
+    """The `metrics` argument that gives the saved specs back (a dict by output when per output)."""
+    if not any(isinstance(m, dict) and "output" in m for m in saved):
+        return saved
+    return [OutputMetric(m["metric"], m["output"]) if isinstance(m, dict) else m for m in saved]
+
+
+def _is_name(value: Any) -> bool:
+    """A name or None, or a list / dict of them (a per-output loss)."""
+    if isinstance(value, (list, tuple)):
+        return all(_is_name(v) for v in value)
+    if isinstance(value, dict):
+        return set(value) != {"object"} and all(_is_name(v) for v in value.values())
+    return value is None or isinstance(value, str)
 
 
 def _holds_callable(value: Any) -> bool:
@@ -95,6 +133,6 @@ def _holds_callable(value: Any) -> bool:
 
 
 def _names_only(data: dict[str, Any]) -> bool:
-    return all(isinstance(data[k], (str, type(None))) for k in ("optimizer", "loss")) and all(
-        isinstance(m, str) for m in data["metrics"]) and not any(
+    return isinstance(data["optimizer"], (str, type(None))) and _is_name(data["loss"]) and all(
+        isinstance(m, str) or (isinstance(m, dict) and isinstance(m.get("metric"), str)) for m in data["metrics"]) and not any(
         isinstance(v, dict) and set(v) == {"object"} for v in data["options"].values())  # a callable option

@@ -29,7 +29,6 @@ from typing import Any
 
 import torch
 
-from fitkit.adapters.metrics import primary_output
 from fitkit.engine.batch import LABEL_KEYS
 from fitkit.engine.step import model_loss
 
@@ -89,7 +88,7 @@ class Steps:
         `sample_weight`), or the loss the module returned itself when compiled with `loss=None`.
         Keywords as in Keras 3: `self.compute_loss(y=y, y_pred=y_pred)`."""
         loss_fn = self.config.loss_fn if self.config is not None else None
-        loss = model_loss(y_pred) if loss_fn is None else loss_fn(primary_output(y_pred), y, sample_weight)
+        loss = model_loss(y_pred) if loss_fn is None else loss_fn(y_pred, y, sample_weight)
         tools = self.runtime.tools
         if tools is not None:
             tools.last_loss = loss  # `compute_metrics` reports it, as Keras' loss tracker

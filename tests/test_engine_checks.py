@@ -313,7 +313,7 @@ def test_the_checks_change_nothing_in_a_seeded_run(monkeypatch, form):
     assert torch.equal(checked[2], unchecked[2])  # and the RNG where the run left it
 
 
-def test_the_probe_keeps_the_mode_and_runs_only_on_the_direct_path(data):
+def test_the_checks_call_the_module_no_extra_time_on_any_path(data):
     x, y = data
     calls = []
 
@@ -328,11 +328,13 @@ def test_the_probe_keeps_the_mode_and_runs_only_on_the_direct_path(data):
 
     net = Counting()
     Model(net).compile("adam", "cross_entropy").fit(x, y, batch_size=16, epochs=1, verbose=0)
-    assert calls == [False, True, True, True] and net.training  # the probe (eval), then 3 steps
+    assert calls == [True, True, True] and net.training  # 3 steps: the first one is checked
     calls.clear()
     Model(Counting()).compile("adam", "cross_entropy", precision="bf16-mixed").fit(x, y, batch_size=16, epochs=1,
                                                                                    verbose=0)
-    assert calls == [True, True, True]  # not probed through a precision plugin
+    assert calls == [True, True, True]
+    with pytest.raises(ValueError, match="labels in \\[0, 3\\)"):  # checked through a precision plugin too
+        Model(Counting()).compile("adam", "cross_entropy", precision="bf16-mixed").fit(x, y + 3, verbose=0)
     with pytest.raises(TypeError, match="`x` holds integer values"):  # the checks without a forward still run
         Model(mlp()).compile("adam", "cross_entropy", precision="bf16-mixed").fit(x.long(), y, verbose=0)
 
@@ -404,25 +406,24 @@ def test_check_data_is_the_function_fit_calls():
 def test_the_same_tensors_are_checked_once_and_again_after_an_in_place_change(data):
     x, y = data
     probes = []
+    real = checks._check_rules
 
-    class Spy(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.net = mlp()
+    def spy(named, outputs, target, names, stats):
+        probes.append(len(target))
+        return real(named, outputs, target, names, stats)
 
-        def forward(self, features):
-            if not self.training:
-                probes.append(len(features))
-            return self.net(features)
-
-    model = Model(Spy()).compile("adam", "cross_entropy")
+    checks._check_rules = spy
+    model = Model(mlp()).compile("adam", "cross_entropy")
     model.fit(x, y, epochs=1, verbose=0)
     assert len(probes) == 1  # the first batch, checked
     model.fit(x, y, epochs=1, verbose=0)
     assert len(probes) == 1  # the same tensors: not checked again
     y += 3  # labels out of range now: a new version of the tensor
-    with pytest.raises(ValueError, match="`y`"):
-        model.fit(x, y, epochs=1, verbose=0)
+    try:
+        with pytest.raises(ValueError, match="`y`"):
+            model.fit(x, y, epochs=1, verbose=0)
+    finally:
+        checks._check_rules = real
     assert len(probes) == 2
 
 

@@ -15,6 +15,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from fitkit.adapters.outputs import OutputLosses, is_structure, single_output
 from fitkit.options import did_you_mean
 
 
@@ -45,18 +46,23 @@ def _nll(outputs: torch.Tensor, targets: torch.Tensor, reduction: str) -> torch.
     return F.nll_loss(outputs, targets, reduction=reduction)
 
 
-LOSSES: dict[str, Callable[..., torch.Tensor]] = {
-    "cross_entropy": _cross_entropy,
-    "sparse_categorical_crossentropy": _cross_entropy,
-    "categorical_crossentropy": _cross_entropy,  # one-hot / probability targets work with F.cross_entropy
-    "binary_crossentropy": _binary_ce,
-    "mse": _regression(F.mse_loss),
-    "mean_squared_error": _regression(F.mse_loss),
-    "mae": _regression(F.l1_loss),
-    "mean_absolute_error": _regression(F.l1_loss),
-    "huber": _regression(F.huber_loss),
-    "nll": _nll,
+#: The named losses: name -> (function, the rule its targets follow: "class" indices or
+#: probabilities, "binary" values in [0, 1], "regression" values of the outputs' shape). The
+#: first-batch checks (`fitkit.engine.checks`) read the rules from here.
+_TABLE: dict[str, tuple[Callable[..., torch.Tensor], str]] = {
+    "cross_entropy": (_cross_entropy, "class"),
+    "sparse_categorical_crossentropy": (_cross_entropy, "class"),
+    "categorical_crossentropy": (_cross_entropy, "class"),  # one-hot / probability targets work with F.cross_entropy
+    "binary_crossentropy": (_binary_ce, "binary"),
+    "mse": (_regression(F.mse_loss), "regression"),
+    "mean_squared_error": (_regression(F.mse_loss), "regression"),
+    "mae": (_regression(F.l1_loss), "regression"),
+    "mean_absolute_error": (_regression(F.l1_loss), "regression"),
+    "huber": (_regression(F.huber_loss), "regression"),
+    "nll": (_nll, "class"),
 }
+LOSSES: dict[str, Callable[..., torch.Tensor]] = {name: fn for name, (fn, _) in _TABLE.items()}
+LOSS_KINDS: dict[str, str] = {name: kind for name, (_, kind) in _TABLE.items()}
 
 
 def keras_order(fn: Any) -> bool:
@@ -95,6 +101,9 @@ class Loss:
         Loss(custom_mse)(outputs, targets, sample_weight=w)
     """
 
+    structured = False  # True once it has seen several outputs with one target each (see `__call__`)
+    _multi: Any = None
+
     def __init__(self, spec: Any):
         self.spec = spec
         self.name = spec if isinstance(spec, str) else getattr(spec, "__name__", type(spec).__name__)
@@ -107,6 +116,12 @@ class Loss:
             self.fn, self.keras_order = spec, self._named is None and keras_order(spec)
 
     def __call__(self, outputs: Any, targets: Any, sample_weight: torch.Tensor | None = None) -> torch.Tensor:
+        if type(outputs) is not torch.Tensor:
+            if is_structure(targets) and is_structure(outputs):  # Keras 3: the loss on every output
+                if self._multi is None:
+                    self._multi, self.structured = OutputLosses(self, build=lambda loss: loss), True
+                return self._multi(outputs, targets, sample_weight)
+            outputs = single_output(outputs, targets)
         if self._named is not None:
             if sample_weight is None:
                 return self._named(outputs, targets, "mean")
@@ -124,6 +139,11 @@ class Loss:
             )
         return reduce_loss(value, sample_weight)
 
+    @property
+    def parts(self) -> dict[str, torch.Tensor] | None:
+        """Each output's loss after the last call, when it was applied to several (else None)."""
+        return self._multi.parts if self._multi is not None else None
+
     def _unreduced_module(self) -> Callable:
         if self._unreduced is None:
             unreduced = copy.copy(self.spec)
@@ -132,8 +152,18 @@ class Loss:
         return self._unreduced
 
 
-def build_loss(spec: Any) -> Loss | None:
-    """`None` means the module returns its own loss (HF style)."""
+def build_loss(spec: Any, loss_weights: Any = None) -> Loss | OutputLosses | None:
+    """`None` means the module returns its own loss (HF style). A list or dict (one loss per
+    output, Keras 3), or `loss_weights`, give an `OutputLosses`."""
+    if isinstance(spec, (list, tuple, dict)) or loss_weights is not None:
+        if spec is None:
+            raise ValueError("`loss_weights` weigh the compiled losses: pass `loss=` too")
+        if isinstance(spec, (list, tuple, dict)) and not spec:
+            raise ValueError("`loss` is an empty list or dict: pass one loss per output (None for an output without)")
+        if loss_weights is not None and not isinstance(loss_weights, (list, tuple, dict, int, float)):
+            raise TypeError(f"`loss_weights` must be a list (one per output) or a dict by output name; got "
+                            f"{type(loss_weights).__name__}")
+        return OutputLosses(spec, loss_weights, build=build_loss)
     if spec is None:
         return None
     if isinstance(spec, str):
@@ -149,4 +179,5 @@ def build_loss(spec: Any) -> Loss | None:
         return Loss(spec())
     if callable(spec) or (callable(getattr(spec, "call", None)) and keras_order(spec.call)):
         return Loss(spec)
-    raise TypeError(f"`loss` must be a name, an nn.Module, a callable or None; got {type(spec).__name__}")
+    raise TypeError(f"`loss` must be a name, an nn.Module, a callable, None, or a list or dict of them (one per output); "
+                    f"got {type(spec).__name__}")

@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import torch
 
+from fitkit.adapters.outputs import PREDICTION_KEYS, LossParts, OutputMetric, is_structure, single_output
 from fitkit.options import did_you_mean
 
 NAMES = ("accuracy", "mae", "mse", "f1", "precision", "recall", "auroc")
@@ -32,7 +33,7 @@ def primary_output(outputs: Any) -> torch.Tensor:
     if isinstance(outputs, torch.Tensor):
         return outputs
     if isinstance(outputs, dict):
-        for key in ("logits", "predictions", "preds", "output"):
+        for key in PREDICTION_KEYS:
             if key in outputs:
                 return outputs[key]
         return next(v for k, v in outputs.items() if k != "loss")
@@ -41,14 +42,37 @@ def primary_output(outputs: Any) -> torch.Tensor:
     return getattr(outputs, "logits", outputs)
 
 
+def _per_output(specs: Any) -> list | None:
+    """Keras' per-output `metrics` (a dict by output name, or a list holding lists or None) as
+    `OutputMetric`s; None for a flat list."""
+    if isinstance(specs, dict):
+        pairs = list(specs.items())
+    elif isinstance(specs, (list, tuple)) and any(s is None or isinstance(s, (list, tuple)) for s in specs):
+        pairs = list(enumerate(specs))
+    else:
+        return None
+    out = []
+    for key, entry in pairs:
+        for spec in check_metrics(entry):
+            out.append(spec if isinstance(spec, OutputMetric) else OutputMetric(spec, key))
+    return out
+
+
 def check_metrics(specs: Any) -> list:
-    """Validate at `compile`: names are known, objects are metrics or callables."""
+    """Validate at `compile`: names are known, objects are metrics or callables; a dict by
+    output name or a list of lists (one per output, Keras 3) gives `OutputMetric`s."""
     if specs is None:
         return []
-    if isinstance(specs, (str, dict)) or callable(specs):
+    nested = _per_output(specs)
+    if nested is not None:
+        return nested
+    if isinstance(specs, str) or callable(specs):
         specs = [specs]
     out = []
     for spec in specs:
+        if isinstance(spec, (OutputMetric, LossParts)):
+            out.append(spec)
+            continue
         if isinstance(spec, str):
             key = _ALIASES.get(spec.lower(), spec.lower())
             if key not in NAMES and key != "top_k":
@@ -72,7 +96,9 @@ def _is_metric(obj: Any) -> bool:
 def metric_name(spec: Any) -> str:
     """The name a metric spec is logged under (without `val_`): a name as given, a metric
     object's class in snake case (`MeanAbsoluteError` -> `mean_absolute_error`), a callable's
-    `__name__`."""
+    `__name__`; `<output>_<name>` for a metric of one output."""
+    if isinstance(spec, OutputMetric):
+        return f"{spec.output}_{metric_name(spec.spec)}"
     if isinstance(spec, str):
         return spec
     if _is_metric(spec):
@@ -121,7 +147,9 @@ def metric_directions(specs: Any) -> dict[str, str]:
     """
     directions: dict[str, str] = {}
     for spec in check_metrics(specs):
-        better = _higher_is_better(spec)
+        if isinstance(spec, LossParts):
+            continue
+        better = _higher_is_better(spec.spec if isinstance(spec, OutputMetric) else spec)
         if better is not None:
             name = metric_name(spec)
             directions[name] = directions["val_" + name] = "max" if better else "min"
@@ -263,7 +291,7 @@ class MetricSet:
         self.device = torch.device("cpu")  # where metrics rebuilt from a saved state live
 
     def __bool__(self) -> bool:
-        return bool(self.specs)
+        return any(not isinstance(spec, LossParts) or spec.active for spec in self.specs)
 
     @property
     def names(self) -> list[str]:
@@ -275,28 +303,42 @@ class MetricSet:
         return self._base_names()
 
     def _base_names(self) -> list[str]:
-        return [metric_name(spec) for spec in self.specs]
+        if self._items is not None:
+            return [name[len(self.prefix):] for name, *_ in self._items]
+        names: list[str] = []
+        for spec in self.specs:
+            names.extend(spec.names() if isinstance(spec, LossParts) else [metric_name(spec)])
+        return names
 
-    def _build(self, preds: torch.Tensor | None, target: torch.Tensor | None, saved: dict | None = None) -> None:
+    def _build(self, outputs: Any, target: Any, saved: dict | None = None) -> None:
         """Build the metrics from the first batch, or from a saved state's task and class count."""
         items = []
-        for name, spec in zip(self._base_names(), self.specs):
-            if isinstance(spec, str):
-                key = _ALIASES.get(spec.lower(), spec.lower())
+        for spec in self.specs:
+            if isinstance(spec, LossParts):
+                names = spec.names() if saved is None else [
+                    k[len(self.prefix):] for k in saved if k.startswith(self.prefix) and k.endswith("_loss")]
+                items.extend((self.prefix + name, _Part(spec, name[: -len("_loss")]), "part", name, None)
+                             for name in names)
+                continue
+            name, select = metric_name(spec), (spec.select if isinstance(spec, OutputMetric) else None)
+            base = spec.spec if isinstance(spec, OutputMetric) else spec
+            preds, tgt = (None, None) if saved is not None else _select(select, outputs, target)
+            if isinstance(base, str):
+                key = _ALIASES.get(base.lower(), base.lower())
                 if saved is not None:
                     kind, classes = saved[self.prefix + name]["_task"]
                 else:
-                    kind, classes = _keras_task(spec.lower(), preds, target) or _infer(key, preds, target)
+                    kind, classes = _keras_task(base.lower(), preds, tgt) or _infer(key, preds, tgt)
                 metric = _construct(key, kind, classes)
                 self._tasks[self.prefix + name] = (kind, classes)
-            elif _is_metric(spec):
-                metric = spec.clone() if hasattr(spec, "clone") else spec
+            elif _is_metric(base):
+                metric = base.clone() if hasattr(base, "clone") else base
                 kind, key = "custom", name
             else:
-                metric, kind, key = _Mean(spec), "custom", name
+                metric, kind, key = _Mean(base), "custom", name
             if hasattr(metric, "to"):
                 metric = metric.to(preds.device if preds is not None else self.device)
-            items.append((self.prefix + name, metric, kind, key))
+            items.append((self.prefix + name, metric, kind, key, select))
         self._items = items
         if self._pending:
             self._apply(self._pending)
@@ -307,7 +349,7 @@ class MetricSet:
         if not self._items:
             return None
         out = {}
-        for name, metric, _, _ in self._items:
+        for name, metric, *_ in self._items:
             if isinstance(metric, _Mean):
                 out[name] = {"total": torch.as_tensor(metric.total).cpu(), "count": metric.count}
             else:
@@ -328,14 +370,15 @@ class MetricSet:
             return
         if self._items is not None:
             self._apply(states)
-        elif all(isinstance(spec, str) for spec in self.specs):
+        elif all(isinstance(spec, (str, LossParts)) or isinstance(getattr(spec, "spec", None), str)
+                 for spec in self.specs):
             self._pending = states
             self._build(None, None, saved=states)  # names only: rebuild now, no batch needed
         else:
             self._pending = states
 
     def _apply(self, states: dict) -> None:
-        for name, metric, _, _ in self._items:
+        for name, metric, *_ in self._items:
             saved = states.get(name)
             if saved is None:
                 continue
@@ -353,40 +396,40 @@ class MetricSet:
     def higher_is_better(self) -> dict[str, bool | None]:
         if self._items is None:
             return {}
-        return {name: getattr(metric, "higher_is_better", None) for name, metric, _, _ in self._items}
+        return {name: getattr(metric, "higher_is_better", None) for name, metric, *_ in self._items}
 
     def update(self, outputs: Any, target: Any) -> None:
-        preds = primary_output(outputs).detach()
         if self._items is None:
-            self._build(preds, target)
-        for _, metric, kind, key in self._items:
-            if kind == "custom":
-                metric.update(preds, target)
+            self._build(outputs, target)
+        plain = None
+        for _, metric, kind, key, select in self._items:
+            if select is None and kind != "part":
+                if plain is None:
+                    plain = _select(None, outputs, target)
+                preds, tgt = plain
             else:
-                metric.update(*_prepare(kind, key, preds, target))
+                preds, tgt = _select(select, outputs, target) if kind != "part" else (None, target)
+            _update(metric, kind, key, preds, tgt)
 
     def update_one(self, index: int, outputs: Any, target: Any) -> None:
         """Update only the `index`-th metric (`Model.metrics[i].update_state` in a custom step)."""
-        preds = primary_output(outputs).detach()
         if self._items is None:
-            self._build(preds, target)
-        _, metric, kind, key = self._items[index]
-        if kind == "custom":
-            metric.update(preds, target)
-        else:
-            metric.update(*_prepare(kind, key, preds, target))
+            self._build(outputs, target)
+        _, metric, kind, key, select = self._items[index]
+        preds, tgt = _select(select, outputs, target) if kind != "part" else (None, target)
+        _update(metric, kind, key, preds, tgt)
 
     def compute(self) -> dict[str, float]:
         if not self._items:
             return {}
-        return {name: float(metric.compute()) for name, metric, _, _ in self._items}
+        return {name: float(metric.compute()) for name, metric, *_ in self._items}
 
     def results(self) -> dict[str, torch.Tensor]:
         """The values so far as device tensors (no host read), under the names without prefix:
         what `Model.compute_metrics` returns in a custom step."""
         if not self._items:
             return {}
-        return {name[len(self.prefix):]: metric.compute() for name, metric, _, _ in self._items}
+        return {name[len(self.prefix):]: metric.compute() for name, metric, *_ in self._items}
 
     def result_of(self, index: int) -> torch.Tensor | None:
         """The `index`-th metric's value so far (None before its first update)."""
@@ -394,5 +437,53 @@ class MetricSet:
 
     def reset(self) -> None:
         self._pending = None
-        for _, metric, _, _ in self._items or ():
+        for _, metric, *_ in self._items or ():
             metric.reset()
+
+
+def _select(select: Any, outputs: Any, target: Any) -> tuple[Any, Any]:
+    """What one metric sees: its output and target (`OutputMetric.select`), or for a metric of
+    the whole model the one output matching one target (`single_output`), detached."""
+    if select is not None:
+        preds, tgt = select(outputs, target)
+    else:
+        if is_structure(target) and is_structure(outputs) and not (isinstance(outputs, dict) and any(
+                k in outputs for k in PREDICTION_KEYS)):
+            raise ValueError(
+                "`metrics` is a flat list but the module returned several outputs with one target each: pass the metrics "
+                "per output, a list of lists in the outputs' order or a dict by output name (Keras 3 asks the same)")
+        preds, tgt = single_output(outputs, target, what="metrics"), target
+    return (preds.detach() if isinstance(preds, torch.Tensor) else preds), tgt
+
+
+def _update(metric: Any, kind: str, key: str, preds: Any, target: Any) -> None:
+    if kind == "part":
+        metric.update(target)
+    elif kind == "custom":
+        metric.update(preds, target)
+    else:
+        metric.update(*_prepare(kind, key, preds, target))
+
+
+class _Part(_Mean):
+    """One output's loss (`<output>_loss`), as the compiled loss computed it this batch, averaged
+    over the samples like the loss."""
+
+    def __init__(self, parts: LossParts, output: str):
+        super().__init__(None)
+        self.parts, self.output = parts, output
+
+    def update(self, target: Any) -> None:  # type: ignore[override]
+        values = self.parts.parts()
+        if not values or self.output not in values:
+            return
+        value = values[self.output]
+        n = _rows(target)
+        self.total = self.total + value.float() * n
+        self.count += n
+
+
+def _rows(target: Any) -> int:
+    while isinstance(target, (tuple, list, dict)):
+        target = next(iter(target.values())) if isinstance(target, dict) else target[0]
+    return int(target.shape[0]) if isinstance(target, torch.Tensor) and target.dim() else 1

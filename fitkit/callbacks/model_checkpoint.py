@@ -129,7 +129,26 @@ class ModelCheckpoint(MonitorCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.save_freq != "epoch" and state.global_step % self.save_freq == 0:
+            if control.should_log:  # this step logs: saved at its on_log, with the values it brings
+                self._deferred = (state.global_step, kwargs)
+                return
             self._save(dict(self._records.latest), state, kwargs)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        result = super().on_log(args, state, control, logs=logs, **kwargs)
+        self._flush_deferred(state)
+        return result
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._flush_deferred(state)
+        return super().on_train_end(args, state, control, **kwargs)
+
+    def _flush_deferred(self, state) -> None:
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None:
+            self._save(dict(self._records.latest), state, deferred[1])
+
+    _deferred: tuple | None = None  # (step, event keywords) of a step save waiting for its log
 
     # -- saving ---------------------------------------------------------------------------------
     def _format(self, values: dict, epoch: int, state) -> str:

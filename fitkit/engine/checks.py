@@ -42,18 +42,15 @@ from typing import Any
 
 import torch
 
-from fitkit.adapters.losses import Loss
-from fitkit.adapters.metrics import metric_name, primary_output
+from fitkit.adapters.losses import LOSS_KINDS, Loss
+from fitkit.adapters.metrics import metric_name
+from fitkit.adapters.outputs import LossParts, OutputLosses, OutputMetric, is_structure, output_names, pick, single_output
 from fitkit.engine.batch import Batch
 from fitkit.engine.sources import DataSource, TensorSource
-from fitkit.engine.step import Stepper, metric_outputs, model_loss, scalar_loss
+from fitkit.engine.step import Stepper, scalar_loss
 from fitkit.options import error_line
 from fitkit.tensors import tensors_of
 
-#: Named losses (`fitkit.adapters.losses.LOSSES`) by the rules their targets follow.
-CLASS_LOSSES = frozenset({"cross_entropy", "sparse_categorical_crossentropy", "categorical_crossentropy", "nll"})
-BINARY_LOSSES = frozenset({"binary_crossentropy"})
-REGRESSION_LOSSES = frozenset({"mse", "mean_squared_error", "mae", "mean_absolute_error", "huber"})
 IGNORE_INDEX = -100  # a class label that F.cross_entropy and F.nll_loss skip
 _INDEX_DTYPES = (torch.int64, torch.uint8)  # the class index dtypes F.cross_entropy takes
 _EMBEDDINGS = (torch.nn.Embedding, torch.nn.EmbeddingBag)
@@ -116,13 +113,15 @@ def _check(stepper: Stepper, module: torch.nn.Module, source: DataSource, *, met
             raise ValueError(f"`{source.name}` is empty: it yields no batch; pass at least one sample")
         return None
     loss = stepper.loss if with_loss else None
+    if isinstance(loss, Loss) and is_structure(batch.target):
+        loss.structured = True  # one loss on several outputs: `<output>_loss` is logged from the first step
     if with_loss:
         _check_targets_given(batch, loss, names, training)
     _check_features(batch, module, names)
     stats = _read_stats(batch, loss)
     _warn_non_finite(stats, names)
-    if stepper.direct and _probe_safe(module):
-        _probe(stepper, batch, names, stats, metrics, with_loss)
+    if stepper.fabric.world_size == 1:  # one rank raising alone would leave the others waiting
+        FirstStep.of(stepper).arm(_Pending(module, batch, names, stats, metrics, with_loss), training)
     return batch
 
 
@@ -150,6 +149,13 @@ class _Names:
         self.y = "`y`" if name == "x" and in_memory else f"the targets of `{name}`"
         self.s = "s" if name == "x" else ""  # `x` holds, the inputs of `validation_data` hold
         self.ys = "s" if self.y == "`y`" else ""
+
+    def for_output(self, output: str) -> "_Names":
+        """The names for one output's targets: "the targets of output 'cls' in `y`"."""
+        names = _Names(self.name, False)
+        names.x, names.s = self.x, self.s
+        names.y, names.ys = f"the targets of output {output!r} in {self.y}", ""
+        return names
 
 
 # -- without the module's forward --------------------------------------------------------------
@@ -184,7 +190,7 @@ def _check_features(batch: Batch, module: torch.nn.Module, names: _Names) -> Non
     )
 
 
-def _read_stats(batch: Batch, loss: Loss | None) -> dict[str, float]:
+def _read_stats(batch: Batch, loss: Any) -> dict[str, float]:
     """What the value checks compare, read back to the host in one transfer: whether features and
     targets are finite, and the targets' range when the named loss has rules for it."""
     parts: dict[str, torch.Tensor] = {}
@@ -192,13 +198,14 @@ def _read_stats(batch: Batch, loss: Loss | None) -> dict[str, float]:
     if floats:
         finite = [torch.isfinite(t).all() for t in floats]
         parts["x_finite"] = finite[0] if len(finite) == 1 else torch.stack(finite).all()
-    y, named = batch.target, _named(loss)
+    y, named = batch.target, loss if isinstance(loss, str) else _named(loss)
+    kind = LOSS_KINDS.get(named or "")
     if isinstance(y, torch.Tensor) and y.numel() and not y.is_complex():
         if y.is_floating_point():
             parts["y_finite"] = torch.isfinite(y).all()
-        if y.dtype != torch.bool and (named in CLASS_LOSSES or named in BINARY_LOSSES):
+        if y.dtype != torch.bool and kind in ("class", "binary"):
             # masking the ignored label with 0 keeps the maximum (unless all are ignored: then 0 fits)
-            kept = y.masked_fill(y == IGNORE_INDEX, 0) if named in CLASS_LOSSES and not y.is_floating_point() else y
+            kept = y.masked_fill(y == IGNORE_INDEX, 0) if kind == "class" and not y.is_floating_point() else y
             parts["y_min"], parts["y_max"] = torch.aminmax(kept)
     if not parts:
         return {}
@@ -224,60 +231,104 @@ def _probe_safe(module: torch.nn.Module) -> bool:
     return not any(isinstance(m, torch.nn.modules.lazy.LazyModuleMixin) for m in module.modules())
 
 
-# -- the probe: forward, loss and metrics on the first batch ------------------------------------
-def _probe(stepper: Stepper, batch: Batch, names: _Names, stats: dict[str, float], metrics: Any,
-           with_loss: bool) -> None:
-    module = stepper.forward_module
-    saved = _torch_rng(module)
-    modes = [(m, m.training) for m in module.modules()]
-    try:
-        for m, _ in modes:  # eval mode; each module's own mode comes back after
-            m.__dict__["training"] = False
-        with torch.no_grad():
-            out, preds = _forward(stepper, batch, names, with_loss)
-            if with_loss and stepper.loss is not None and batch.target is not None:
-                _check_loss(stepper.loss, out, batch, names, stats)
-            if with_loss and metrics and batch.target is not None:
-                _check_metrics(metrics, preds, batch.target, names)
-    finally:
-        for m, mode in modes:
-            m.__dict__["training"] = mode
-        _set_torch_rng(saved)
+# -- the first real step: forward, loss and metrics --------------------------------------------
+class _Pending:
+    """What `check_data` read from a source without the module, for the checks of its first step."""
+
+    def __init__(self, module: torch.nn.Module, batch: Batch, names: _Names, stats: dict[str, float], metrics: Any,
+                 with_loss: bool):
+        self.module, self.batch, self.names, self.stats = module, batch, names, stats
+        self.metrics, self.with_loss = metrics, with_loss
 
 
-def _torch_rng(module: torch.nn.Module) -> tuple:
-    """torch's CPU generator state, and the CUDA device's when the module is on one."""
-    param = next(module.parameters(), None)
-    device = param.device if param is not None and param.device.type == "cuda" else None
-    return torch.get_rng_state(), device, torch.cuda.get_rng_state(device) if device is not None else None
+class FirstStep:
+    """The checks that need the module's outputs, run on the real first forward of a phase (the
+    first training step, the first evaluation or prediction batch): the module is called no
+    extra time. Its exception, the loss rules, the loss itself and the metric callables are
+    checked there, before the backward and the optimizer step, and re-raised with the context.
+    The stepper's `forward` is wrapped until every armed check has run."""
 
+    def __init__(self, stepper: Stepper):
+        self.stepper, self.original = stepper, stepper.forward
+        self.train: _Pending | None = None
+        self.infer: _Pending | None = None
 
-def _set_torch_rng(saved: tuple) -> None:
-    cpu, device, cuda = saved
-    torch.set_rng_state(cpu)
-    if device is not None:
-        torch.cuda.set_rng_state(cuda, device)
+    @classmethod
+    def of(cls, stepper: Stepper) -> "FirstStep":
+        found = stepper.__dict__.get("_first_step")
+        if found is None:
+            found = stepper.__dict__["_first_step"] = cls(stepper)
+            stepper.forward = found.forward  # type: ignore[method-assign]
+        return found
 
-
-def _forward(stepper: Stepper, batch: Batch, names: _Names, with_loss: bool) -> tuple[Any, Any]:
-    """The module's outputs as the step computes them, and what the metrics see of them."""
-    module, inputs, target = stepper.forward_module, batch.inputs, batch.target
-    own_loss = with_loss and stepper.loss is None
-    try:
-        if own_loss and target is not None:
-            out = module(**inputs, labels=target) if isinstance(inputs, dict) else module(*inputs, target)
+    def arm(self, pending: _Pending, training: bool) -> None:
+        if training:
+            self.train = pending
         else:
-            out = module(**inputs) if isinstance(inputs, dict) else module(*inputs)
-    except Exception as err:  # noqa: BLE001 - re-raised with the context, chained
+            self.infer = pending
+
+    def forward(self, batch: Batch, with_loss: bool = True) -> tuple[Any, Any]:
+        training = torch.is_grad_enabled()
+        pending = self.train if training else self.infer
+        if pending is None:
+            return self.original(batch, with_loss)
+        if training:
+            self.train = None
+        else:
+            self.infer = None
+        if self.train is None and self.infer is None:  # nothing left to check: the plain forward again
+            self.stepper.forward = self.original  # type: ignore[method-assign]
+            del self.stepper.__dict__["_first_step"]
+        loss, out = self._checked(pending, batch, with_loss)
+        if training and self.infer is not None:  # validation data, before any optimizer step
+            _check_validation(self.stepper, self.infer, out, batch)
+        return loss, out
+
+    def _checked(self, pending: _Pending, batch: Batch, with_loss: bool) -> tuple[Any, Any]:
+        stepper = self.stepper
+        module, loss_fn = stepper.forward_module, stepper.loss
+        own_loss = with_loss and pending.with_loss and loss_fn is None
+        stepper.forward_module = _Recorder(module, pending, stepper, own_loss and batch.target is not None)
+        if loss_fn is not None and pending.with_loss:
+            stepper.loss = _CheckedLoss(loss_fn, pending)
         try:
-            hint = _module_hint(stepper, batch, names, own_loss)
-        except Exception:  # noqa: BLE001 - a hint must never hide the module's own error
-            hint = f"give {names.x} the shape and dtype the module's forward expects"
-        raise ValueError(f"the module raised on the first batch of `{names.name}`: inputs {_describe(inputs)}; "
-                         f"likely fix: {hint} ({error_line(err)})") from err
-    if not own_loss:
-        return out, out
-    loss = model_loss(out)
+            loss, out = self.original(batch, with_loss)
+        finally:
+            stepper.forward_module, stepper.loss = module, loss_fn
+        if own_loss and loss is not None:
+            _check_own_loss(loss, pending.names)
+        if with_loss and pending.with_loss and pending.metrics and batch.target is not None:
+            _check_metrics(pending.metrics, out, batch.target, pending.names)
+        return loss, out
+
+
+class _Recorder:
+    """The module, called as the step calls it; what it raises is re-raised with the context."""
+
+    def __init__(self, module: Any, pending: _Pending, stepper: Stepper, own_loss: bool):
+        self.module, self.pending, self.stepper, self.own_loss = module, pending, stepper, own_loss
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return self.module(*args, **kwargs)
+        except Exception as err:  # noqa: BLE001 - re-raised with the context, chained
+            raise _module_error(self.pending, self.own_loss, err) from err
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.module, name)
+
+
+def _module_error(pending: _Pending, own_loss: bool, err: Exception) -> ValueError:
+    names, batch = pending.names, pending.batch
+    try:
+        hint = _module_hint(pending.module, batch, names, own_loss)
+    except Exception:  # noqa: BLE001 - a hint must never hide the module's own error
+        hint = f"give {names.x} the shape and dtype the module's forward expects"
+    return ValueError(f"the module raised on the first batch of `{names.name}`: inputs {_describe(batch.inputs)}; "
+                      f"likely fix: {hint} ({error_line(err)})")
+
+
+def _check_own_loss(loss: Any, names: _Names) -> None:
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
         got = f"a tensor of shape {_shape(loss)}" if isinstance(loss, torch.Tensor) else type(loss).__name__
         raise ValueError(
@@ -285,12 +336,27 @@ def _forward(stepper: Stepper, batch: Batch, names: _Names, with_loss: bool) -> 
             f"{got}, not a scalar loss: pass `loss=` to compile (e.g. loss='cross_entropy'), or return the loss "
             "(a scalar tensor, `out['loss']` or `out[0]`) from the module"
         )
-    return out, metric_outputs(out)
 
 
-def _module_hint(stepper: Stepper, batch: Batch, names: _Names, own_loss: bool) -> str:
+class _CheckedLoss:
+    """The compiled loss on the first batch: the named losses' target rules first (nothing
+    reaches the loss that would fail on the device), then the loss, whose exception, non-tensor
+    or non-scalar value is re-raised with the context."""
+
+    def __init__(self, loss: Any, pending: _Pending):
+        self.loss, self.pending = loss, pending
+        self.name, self.spec = getattr(loss, "name", "loss"), getattr(loss, "spec", None)
+
+    def __call__(self, outputs: Any, targets: Any, sample_weight: Any = None) -> torch.Tensor:
+        pending = self.pending
+        for named, out, target, names in _loss_pairs(self.loss, outputs, targets, pending.names):
+            stats = pending.stats if names is pending.names else _read_stats(Batch((), target, None, 0), named)
+            _check_rules(named, out, target, names, stats)
+        value = _call_loss(self.loss, outputs, targets, sample_weight, pending)
+        _check_value(self.loss, value, pending)
+        return value
+def _module_hint(module: torch.nn.Module, batch: Batch, names: _Names, own_loss: bool) -> str:
     """The likely fix for an exception from the module's forward on `batch`."""
-    module = stepper.forward_module
     if own_loss and batch.target is not None:
         return ("with `loss=None` the module is called as module(x, y) (module(**inputs, labels=y) for dict inputs) "
                 "and must return its loss: pass `loss=` to compile (e.g. loss='cross_entropy') if it does not")
@@ -318,24 +384,51 @@ def _module_hint(stepper: Stepper, batch: Batch, names: _Names, own_loss: bool) 
     return f"give {names.x} the shape and dtype the module's forward expects"
 
 
-def _check_loss(loss: Loss, out: Any, batch: Batch, names: _Names, stats: dict[str, float]) -> None:
-    outputs, target = primary_output(out), batch.target
-    named = _named(loss)
-    if named and isinstance(outputs, torch.Tensor) and isinstance(target, torch.Tensor):
-        if named in CLASS_LOSSES:
-            _check_class_targets(named, outputs, target, names, stats)
-        elif named in BINARY_LOSSES or named in REGRESSION_LOSSES:
-            _check_same_shape(named, outputs, target, names)
-            if named in BINARY_LOSSES:
-                _check_binary_range(named, stats, names)
+def _loss_pairs(loss: Any, outputs: Any, targets: Any, names: _Names) -> list[tuple[str | None, Any, Any, _Names]]:
+    """(named loss, output, target, names) for each output a loss applies to, for the rules."""
+    if isinstance(loss, OutputLosses) or (is_structure(targets) and is_structure(outputs)):
+        plan = loss.losses_for(outputs) if isinstance(loss, OutputLosses) else [
+            (i, n, loss, 1.0) for i, n in enumerate(output_names(outputs))]
+        all_names = output_names(outputs)
+        pairs = []
+        for index, name, one, _ in plan:
+            target = pick(targets, name if isinstance(targets, dict) else index, all_names) if is_structure(
+                targets) else targets
+            pairs.append((_named(one), pick(outputs, index), target, names.for_output(name)))
+        return pairs
+    return [(_named(loss), single_output(outputs, targets), targets, names)]
+
+
+def _check_rules(named: str | None, outputs: Any, target: Any, names: _Names, stats: dict[str, float]) -> None:
+    kind = LOSS_KINDS.get(named or "")
+    if not (kind and isinstance(outputs, torch.Tensor) and isinstance(target, torch.Tensor)):
+        return
+    if kind == "class":
+        _check_class_targets(named, outputs, target, names, stats)
+        return
+    _check_same_shape(named, outputs, target, names)
+    if kind == "binary":
+        _check_binary_range(named, stats, names)
+
+
+def _call_loss(loss: Any, outputs: Any, targets: Any, sample_weight: Any, pending: _Pending) -> Any:
+    names = pending.names
     try:
-        value = loss(outputs, target)
+        return loss(outputs, targets, sample_weight)
     except Exception as err:  # noqa: BLE001 - re-raised with the context, chained
+        if isinstance(err, ValueError) and "sample_weight" in str(err):
+            raise  # a loss that cannot weight samples says so itself
+        order = ("called in Keras' order, loss(y_true, y_pred)" if getattr(loss, "keras_order", False) else
+                 "called as loss(outputs, targets); name its first two parameters y_true, y_pred for Keras' order")
         raise ValueError(
             f"`loss`={loss.name!r} raised on the first batch of `{names.name}`: outputs {_describe(outputs)}, "
-            f"{names.y} {_describe(target)}; likely fix: make the loss take (outputs, targets) of these shapes and "
-            f"dtypes, or pass targets in the form it expects ({error_line(err)})"
+            f"{names.y} {_describe(targets)}; it is {order}; likely fix: make the loss take these shapes and dtypes, "
+            f"or pass targets in the form it expects ({error_line(err)})"
         ) from err
+
+
+def _check_value(loss: Any, value: Any, pending: _Pending) -> None:
+    names, stats = pending.names, pending.stats
     if not isinstance(value, torch.Tensor):
         raise TypeError(
             f"`loss`={loss.name!r} returned {type(value).__name__} on the first batch of `{names.name}`, not a tensor: "
@@ -348,11 +441,66 @@ def _check_loss(loss: Loss, out: Any, batch: Batch, names: _Names, stats: dict[s
     inputs_finite = stats.get("x_finite", True) and stats.get("y_finite", True)
     if inputs_finite and not bool(torch.isfinite(value.detach())):
         warnings.warn(
-            f"`loss`={loss.name!r} is {float(value)} on the first batch of `{names.name}`, whose values are finite: "
+            f"`loss`={loss.name!r} is {float(value.detach())} on the first batch of `{names.name}`, whose values are finite: "
             "training would only produce NaN; likely fix: check what the loss takes (logits or probabilities, "
-            "target range) and the module's outputs (a log of 0, a division by 0)", UserWarning, stacklevel=4)
-    if batch.sample_weight is not None:  # a loss that cannot weight samples says so itself
-        loss(outputs, target, batch.sample_weight)
+            "target range) and the module's outputs (a log of 0, a division by 0)", UserWarning, stacklevel=6)
+
+
+def _check_validation(stepper: Stepper, pending: _Pending, train_out: Any, train: Batch) -> None:
+    """The validation data's first batch, during the first training step (before its optimizer
+    step): its targets against the loss rules with the training outputs' shape (no forward);
+    the module runs on it (in eval mode, without gradients, random state kept) only when its
+    inputs differ in shape or dtype from the training batch's, which the step just ran."""
+    batch, loss = pending.batch, stepper.loss
+    if not _same_inputs(batch.inputs, train.inputs) and _probe_safe(pending.module):
+        _probe_validation(stepper, pending)
+        return
+    if loss is None or batch.target is None or not pending.with_loss:
+        return
+    for named, out, target, names in _loss_pairs(loss, train_out, batch.target, pending.names):
+        if isinstance(out, torch.Tensor) and isinstance(target, torch.Tensor) and out.dim() and target.dim():
+            like = out.detach()[:1].expand(target.shape[0], *out.shape[1:])  # the outputs' shape for this batch
+            stats = pending.stats if names is pending.names else _read_stats(Batch((), target, None, 0), named)
+            _check_rules(named, like, target, names, stats)
+def _same_inputs(a: Any, b: Any) -> bool:
+    """Whether two batches' inputs have the same structure, dtypes and shapes but the first."""
+    if type(a) is not type(b) or (isinstance(a, dict) and list(a) != list(b)):
+        return False
+    ta, tb = tensors_of(a), tensors_of(b)
+    return len(ta) == len(tb) and all(x.dtype == y.dtype and x.shape[1:] == y.shape[1:] for x, y in zip(ta, tb))
+
+
+def _probe_validation(stepper: Stepper, pending: _Pending) -> None:
+    """The module on the validation data's first batch, as evaluation runs it (eval mode, no
+    gradients), with torch's random state and every submodule's mode put back after; checked
+    as its first evaluation step would be."""
+    module = stepper.forward_module
+    saved = _torch_rng(module)
+    modes = [(m, m.training) for m in module.modules()]
+    checker = FirstStep(stepper)
+    try:
+        for m, _ in modes:
+            m.__dict__["training"] = False
+        with torch.no_grad():
+            checker._checked(pending, pending.batch, True)
+    finally:
+        for m, mode in modes:
+            m.__dict__["training"] = mode
+        _set_torch_rng(saved)
+
+
+def _torch_rng(module: torch.nn.Module) -> tuple:
+    """torch's CPU generator state, and the CUDA device's when the module is on one."""
+    param = next(module.parameters(), None)
+    device = param.device if param is not None and param.device.type == "cuda" else None
+    return torch.get_rng_state(), device, torch.cuda.get_rng_state(device) if device is not None else None
+
+
+def _set_torch_rng(saved: tuple) -> None:
+    cpu, device, cuda = saved
+    torch.set_rng_state(cpu)
+    if device is not None:
+        torch.cuda.set_rng_state(cuda, device)
 
 
 def _check_class_targets(named: str, outputs: torch.Tensor, target: torch.Tensor, names: _Names,
@@ -427,30 +575,42 @@ def _check_binary_range(named: str, stats: dict[str, float], names: _Names) -> N
         )
 
 
-def _check_metrics(specs: Any, preds: Any, target: Any, names: _Names) -> None:
+def _check_metrics(specs: Any, outputs: Any, target: Any, names: _Names) -> None:
     """Metric callables (not names, not metric objects) return a scalar tensor or a number."""
-    preds = primary_output(preds)
-    preds = preds.detach() if isinstance(preds, torch.Tensor) else preds
     for spec in specs:
-        if isinstance(spec, str) or not callable(spec) or (hasattr(spec, "update") and hasattr(spec, "compute")):
+        if isinstance(spec, LossParts):
             continue
-        name = metric_name(spec)
-        try:
-            value = spec(preds, target)
-        except Exception as err:  # noqa: BLE001 - re-raised with the context, chained
-            raise ValueError(
-                f"metric `{name}` in `metrics` raised on the first batch of `{names.name}`: predictions "
-                f"{_describe(preds)}, {names.y} {_describe(target)}; likely fix: make it take (predictions, targets) "
-                f"of these shapes and return one number ({error_line(err)})"
-            ) from err
-        tensor = isinstance(value, torch.Tensor)
-        if (tensor and value.numel() == 1) or (isinstance(value, numbers.Real) and not isinstance(value, bool)):
-            continue
-        got = f"a tensor of shape {_shape(value)}" if tensor else type(value).__name__
-        raise TypeError(
-            f"metric `{name}` in `metrics` returned {got} on the first batch of `{names.name}`: a metric callable "
-            "must return a scalar tensor or a number (reduce per-sample values, e.g. with `.mean()`)"
-        )
+        if isinstance(spec, OutputMetric):
+            preds, tgt = spec.select(outputs, target)
+            spec, metric_names = spec.spec, names.for_output(spec.output)
+        else:
+            preds, tgt, metric_names = outputs, target, names
+            if is_structure(preds) and not is_structure(target):
+                preds = single_output(preds, target, what="metrics")
+        preds = preds.detach() if isinstance(preds, torch.Tensor) else preds
+        _check_metric(spec, preds, tgt, metric_names)
+
+
+def _check_metric(spec: Any, preds: Any, target: Any, names: _Names) -> None:
+    if isinstance(spec, str) or not callable(spec) or (hasattr(spec, "update") and hasattr(spec, "compute")):
+        return
+    name = metric_name(spec)
+    try:
+        value = spec(preds, target)
+    except Exception as err:  # noqa: BLE001 - re-raised with the context, chained
+        raise ValueError(
+            f"metric `{name}` in `metrics` raised on the first batch of `{names.name}`: predictions "
+            f"{_describe(preds)}, {names.y} {_describe(target)}; likely fix: make it take (predictions, targets) "
+            f"of these shapes and return one number ({error_line(err)})"
+        ) from err
+    tensor = isinstance(value, torch.Tensor)
+    if (tensor and value.numel() == 1) or (isinstance(value, numbers.Real) and not isinstance(value, bool)):
+        return
+    got = f"a tensor of shape {_shape(value)}" if tensor else type(value).__name__
+    raise TypeError(
+        f"metric `{name}` in `metrics` returned {got} on the first batch of `{names.name}`: a metric callable "
+        "must return a scalar tensor or a number (reduce per-sample values, e.g. with `.mean()`)"
+    )
 
 
 # -- small helpers -------------------------------------------------------------------------------

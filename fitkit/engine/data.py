@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from fitkit.engine.batch import batch_size_of
 from fitkit.engine.collate import SampleList, is_sample_list, loader_options
+from fitkit.engine.keras_data import BatchSequence, is_batch_sequence
 from fitkit.engine.prefetch import can_prefetch
 from fitkit.engine.sampling import EpochSampler
 from fitkit.engine.sources import DataSource, LoaderSource, TensorSource
@@ -45,27 +46,41 @@ def _is_array(value: Any) -> bool:
     return isinstance(value, torch.Tensor) or type(value).__module__ == "numpy" and hasattr(value, "shape")
 
 
+def _leaves(value) -> list:
+    if isinstance(value, dict):
+        return list(value.values())
+    return list(value) if isinstance(value, (tuple, list)) else [value]
+
+
 def _check_len(x, y, sample_weight) -> None:
     n = batch_size_of(x)
     if n == 0:
         raise ValueError("`x` is empty: pass at least one sample")
-    for leaf in (x.values() if isinstance(x, dict) else (x if isinstance(x, tuple) else (x,))):
+    for leaf in _leaves(x):
         if batch_size_of(leaf) != n:
             raise ValueError(f"all inputs in `x` must have the same number of samples; got {n} and {batch_size_of(leaf)}")
-    if y is not None and batch_size_of(y) != n:
-        raise ValueError(
-            f"`x` has {n} samples but `y` has {batch_size_of(y)}: pass `x` and `y` with the same first dimension"
-        )
-    if sample_weight is not None and batch_size_of(sample_weight) != n:
-        raise ValueError(f"`sample_weight` has {batch_size_of(sample_weight)} entries for {n} samples: pass one per sample")
+    for leaf in _leaves(y) if y is not None else ():
+        if batch_size_of(leaf) != n:
+            raise ValueError(
+                f"`x` has {n} samples but `y` has {batch_size_of(leaf)}: pass `x` and `y` (each of its arrays) with the "
+                "same first dimension"
+            )
+    for leaf in _leaves(sample_weight) if sample_weight is not None else ():
+        if batch_size_of(leaf) != n:
+            raise ValueError(f"`sample_weight` has {batch_size_of(leaf)} entries for {n} samples: pass one per sample")
 
 
 def _arrays(value, name: str, cast_float64: bool = True):
     if isinstance(value, dict):
         return {k: _to_tensor(v, f"{name}[{k!r}]", cast_float64) for k, v in value.items()}
     if isinstance(value, (tuple, list)):
-        return tuple(_to_tensor(v, name, cast_float64) for v in value)
+        return tuple(_to_tensor(v, f"{name}[{i}]", cast_float64) for i, v in enumerate(value))
     return _to_tensor(value, name, cast_float64)
+
+
+def _is_arrays(value: Any) -> bool:
+    """An array, or a non-empty list, tuple or dict of arrays (Keras' multi-input / output data)."""
+    return _is_array(value) or _in_memory(value)
 
 
 def _in_memory(x) -> bool:
@@ -115,14 +130,14 @@ def _adapt(x: Any, y: Any, sample_weight: Any, *, batch_size: int, shuffle: bool
     if isinstance(x, (list, tuple)) and not x:
         raise ValueError(f"`{name}` is an empty {type(x).__name__}: pass at least one sample (tensors, arrays, a "
                          "Dataset, a DataLoader or a non-empty list of batches)")
-    if y is None and isinstance(x, tuple) and len(x) in (2, 3) and _is_array(x[0]) and all(
-        v is None or _is_array(v) for v in x[1:]
+    if y is None and isinstance(x, tuple) and len(x) in (2, 3) and _is_arrays(x[0]) and all(
+        v is None or _is_arrays(v) for v in x[1:]
     ):
         x, y, sample_weight = (*x, None)[:3] if len(x) == 2 else x
     if _in_memory(x):
         x = _arrays(x, name, cast_float64)
         y = _arrays(y, "y", cast_float64) if y is not None else None
-        sample_weight = _to_tensor(sample_weight, "sample_weight", cast_float64) if sample_weight is not None else None
+        sample_weight = _arrays(sample_weight, "sample_weight", cast_float64) if sample_weight is not None else None
         _check_len(x, y, sample_weight)
         source = TensorSource(x, y, sample_weight, batch_size=batch_size, shuffle=shuffle, seed=seed)
         return source, (x, y, sample_weight)
@@ -139,6 +154,8 @@ def _adapt(x: Any, y: Any, sample_weight: Any, *, batch_size: int, shuffle: bool
         return LoaderSource(x, num_samples=n), None
     if is_sample_list(x):
         x = SampleList(x)
+    elif is_batch_sequence(x):
+        return LoaderSource(BatchSequence(x, name, cast_float64)), None
     if isinstance(x, Dataset):
         return _dataset_source(x, batch_size=batch_size, shuffle=shuffle, seed=seed, name=name, args=args), None
     if isinstance(x, Iterable) and not isinstance(x, (str, bytes)):

@@ -30,6 +30,9 @@ def class_weight_table(class_weight: dict, device: torch.device) -> torch.Tensor
 
 def class_weights_for(table: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Per-sample weights from a class-weight table; classes missing from the table weigh 1 (Keras)."""
+    if not isinstance(target, torch.Tensor):
+        raise ValueError("`class_weight` is for a model with one output (Keras refuses it for several): pass "
+                         "`sample_weight` (one array, or one per output) instead")
     target = target.long()
     if target.dim() > 1:  # one-hot targets
         target = target.argmax(-1)
@@ -75,3 +78,67 @@ def split_validation(tensors: tuple | None, x: Any, fraction: float) -> tuple[tu
         "`validation_split` needs tensors, arrays or a map-style Dataset; pass `validation_data` for "
         f"a {type(x).__name__}"
     )
+
+
+def has_numpy(tree: Any) -> bool:
+    """True when `tree` (a batch) holds a NumPy array somewhere."""
+    if isinstance(tree, dict):
+        return any(has_numpy(v) for v in tree.values())
+    if isinstance(tree, (tuple, list)):
+        return any(has_numpy(v) for v in tree)
+    return type(tree).__module__ == "numpy" and hasattr(tree, "shape")
+
+
+def batch_tensors(tree: Any, cast_float64: bool = True) -> Any:
+    """A batch with its NumPy arrays as tensors (float64 as float32, as in-memory arrays are,
+    unless `cast_float64` is False); tensors and other values pass through."""
+    if isinstance(tree, dict):
+        return {k: batch_tensors(v, cast_float64) for k, v in tree.items()}
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(batch_tensors(v, cast_float64) for v in tree)
+    if type(tree).__module__ == "numpy" and hasattr(tree, "shape"):
+        t = torch.from_numpy(tree) if tree.dtype.kind in "biufc" else None
+        if t is None:
+            raise TypeError(f"a batch holds a NumPy array of dtype {tree.dtype}, which torch cannot take: pass numbers "
+                            "(e.g. `x.astype('float32')`), or tensors")
+        return t.float() if cast_float64 and t.dtype == torch.float64 else t
+    return tree
+
+
+def is_batch_sequence(x: Any) -> bool:
+    """Keras' batch-centric data: an object with `__len__` and `__getitem__` returning whole
+    batches and no `__iter__` of its own (a `keras.utils.PyDataset`), or a list of batches
+    holding NumPy arrays."""
+    if isinstance(x, (Dataset, str, bytes, dict, tuple)) or not (hasattr(x, "__len__") and hasattr(x, "__getitem__")):
+        return False
+    if isinstance(x, list):
+        return bool(x) and isinstance(x[0], (tuple, list, dict)) and has_numpy(x[0])
+    return not hasattr(type(x), "__iter__") or type(x).__module__.startswith("keras")
+
+
+class BatchSequence:
+    """Whole batches read by index (`seq[i]` for i in `range(len(seq))`), NumPy arrays turned
+    into tensors; a `keras.utils.PyDataset`'s `on_epoch_begin` / `on_epoch_end` are called
+    around each pass, as Keras does::
+
+        source = LoaderSource(BatchSequence(py_dataset, "x"))
+    """
+
+    def __init__(self, seq: Any, name: str, cast_float64: bool = True):
+        self.seq, self.name, self.cast_float64 = seq, name, cast_float64
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+    def __iter__(self):
+        begin, end = getattr(self.seq, "on_epoch_begin", None), getattr(self.seq, "on_epoch_end", None)
+        if callable(begin):
+            begin()
+        for i in range(len(self.seq)):
+            batch = self.seq[i]
+            if not isinstance(batch, (tuple, list, dict, torch.Tensor)) and not has_numpy(batch):
+                raise TypeError(f"batch {i} of `{self.name}` is a {type(batch).__name__}: each item must be a whole "
+                                "batch, (x, y), (x, y, sample_weight) or a dict, of tensors or NumPy arrays")
+            yield batch_tensors(batch, self.cast_float64)
+        if callable(end):
+            end()

@@ -150,7 +150,7 @@ class TensorSource(CountsSamples):
         move = lambda t: t.to(device, non_blocking=True) if isinstance(t, torch.Tensor) else t  # noqa: E731
         self.x = map_tensors(move, self.x)
         self.y = map_tensors(move, self.y) if self.y is not None else None
-        self.sample_weight = move(self.sample_weight) if self.sample_weight is not None else None
+        self.sample_weight = map_tensors(move, self.sample_weight) if self.sample_weight is not None else None
         if self.class_weight is not None:
             self.class_weight = move(self.class_weight)
         return self
@@ -194,8 +194,8 @@ class TensorSource(CountsSamples):
                 idx = order[lo:hi]
                 take = lambda t: t.index_select(0, idx)  # noqa: E731
             xb = map_tensors(take, x)
-            yb = take(y) if y is not None else None
-            swb = take(sw) if sw is not None else None
+            yb = map_tensors(take, y) if y is not None else None
+            swb = map_tensors(take, sw) if sw is not None else None
             if cw is not None and yb is not None:
                 cwb = class_weights_for(cw, yb)
                 swb = cwb if swb is None else swb * cwb
@@ -335,18 +335,6 @@ class LoaderSource(CountsSamples):
             yield batch
 
     _warned_skip = False
-
-
-def _generators_of(loader: Any) -> list[torch.Generator]:
-    """The generators a DataLoader draws from besides the global one (its own, its samplers')."""
-    found: dict[int, torch.Generator] = {}
-    sampler = getattr(loader, "sampler", None)
-    batch_sampler = getattr(loader, "batch_sampler", None)
-    for owner in (loader, sampler, getattr(batch_sampler, "sampler", None)):
-        g = getattr(owner, "generator", None)
-        if isinstance(g, torch.Generator):
-            found[id(g)] = g
-    return list(found.values())
 
 
 def _generators_of(loader: Any) -> list[torch.Generator]:

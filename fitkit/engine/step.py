@@ -16,7 +16,6 @@ from typing import Any, Callable
 import torch
 
 from fitkit.adapters.losses import Loss
-from fitkit.adapters.metrics import primary_output
 from fitkit.engine.batch import Batch
 
 
@@ -68,7 +67,7 @@ class Stepper:
             return scalar_loss(model_loss(out)), metric_outputs(out)
         if target is None:
             return None, out
-        return scalar_loss(loss_fn(primary_output(out), target, batch.sample_weight)), out
+        return scalar_loss(loss_fn(out, target, batch.sample_weight)), out  # the loss picks the output(s)
 
     def _forward_with_compute_loss(self, batch: Batch, with_loss: bool = True) -> tuple[torch.Tensor | None, Any]:
         """`forward` when a `Model` subclass overrides `compute_loss(x, y, y_pred, sample_weight)`."""

@@ -88,11 +88,11 @@ class Trainer:
         # The first batches against the module, loss and metrics: before any step or file.
         memo, own = self.runtime.checked, self.overrides
         if own.train_step is None:  # an overridden step decides what a batch is
-            first = check_data(loop.stepper, self.module, train, metrics=self.config.metrics, training=True, memo=memo)
+            first = check_data(loop.stepper, self.module, train, metrics=self.config.logged_metrics, training=True, memo=memo)
             if self.runtime.example is None and first is not None:  # data from a loader: summary()'s shapes
                 self.runtime.example = first.inputs
         if own.test_step is None:
-            check_data(loop.stepper, self.module, val, metrics=self.config.metrics, memo=memo)
+            check_data(loop.stepper, self.module, val, metrics=self.config.logged_metrics, memo=memo)
         with self.checkpointer.writing():  # one run writes into output_dir at a time
             resume = self.checkpointer.resume(self.checkpointer.resume_path(self.handler.callbacks))
             try:
@@ -122,7 +122,7 @@ class Trainer:
         self.checkpointer = Checkpointer(fabric, self.args, state, handler, module=wrapped, optimizer=optimizer,
                                          scheduler=scheduler)
         stepper = Stepper(fabric, wrapped, optimizer, self.config.loss_fn, self.overrides.compute_loss)
-        loop = Loop(stepper, handler, self.args, state, self.control, metrics=self.config.metrics,
+        loop = Loop(stepper, handler, self.args, state, self.control, metrics=self.config.logged_metrics,
                     scheduler=scheduler, checkpointer=self.checkpointer, directions=directions,
                     overrides=self.overrides, epoch_length=batches)
         handler.save_checkpoint = loop.checkpoint
@@ -207,7 +207,7 @@ class Trainer:
         self.state, self.control = state, control
         state.is_world_process_zero = fabric.is_global_zero
         state.is_local_process_zero = fabric.local_rank == 0
-        loss_fn, metrics = (self.config.loss_fn, self.config.metrics) if self.config else (None, [])
+        loss_fn, metrics = (self.config.loss_fn, self.config.logged_metrics) if self.config else (None, [])
         stepper = Stepper(fabric, wrapped, self.runtime.optimizer, loss_fn, self.overrides.compute_loss)
         return Loop(stepper, self.handler, self.args, state, control, metrics=metrics, overrides=self.overrides)
 
