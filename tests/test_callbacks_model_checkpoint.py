@@ -97,8 +97,9 @@ def test_full_file_is_the_model_save_format_and_model_load_reads_it(tmp_path):
     script = Script("val_loss", [2.0, 1.0])
     model, _ = fit([script, ModelCheckpoint(tmp_path / "full-{epoch}.pt")], epochs=2)
     payload = torch.load(tmp_path / "full-2.pt", weights_only=True)
-    assert set(payload) == {"format", "version", "state_dict", "config"}
+    assert set(payload) == {"format", "version", "state_dict", "config", "optimizer", "scheduler"}
     assert payload["format"] == "fitkit-model" and payload["config"] is None  # the callback sees the module only
+    assert payload["optimizer"]["state"]  # the optimizer's state, as Keras' full-model file keeps it
     for epoch in (1, 2):
         loaded = Model.load(str(tmp_path / f"full-{epoch}.pt"), mlp(seed=9))
         for k, v in script.weights[epoch - 1].items():

@@ -188,10 +188,10 @@ class ModelCheckpoint(MonitorCallback):
             else:
                 print(f"{where}: saving model to {path}", flush=True)
         if state.is_world_process_zero:
-            self._write(path, kwargs.get("model"))
+            self._write(path, kwargs.get("model"), kwargs.get("optimizer"), kwargs.get("lr_scheduler"))
         self.last_filepath = path
 
-    def _write(self, path: str, model: Any) -> None:
+    def _write(self, path: str, model: Any, optimizer: Any = None, scheduler: Any = None) -> None:
         if model is None:
             raise RuntimeError("ModelCheckpoint: the event carried no `model` to save")
         if os.path.isdir(path):
@@ -202,7 +202,7 @@ class ModelCheckpoint(MonitorCallback):
         else:
             from fitkit.saving import write_model_file  # the format of Model.save / Model.load
 
-            write_model_file(path, model)
+            write_model_file(path, model, optimizer=optimizer, scheduler=scheduler)  # the whole model, as Keras'
 
     # -- checkpoint state ---------------------------------------------------------------------------
     def state(self) -> dict:
