@@ -99,8 +99,12 @@ class LocalFabric:
         return None if function is None else function(self, *args, **kwargs)
 
     def setup_module(self, module: torch.nn.Module, move_to_device: bool = True) -> torch.nn.Module:
-        """The module itself, on the device (a compiled module stays compiled)."""
-        return module.to(self.device) if move_to_device else module
+        """The module itself, on the device; a `torch.compile`d one inside a `CompiledModule`
+        (its state dict is the user's module's, without `_orig_mod.`, as under Fabric)."""
+        if move_to_device:
+            module.to(self.device)
+        original = _compiled_original(module)
+        return module if original is None else CompiledModule(module, original)
 
     def setup_optimizers(self, *optimizers: torch.optim.Optimizer) -> Any:
         """Each optimizer in a `LocalOptimizer` (its torch optimizer is `.optimizer`, as Fabric's)."""
@@ -193,6 +197,29 @@ class LocalFabric:
         return checkpoint
 
 
+class CompiledModule(torch.nn.Module):
+    """A compiled module as `LocalFabric` sets it up: calls run the compiled one
+    (`_forward_module`); `module`, `state_dict` and `load_state_dict` are the user's module's."""
+
+    def __init__(self, compiled: torch.nn.Module, original: torch.nn.Module):
+        super().__init__()
+        self._forward_module = compiled
+        self._original_module = original
+
+    @property
+    def module(self) -> torch.nn.Module:
+        return self._original_module
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._forward_module(*args, **kwargs)
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        return self._original_module.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, **kwargs: Any) -> Any:
+        return self._original_module.load_state_dict(state_dict, strict=strict, **kwargs)
+
+
 class LocalOptimizer:
     """A torch optimizer as `LocalFabric` sets it up: the optimizer is `.optimizer`; the rest
     (`step`, `param_groups`, `state`, `zero_grad`, ...) is the optimizer's own. Instances are of
@@ -224,12 +251,22 @@ class LocalOptimizer:
         return getattr(self._optimizer, name)
 
 
+def _compiled_original(module: torch.nn.Module) -> torch.nn.Module | None:
+    """The module inside a `torch.compile` wrapper (None for any other module), found without
+    importing `torch._dynamo`."""
+    if type(module).__name__ != "OptimizedModule":
+        return None
+    return module.__dict__.get("_modules", {}).get("_orig_mod")
+
+
 def _unwrap(obj: Any) -> Any:
-    """The torch optimizer of a `LocalOptimizer`; the module inside a `torch.compile` wrapper."""
+    """The torch optimizer of a `LocalOptimizer`; the user's module of a compiled one."""
     if isinstance(obj, LocalOptimizer):
         return obj.optimizer
-    inner = obj.__dict__.get("_modules", {}).get("_orig_mod") if isinstance(obj, torch.nn.Module) else None
-    return inner if inner is not None and type(obj).__name__ == "OptimizedModule" else obj
+    if isinstance(obj, CompiledModule):
+        return obj.module
+    original = _compiled_original(obj) if isinstance(obj, torch.nn.Module) else None
+    return obj if original is None else original
 
 
 def _stateful(obj: Any) -> bool:
