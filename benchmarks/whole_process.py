@@ -3,8 +3,9 @@ and trains one optimizer step, for a hand-written torch loop, fitkit and the HF 
 
 Each repetition runs the three scripts once each in fresh processes, in an order rotated from
 one repetition to the next (interleaved: the machine's drift hits all three alike). Per
-process: the wall time from just before the start to the exit, and the peak resident memory
-(`ru_maxrss` of that child, from `os.wait4`). Each script counts its optimizer steps through
+process: the wall time from just before the start to the exit, its CPU time (user + system,
+from `os.wait4`: on a busy machine the steadier figure) and its peak resident memory
+(`ru_maxrss`). Each script counts its optimizer steps through
 torch's global optimizer hook and prints them: a script that does not run exactly one step
 is an error. The targets (issue 29): fitkit at most 0.5 s and 40 MiB above the hand loop.
 
@@ -82,11 +83,14 @@ def _env() -> dict:
     env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["PYTHONWARNINGS"] = "ignore"
     env.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    # As an installed package: the bytecode is cached (the untimed first runs write it), so no
+    # process compiles fitkit's sources again (0.15 s and more), as none compiles torch's.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     return env
 
 
-def run_once(name: str, env: dict) -> tuple[float, float]:
-    """(wall seconds, peak RSS in MiB) of one process running `SCRIPTS[name]`."""
+def run_once(name: str, env: dict) -> tuple[float, float, float]:
+    """(wall seconds, CPU seconds, peak RSS in MiB) of one process running `SCRIPTS[name]`."""
     with tempfile.TemporaryDirectory() as out:
         # files, not pipes: the child is reaped by `os.wait4` (for its rusage), not by subprocess
         with open(os.path.join(out, "stdout"), "w+") as stdout, open(os.path.join(out, "stderr"), "w+") as stderr:
@@ -101,7 +105,7 @@ def run_once(name: str, env: dict) -> tuple[float, float]:
             printed, errors = stdout.read(), stderr.read()
     if code or "STEPS 1" not in printed.splitlines():
         raise RuntimeError(f"{name}: exit {code}, output {printed[-500:]!r}\n{errors[-3000:]}")
-    return wall, usage.ru_maxrss / 1024  # Linux: KiB
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024  # Linux: KiB
 
 
 def available() -> list[str]:
@@ -121,38 +125,46 @@ def measure(reps: int = 5, names: list[str] | None = None, log=print) -> dict:
     env = _env()
     for name in names:  # untimed: the files come into the page cache
         run_once(name, env)
-    wall = {n: [] for n in names}
-    rss = {n: [] for n in names}
+    wall: dict[str, list[float]] = {n: [] for n in names}
+    cpu: dict[str, list[float]] = {n: [] for n in names}
+    rss: dict[str, list[float]] = {n: [] for n in names}
     for rep in range(reps):
         k = rep % len(names)
         for name in names[k:] + names[:k]:
-            seconds, mib = run_once(name, env)
+            seconds, cpu_seconds, mib = run_once(name, env)
             wall[name].append(seconds)
+            cpu[name].append(cpu_seconds)
             rss[name].append(mib)
-        log(f"rep {rep + 1}/{reps}: " + "  ".join(f"{n} {wall[n][-1]:.2f}s {rss[n][-1]:.0f} MiB" for n in names))
+        log(f"rep {rep + 1}/{reps} (wall / cpu / peak RSS): " + "  ".join(
+            f"{n} {wall[n][-1]:.2f}s/{cpu[n][-1]:.2f}s/{rss[n][-1]:.0f} MiB" for n in names))
     # per repetition, fitkit minus the hand loop (the processes of one repetition ran back to back)
-    extra_s = [f - h for f, h in zip(wall["fitkit"], wall["hand loop"])]
-    extra_mib = [f - h for f, h in zip(rss["fitkit"], rss["hand loop"])]
-    return {"reps": reps, "wall": wall, "peak_rss_mib": rss,
+    def extra(runs: dict) -> float:
+        return statistics.median(f - h for f, h in zip(runs["fitkit"], runs["hand loop"]))
+
+    return {"reps": reps, "wall": wall, "cpu": cpu, "peak_rss_mib": rss,
             "median_wall": {n: statistics.median(v) for n, v in wall.items()},
+            "median_cpu": {n: statistics.median(v) for n, v in cpu.items()},
             "median_peak_rss_mib": {n: statistics.median(v) for n, v in rss.items()},
-            "fitkit_minus_hand_seconds": statistics.median(extra_s),
-            "fitkit_minus_hand_mib": statistics.median(extra_mib),
+            "fitkit_minus_hand_seconds": extra(wall),
+            "fitkit_minus_hand_cpu_seconds": extra(cpu),
+            "fitkit_minus_hand_mib": extra(rss),
             "targets": {"seconds": TARGET_SECONDS, "mib": TARGET_MIB}}
 
 
 def table(result: dict) -> str:
-    hand_s, hand_m = result["median_wall"]["hand loop"], result["median_peak_rss_mib"]["hand loop"]
-    rows = ["| process | wall (median) | vs hand loop | peak RSS (median) | vs hand loop |",
-            "| --- | --- | --- | --- | --- |"]
+    hand = {k: result[k]["hand loop"] for k in ("median_wall", "median_cpu", "median_peak_rss_mib")}
+    rows = ["| process | wall | vs hand loop | CPU time | vs hand loop | peak RSS | vs hand loop |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
     for name, seconds in result["median_wall"].items():
-        mib = result["median_peak_rss_mib"][name]
-        rows.append(f"| {name} | {seconds:.2f} s | {seconds - hand_s:+.2f} s | {mib:.0f} MiB | {mib - hand_m:+.0f} MiB |")
+        cpu, mib = result["median_cpu"][name], result["median_peak_rss_mib"][name]
+        rows.append(f"| {name} | {seconds:.2f} s | {seconds - hand['median_wall']:+.2f} s | {cpu:.2f} s | "
+                    f"{cpu - hand['median_cpu']:+.2f} s | {mib:.0f} MiB | {mib - hand['median_peak_rss_mib']:+.0f} MiB |")
     ok_s = result["fitkit_minus_hand_seconds"] <= TARGET_SECONDS
     ok_m = result["fitkit_minus_hand_mib"] <= TARGET_MIB
     rows.append("")
-    rows.append(f"fitkit - hand loop, median per repetition: {result['fitkit_minus_hand_seconds']:+.2f} s "
+    rows.append(f"fitkit - hand loop, median per repetition: {result['fitkit_minus_hand_seconds']:+.2f} s wall "
                 f"(target <= {TARGET_SECONDS} s: {'met' if ok_s else 'NOT met'}), "
+                f"{result['fitkit_minus_hand_cpu_seconds']:+.2f} s CPU, "
                 f"{result['fitkit_minus_hand_mib']:+.0f} MiB (target <= {TARGET_MIB:.0f} MiB: "
                 f"{'met' if ok_m else 'NOT met'})")
     return "\n".join(rows)
