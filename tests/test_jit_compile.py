@@ -43,8 +43,10 @@ def recording_backend(calls: list):
 
 
 def forward_module(model: Model) -> torch.nn.Module:
-    """The module the loop calls: what Fabric set up (inside its wrapper)."""
-    return model.runtime.wrapped._forward_module
+    """The module the loop calls: what Fabric set up (inside its wrapper; on one device
+    without Lightning, `LocalFabric`, the set-up module itself)."""
+    wrapped = model.runtime.wrapped
+    return wrapped.__dict__["_modules"].get("_forward_module", wrapped)
 
 
 def fit(model: Model, epochs: int = 2, **options):

@@ -10,6 +10,7 @@ import weakref
 from typing import Any, Callable
 
 from fitkit.arguments import TrainingArguments
+from fitkit.engine.local import local_fabric
 from fitkit.engine.quiet import QuietWhenSpawned, import_lightning, quiet_lightning
 from fitkit.engine.strategies import SPAWN_STRATEGIES, deepspeed_strategy, fsdp2_strategy, is_deepspeed
 from fitkit.options import unknown_name
@@ -113,11 +114,16 @@ def _precision(args: TrainingArguments, accelerator: str) -> Any:
 
 
 def build_fabric(args: TrainingArguments):
-    """Create and launch a Fabric for these arguments."""
+    """Create and launch a Fabric for these arguments: Lightning's, or `LocalFabric` for a run
+    that needs nothing from Lightning (one process, one device, full precision: see
+    `fitkit.engine.local`), which then does not import it."""
+    check_devices(args)
+    local = local_fabric(args)
+    if local is not None:
+        return local
     import_lightning()  # the first import, without the notebook note it makes tqdm print
     from lightning_fabric import Fabric
 
-    check_devices(args)
     accelerator = args.accelerator
     if accelerator == "auto":
         import torch

@@ -227,11 +227,13 @@ class Loop:
     def _after_step(self) -> bool:
         """Log / evaluate / save as `control` asks; True when the epoch should end here."""
         control = self.control
-        if self.preemption.due(self.state.global_step):  # SIGTERM: finish this step, checkpoint, stop
+        preempted = self.preemption.due(self.state.global_step)
+        if preempted:  # SIGTERM: finish this step, checkpoint, stop
             control.should_save = control.should_training_stop = True
         self._stop_requested()
         if control.should_log or control.should_evaluate or control.should_save:
             self._log_evaluate_save(epoch_end=False)
+        self.preemption.final = preempted  # that checkpoint is the last word: see `_end_epoch`
         return self.control.should_epoch_stop or self.control.should_training_stop
 
     def _end_epoch(self, epoch: int, n_batches: int | None, stopped: bool) -> None:
@@ -239,7 +241,8 @@ class Loop:
         if n_batches is None or not stopped or state.epoch is None:
             state.epoch = float(epoch + 1)
         self.control = self.handler.on_epoch_end(self.args, state, self.control)
-        self.position = (epoch + 1, 0)
+        if not self.preemption.final:  # a preempted epoch stays where its last step left it
+            self.position = (epoch + 1, 0)
         self.loss.close()  # the epoch's one host read
         self._log_evaluate_save(epoch_end=True)
         self._epoch_summary(epoch)
@@ -281,7 +284,7 @@ class Loop:
             if self._track_best(metrics) and args.save_strategy == "best":  # after on_evaluate, as HF
                 self.control.should_save = True
         self.control.should_evaluate = False
-        if self.control.should_save and self.checkpointer is not None:
+        if self.control.should_save and self.checkpointer is not None and not self.preemption.final:
             self.checkpoint()
             self.control = cb.on_save(args, state, self.control)
         self.control.should_save = False

@@ -5,6 +5,8 @@
         for step in ...:
             ...
             if preemption.due(global_step):   # finish this step, checkpoint, stop
+                checkpoint()
+                preemption.final = True           # no save after this one
                 break
 
 Processes may see the signal at different steps: every `CHECK_STEPS` optimizer steps (the same
@@ -36,6 +38,9 @@ class Preemption:
         self.every = CHECK_STEPS if enabled and fabric.world_size > 1 else 0
         self.seen = False  # by this process
         self.preempted = False  # agreed: checkpoint and stop at the end of this step
+        # The preemption checkpoint is written: it is the last word, no later save of this run
+        # (an epoch-end one, say) may record a position past the step it recorded.
+        self.final = False
 
     @contextlib.contextmanager
     def watching(self) -> Iterator[None]:

@@ -36,8 +36,8 @@ class Stepper:
         self.compute_loss = compute_loss  # a `Model.compute_loss` override, replacing `loss`
         self.direct = plain_single_device(fabric)
         # The one place the path is chosen: what forward, backward, clipping and the optimizer call.
-        if self.direct:
-            self.forward_module = module._forward_module
+        if self.direct:  # Fabric's wrappers (LocalFabric's module is the module itself)
+            self.forward_module = module.__dict__["_modules"].get("_forward_module", module)
             self._backward: Callable[[torch.Tensor], Any] = torch.Tensor.backward
             inner = optimizer.optimizer if optimizer is not None else None
         else:
@@ -230,7 +230,12 @@ def set_loader_epoch(loader: Any, epoch: int) -> None:
 
 
 def plain_single_device(fabric: Any) -> bool:
-    """One device, full precision, no Fabric callbacks: nothing for Fabric's wrappers to do."""
+    """One device, full precision, no Fabric callbacks: nothing for Fabric's wrappers to do
+    (always so on a `LocalFabric`, which then needs no Lightning import here)."""
+    from fitkit.engine.local import LocalFabric
+
+    if isinstance(fabric, LocalFabric):
+        return True
     from lightning_fabric.plugins import Precision
     from lightning_fabric.strategies import SingleDeviceStrategy
 
