@@ -47,9 +47,9 @@ def _read(loss: tuple[torch.Tensor, int] | None, metrics: Any, means: Any, strip
     if loss is not None:
         names.append("loss")
         values.append(loss[0].detach().double() / loss[1])
-    for name, metric, _, _ in (getattr(metrics, "_items", None) or ()) if metrics else ():
+    for name, value in (metrics.results().items() if metrics else ()):  # names without the set's prefix
         names.append(name[len(strip):] if strip and name.startswith(strip) else name)
-        values.append(torch.as_tensor(metric.compute()).detach().double().reshape(()))
+        values.append(torch.as_tensor(value).detach().double().reshape(()))
     for name, total in (means.sums.items() if means else ()):
         names.append(name)
         values.append(total.double() / max(means.counts[name], 1))
