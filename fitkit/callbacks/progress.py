@@ -117,14 +117,17 @@ def keras_epoch_line(steps: int, seconds: float, per_step: float | None, logs: d
 
 
 def extras_text(steps_per_second: float | None, samples_per_second: float | None, run_eta: float | None,
-                peak_bytes: int | None) -> str:
+                peak_bytes: int | None, tokens_per_second: float | None = None) -> str:
     """fitkit's figures beside Keras' line: `4.9 steps/s - 157 samples/s - ETA 0:00:12 - peak 812 MiB`
-    (the ETA is the whole run's, evaluations included)."""
+    (the ETA is the whole run's, evaluations included; `tokens/s` follows `samples/s` when the
+    batches carry `input_ids`)."""
     parts = []
     if steps_per_second:
         parts.append(f"{steps_per_second:.1f} steps/s")
     if samples_per_second:
         parts.append(f"{samples_per_second:.0f} samples/s")
+    if tokens_per_second:
+        parts.append(f"{tokens_per_second:.0f} tokens/s")
     if run_eta is not None:
         minutes, secs = divmod(int(run_eta + 0.5), 60)
         hours, minutes = divmod(minutes, 60)
@@ -308,11 +311,12 @@ class ProgressBar(TrainerCallback):
         per_step = train_seconds / run if run > 0 else None
         self._epochs_done += 1
         samples = self._running.samples() * self._world_size if self._running is not None else 0
+        tokens = self._running.tokens() * self._world_size if self._running is not None else 0
         left = (self._epochs or 0) - self._epoch_index
         run_eta = (now - self._run_started) / self._epochs_done * left if 0 <= left < 10**9 else None
         extras = extras_text(1 / per_step if per_step else None,
                              samples / train_seconds if samples and train_seconds > 0 else None, run_eta,
-                             peak_memory())
+                             peak_memory(), tokens / train_seconds if tokens and train_seconds > 0 else None)
         line = keras_epoch_line(self._steps, now - self._epoch_started, per_step, self._epoch_logs, extras,
                                 bar=self._progress is not None)
         if self._progress is not None:

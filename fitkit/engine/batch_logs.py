@@ -28,6 +28,10 @@ class RunningLogs:
         """Samples this process trained on so far in the epoch (a host count: no device read)."""
         return self.loop.loss.running.count
 
+    def tokens(self) -> int:
+        """`input_ids` tokens this process trained on so far in the epoch (counted from shapes)."""
+        return getattr(self.loop, "epoch_tokens", 0)
+
     def read(self, phase: str) -> dict[str, float]:
         loop = self.loop
         if phase == "train":

@@ -139,6 +139,7 @@ class Loop:
         self.train_metrics.reset()
         self.step_means.reset()
         self.loss.new_epoch()
+        self.epoch_tokens = 0
         start = self.checkpointer.restore_epoch(self, resume, train) if resume else 0
         batches = (self.checkpointer.epoch_iterator(train, epoch, start, resume) if self.checkpointer is not None
                    else train.batches(epoch, start))
@@ -157,6 +158,9 @@ class Loop:
         own_step, carry = self.overrides.train_step, self._carry
         micro, cycle = 0, 1
         for i, batch in enumerate(batches, start):
+            inputs = batch.inputs
+            if inputs.__class__ is dict and "input_ids" in inputs:  # tokens/s for the display: a shape, no read
+                self.epoch_tokens += inputs["input_ids"].numel()
             if micro == 0:
                 cycle = accum if n_batches is None else min(accum, n_batches - i)
                 self.control = cb.on_step_begin(args, state, self.control)
