@@ -1,0 +1,60 @@
+"""Batch-centric sources, Keras' `PyDataset` shape: an object whose `__getitem__` returns whole
+batches (NumPy or tensors), and a plain list of NumPy `(x, y)` batches, train like arrays do."""
+
+import numpy as np
+import pytest
+import torch
+
+from fitkit import Model
+
+
+class Batches:
+    """`keras.utils.PyDataset`'s protocol: `__len__` batches, `__getitem__(i)` one whole batch."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, batch_size: int):
+        self.x, self.y, self.batch_size = x, y, batch_size
+        self.reads: list[int] = []
+
+    def __len__(self) -> int:
+        return -(-len(self.x) // self.batch_size)
+
+    def __getitem__(self, i: int):
+        self.reads.append(i)
+        part = slice(i * self.batch_size, (i + 1) * self.batch_size)
+        return self.x[part], self.y[part]
+
+
+def _data(n=24):
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(n, 4)).astype(np.float32), rng.integers(0, 3, size=n)
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    return Model(torch.nn.Linear(4, 3)).compile("sgd", "cross_entropy", metrics=["accuracy"])
+
+
+def test_a_pydataset_like_source_trains_as_the_same_arrays_do():
+    x, y = _data()
+    source = Batches(x, y, batch_size=8)
+    by_batches = _model().fit(source, epochs=2, shuffle=False, verbose=0)
+    by_arrays = _model().fit(x, y, epochs=2, batch_size=8, shuffle=False, verbose=0)
+    # each batch read once an epoch, in order; before training, the first-batch checks read batch 0 once
+    assert source.reads == [0, 0, 1, 2, 0, 1, 2]
+    assert by_batches.history["loss"] == pytest.approx(by_arrays.history["loss"], rel=1e-6)
+    assert by_batches.history["accuracy"] == pytest.approx(by_arrays.history["accuracy"])
+
+
+def test_a_list_of_numpy_batches_trains_and_evaluates():
+    x, y = _data()
+    batches = [(x[i:i + 6], y[i:i + 6]) for i in range(0, 24, 6)]
+    model = _model()
+    history = model.fit(batches, epochs=1, shuffle=False, verbose=0)
+    reference = _model().fit(x, y, epochs=1, batch_size=6, shuffle=False, verbose=0)
+    assert history.history["loss"] == pytest.approx(reference.history["loss"], rel=1e-6)
+    assert set(model.evaluate(batches, verbose=0)) == {"loss", "accuracy"}
+
+
+def test_a_batch_of_an_unsupported_type_is_a_clear_error():
+    with pytest.raises((TypeError, ValueError), match=r"(?i)batch"):
+        _model().fit([("not", "arrays")], epochs=1, verbose=0)
