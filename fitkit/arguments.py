@@ -43,6 +43,7 @@ ALIASES = {
     "lr": "learning_rate",
     "lr_scheduler_type": "lr_scheduler",
     "validation_batch_size": "per_device_eval_batch_size",
+    "tokenizer": "processing_class",  # the HF Trainer's older name
 }
 
 #: Keras `fit` arguments with no fitkit equivalent, and the fitkit way to say what they mean.
@@ -158,6 +159,10 @@ class TrainingArguments:
     gradient_checkpointing: bool | None = False  # call module.gradient_checkpointing_enable() at fit
     compute_metrics: Callable | None = None  # HF's compute_metrics(EvalPrediction) -> dict, over each evaluation
     data_collator: Callable | None = None  # list of samples -> batch, for the DataLoader fitkit builds
+    # -- HF Trainer habits (checked by fitkit.hf_processing.check_habit_fields)
+    remove_unused_columns: bool = True  # drop sample keys the module's forward does not name (labels kept)
+    processing_class: Any = None  # an HF tokenizer/processor: its padding collator by default, saved beside the model
+    exclude_from_weight_decay: Any = None  # None: HF's groups with HF arguments; "hf"; regexes of names; [] or "none"
 
     def __post_init__(self) -> None:
         _check_and_convert(self)
@@ -468,6 +473,9 @@ def _check_hf_fields(args: TrainingArguments, fail: Callable) -> None:
     for name in ("compute_metrics", "data_collator"):
         if getattr(args, name) is not None and not callable(getattr(args, name)):
             fail(name, "pass a function, or None")
+    from fitkit.hf_processing import check_habit_fields
+
+    check_habit_fields(args, fail)
 
 
 _dataclass_init = TrainingArguments.__init__

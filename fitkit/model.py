@@ -33,6 +33,7 @@ from fitkit.engine.trainer import Trainer
 from fitkit.callback_list import CallbackOwner
 from fitkit.callbacks.evaluation_line import evaluation_line_for
 from fitkit.jit_compile import jit_note
+from fitkit.option_merge import CARRIED, for_evaluation, in_force
 from fitkit.keras_api import KerasMethods, as_list
 from fitkit.saving import Saving
 from fitkit.steps import Steps
@@ -61,6 +62,8 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving):
         self.last_checkpoint: str | None = None
         self._runtime = Runtime()
         self._trial: dict | None = None  # {"trial_name", "trial_params"} for a search trial
+        self._in_force: dict | None = None  # the last fit's data options, for evaluate/predict (option_merge)
+        self._last_output_dir: str | None = None  # the last fit's, for save_model
 
     # -- what the model holds -------------------------------------------------------------------
     @property
@@ -164,6 +167,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving):
         run_args = self.training_arguments(args, batch_size=batch_size, epochs=epochs, shuffle=shuffle,
                                            max_steps=max_steps, **options)
         callbacks = callback_list(callbacks)
+        self._in_force, self._last_output_dir = in_force(run_args), run_args.output_dir
         if self._runtime.must_spawn(run_args):
             return self._spawned("fit", run_args, dict(
                 x=x, y=y, batch_size=batch_size, epochs=epochs, validation_data=validation_data,
@@ -186,15 +190,17 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving):
 
     def evaluate(self, x: Any = None, y: Any = None, *, batch_size: int = 32, verbose: int | str = "auto",
                  sample_weight: Any = None, steps: int | None = None, callbacks: Sequence | None = None,
-                 return_dict: bool = True) -> dict[str, float] | list[float] | float:
+                 return_dict: bool = True, **data_options: Any) -> dict[str, float] | list[float] | float:
         """Loss and metrics over `x` (exact averages over the data, or its first `steps`
         batches), unprefixed: `{"loss": ..., "accuracy": ...}`; with `return_dict=False`,
-        Keras' list in `metrics_names` order. `verbose` 1, 2 or "auto" prints Keras' line."""
-        args = self._compiled("evaluate").args
+        Keras' list in `metrics_names` order. `verbose` 1, 2 or "auto" prints Keras' line.
+        `data_collator`, `compute_metrics`, `remove_unused_columns`, `processing_class` and
+        `label_names` default to those of compile, or of the last fit."""
+        args = self._evaluation_arguments("evaluate", data_options)
         if self._runtime.must_spawn(args):
             return self._spawned("evaluate", args, dict(x=x, y=y, batch_size=batch_size, verbose=verbose,
                                                          sample_weight=sample_weight, steps=steps,
-                                                         callbacks=callbacks, return_dict=return_dict))
+                                                         callbacks=callbacks, return_dict=return_dict, **data_options))
         trainer = Trainer(self._runtime, self.module, self.config, args, self._handler(callbacks, *evaluation_line_for(verbose)),
                           StepOverrides.of(self, Model))
         metrics = trainer.evaluate(x, y, sample_weight=sample_weight, batch_size=batch_size, state=self.state,
@@ -203,18 +209,32 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving):
         return metrics if return_dict else as_list(metrics, self.metrics_names)
 
     def predict(self, x: Any, *, batch_size: int = 32, verbose: int | str = "auto", steps: int | None = None,
-                callbacks: Sequence | None = None) -> Any:
+                callbacks: Sequence | None = None, **data_options: Any) -> Any:
         """The module's outputs for every sample of `x` (or its first `steps` batches),
-        concatenated in input order, on CPU. `verbose` 1, 2 or "auto" prints Keras' line."""
-        args = self.config.args if self.config is not None else TrainingArguments()
+        concatenated in input order, on CPU. `verbose` 1, 2 or "auto" prints Keras' line.
+        Data options as for `evaluate`."""
+        args = self._evaluation_arguments(None, data_options)
         if self._runtime.must_spawn(args):
             return self._spawned("predict", args, dict(x=x, batch_size=batch_size, verbose=verbose, steps=steps,
-                                                        callbacks=callbacks))
+                                                        callbacks=callbacks, **data_options))
         trainer = Trainer(self._runtime, self.module, self.config, args, self._handler(callbacks, *evaluation_line_for(verbose)),
                           StepOverrides.of(self, Model))
         out = trainer.predict(x, batch_size=batch_size, state=self.state, control=self.control, steps=steps)
         self.control = trainer.control
         return out
+
+    def _evaluation_arguments(self, what: str | None, data_options: dict[str, Any]) -> TrainingArguments:
+        """Compile's arguments (`what` names the call that needs `compile`; None: defaults
+        without it) with the last fit's data options and those given over them."""
+        unknown = sorted(set(data_options) - set(CARRIED))
+        if unknown:
+            raise TypeError(f"unknown option(s) {', '.join(map(repr, unknown))}; evaluate and predict also take: "
+                            f"{', '.join(CARRIED)}")
+        if what is not None or self.config is not None:
+            args = self._compiled(what or "predict").args
+        else:
+            args = TrainingArguments()
+        return for_evaluation(args, self._in_force, data_options)
 
     def _spawned(self, method: str, args: TrainingArguments, call: dict) -> Any:
         """Run `method` in the processes a spawn/fork strategy starts, then take rank 0's trained
@@ -260,6 +280,15 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving):
         """Drop the module, optimizer, Fabric and set-up wrappers (a trial's, once it is done)."""
         self._runtime.release()
         self._module = None
+
+    def save_model(self, output_dir: str | None = None) -> str:
+        """HF's `Trainer.save_model` for a Hugging Face model: `save_pretrained`'s files and the
+        `processing_class` in `output_dir` (default: the last fit's `output_dir`); returns it."""
+        from fitkit.engine.hf_export import save_model
+
+        args = self.config.args if self.config is not None else TrainingArguments()
+        args = for_evaluation(args, self._in_force, {})
+        return save_model(output_dir or self._last_output_dir or args.output_dir, self.module, args)
 
     # -- summary (save and load: `fitkit.saving.Saving`) ---------------------------------------------
     def summary(self, example_input: Any = None) -> str:

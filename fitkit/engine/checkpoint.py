@@ -27,6 +27,7 @@ from fitkit.adapters.optimizers import implementation
 from fitkit.callbacks.base import TrainerControl, TrainerState
 from fitkit.engine import run_lock
 from fitkit.engine.elastic import load_state, saved_layout
+from fitkit.engine.hf_export import export_pretrained
 from fitkit.engine.manifest import FORMAT_VERSION, MANIFEST, CheckpointError, sizes_match, verify, write_manifest
 from fitkit.engine.rng import rng_state, set_rng_state  # noqa: F401 - set_rng_state: part of this module's API
 from fitkit.engine.snapshot import LoopSnapshot
@@ -238,6 +239,8 @@ def save_checkpoint(fabric, output_dir: str, *, state, args, module, optimizer, 
             # `fabric.save` ends with a barrier, which the others have reached and this process skipped
             # (DCP's own error is raised on every process: then all skipped it)
             fabric.barrier()
+        if failure is None and zero:  # a Hugging Face model: what from_pretrained reads, before the manifest
+            failure = _attempt(lambda: export_pretrained(tmp, module, args))
         if failure is None and zero:
             failure = _attempt(lambda: _finish(tmp, final, state, args, optimizer))
         failure = _agree(fabric, failure)

@@ -20,6 +20,7 @@ from fitkit.arguments import TrainingArguments
 from fitkit.engine.checks import CheckMemo
 from fitkit.engine.data import BlockSampler, DataSource, TensorSource, evaluation_shard
 from fitkit.jit_compile import jit_kwargs
+from fitkit.engine.weight_decay import parameter_groups
 from fitkit.tensors import to_cpu
 
 _DEVICE_KEYS = ("accelerator", "devices", "strategy", "precision", "num_nodes")
@@ -77,7 +78,8 @@ class Runtime:
         state carries over between fits, as Keras); `learning_rate` given again resets the rate."""
         if self.optimizer is None:
             _check_bound_to(spec, self.wrapped)
-            opt = build_optimizer(spec, self.wrapped.parameters(), args.learning_rate, args.weight_decay,
+            params = parameter_groups(self.wrapped, spec, args)  # HF's decay groups, when they apply
+            opt = build_optimizer(spec, params, args.learning_rate, args.weight_decay,
                                   precision=args.precision, module=self.wrapped)
             self.optimizer = self.fabric.setup_optimizers(opt)
         elif args.learning_rate is not None:
