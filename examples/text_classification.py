@@ -24,8 +24,14 @@ import numpy as np
 import torch
 import transformers
 from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
-from transformers import (BertConfig, BertForSequenceClassification, DataCollatorWithPadding, EarlyStoppingCallback,
-                          PreTrainedTokenizerFast, TrainingArguments)
+from transformers import (
+    BertConfig,
+    BertForSequenceClassification,
+    DataCollatorWithPadding,
+    EarlyStoppingCallback,
+    PreTrainedTokenizerFast,
+    TrainingArguments,
+)
 
 GOOD = ["good", "great", "fine", "lovely", "superb", "nice"]
 BAD = ["bad", "awful", "poor", "dreadful", "grim", "nasty"]

@@ -52,7 +52,6 @@ class CompileConfig:
         own `batch_size`, `epochs`, `shuffle` and `max_steps` means "not given"; any other option
         set to None is the value None. The devices and `output_dir` are checked here, before anything runs."""
         from fitkit.engine.fabric import check_devices
-
         from fitkit.option_merge import explicit_fields, merge
 
         explicit: set[str] = set()

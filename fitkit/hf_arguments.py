@@ -95,8 +95,8 @@ def hf_explicit(hf_args: Any) -> set[str]:
                 None, [], "none", ["none"]))
         except Exception:  # noqa: BLE001 - a value whose == is not a bool
             same = False
-        if same:
-            continue
+        if same or (name == "disable_tqdm" and not value) or (name == "run_name" and value == hf_args.output_dir):
+            continue  # filled in by HF's __post_init__, not given
         if name == "warmup_steps":
             out.add("warmup_ratio" if 0 < (value or 0) < 1 else "warmup_steps")
         target = _FITKIT_NAME.get(name, name)

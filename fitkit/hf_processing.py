@@ -12,6 +12,7 @@ arguments are built. transformers is imported only when a collator is built for 
 from __future__ import annotations
 
 import functools
+import re
 from typing import Any, Callable
 
 
@@ -23,11 +24,23 @@ def check_habit_fields(args: Any, fail: Callable[[str, str], None]) -> None:
     if pc is not None and not (callable(getattr(pc, "save_pretrained", None)) or callable(getattr(pc, "pad", None))):
         fail("processing_class", "pass a Hugging Face tokenizer, feature extractor or processor (it has "
              "save_pretrained()), or None")
-    from fitkit.engine.weight_decay import check_exclusions
-
     problem = check_exclusions(args.exclude_from_weight_decay)
     if problem:
         fail("exclude_from_weight_decay", problem)
+
+
+def check_exclusions(value: Any) -> str | None:
+    """What is wrong with an `exclude_from_weight_decay` value, or None when it is valid."""
+    if value is None or value in ("hf", "none"):
+        return None
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        for pattern in value:
+            try:
+                re.compile(pattern)
+            except re.error as err:
+                return f"{pattern!r} is not a regular expression ({err})"
+        return None
+    return "pass 'hf' (HF's groups), a list of regular expressions of parameter names, [] or 'none', or None"
 
 
 def is_tokenizer_like(processing_class: Any) -> bool:

@@ -33,7 +33,8 @@ from fitkit.engine.trainer import Trainer
 from fitkit.callback_list import CallbackOwner
 from fitkit.callbacks.evaluation_line import evaluation_line_for
 from fitkit.jit_compile import jit_note
-from fitkit.option_merge import CARRIED, for_evaluation, in_force
+from fitkit.hf_model import HFMethods
+from fitkit.option_merge import in_force
 from fitkit.keras_api import KerasMethods, as_list
 from fitkit.saving import Saving
 from fitkit.steps import Steps
@@ -41,7 +42,7 @@ from fitkit.adapters.optimizers import optimizer_note
 from fitkit.summary import summarize
 
 
-class Model(CallbackOwner, Steps, KerasMethods, Saving):
+class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods):
     """Wrap an `nn.Module` (or a `model_init` factory) with Keras' training API. Subclass it to
     override `train_step`, `test_step`, `predict_step` or `compute_loss` (`fitkit.steps`)."""
 
@@ -62,8 +63,6 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving):
         self.last_checkpoint: str | None = None
         self._runtime = Runtime()
         self._trial: dict | None = None  # {"trial_name", "trial_params"} for a search trial
-        self._in_force: dict | None = None  # the last fit's data options, for evaluate/predict (option_merge)
-        self._last_output_dir: str | None = None  # the last fit's, for save_model
 
     # -- what the model holds -------------------------------------------------------------------
     @property
@@ -194,8 +193,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving):
         """Loss and metrics over `x` (exact averages over the data, or its first `steps`
         batches), unprefixed: `{"loss": ..., "accuracy": ...}`; with `return_dict=False`,
         Keras' list in `metrics_names` order. `verbose` 1, 2 or "auto" prints Keras' line.
-        `data_collator`, `compute_metrics`, `remove_unused_columns`, `processing_class` and
-        `label_names` default to those of compile, or of the last fit."""
+        Data options (`data_collator`, `compute_metrics`, ...: `fitkit.hf_model`) as in the last fit."""
         args = self._evaluation_arguments("evaluate", data_options)
         if self._runtime.must_spawn(args):
             return self._spawned("evaluate", args, dict(x=x, y=y, batch_size=batch_size, verbose=verbose,
@@ -211,8 +209,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving):
     def predict(self, x: Any, *, batch_size: int = 32, verbose: int | str = "auto", steps: int | None = None,
                 callbacks: Sequence | None = None, **data_options: Any) -> Any:
         """The module's outputs for every sample of `x` (or its first `steps` batches),
-        concatenated in input order, on CPU. `verbose` 1, 2 or "auto" prints Keras' line.
-        Data options as for `evaluate`."""
+        concatenated in input order, on CPU. `verbose` 1, 2 or "auto" prints Keras' line; data options as `evaluate`."""
         args = self._evaluation_arguments(None, data_options)
         if self._runtime.must_spawn(args):
             return self._spawned("predict", args, dict(x=x, batch_size=batch_size, verbose=verbose, steps=steps,
@@ -222,19 +219,6 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving):
         out = trainer.predict(x, batch_size=batch_size, state=self.state, control=self.control, steps=steps)
         self.control = trainer.control
         return out
-
-    def _evaluation_arguments(self, what: str | None, data_options: dict[str, Any]) -> TrainingArguments:
-        """Compile's arguments (`what` names the call that needs `compile`; None: defaults
-        without it) with the last fit's data options and those given over them."""
-        unknown = sorted(set(data_options) - set(CARRIED))
-        if unknown:
-            raise TypeError(f"unknown option(s) {', '.join(map(repr, unknown))}; evaluate and predict also take: "
-                            f"{', '.join(CARRIED)}")
-        if what is not None or self.config is not None:
-            args = self._compiled(what or "predict").args
-        else:
-            args = TrainingArguments()
-        return for_evaluation(args, self._in_force, data_options)
 
     def _spawned(self, method: str, args: TrainingArguments, call: dict) -> Any:
         """Run `method` in the processes a spawn/fork strategy starts, then take rank 0's trained
@@ -280,15 +264,6 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving):
         """Drop the module, optimizer, Fabric and set-up wrappers (a trial's, once it is done)."""
         self._runtime.release()
         self._module = None
-
-    def save_model(self, output_dir: str | None = None) -> str:
-        """HF's `Trainer.save_model` for a Hugging Face model: `save_pretrained`'s files and the
-        `processing_class` in `output_dir` (default: the last fit's `output_dir`); returns it."""
-        from fitkit.engine.hf_export import save_model
-
-        args = self.config.args if self.config is not None else TrainingArguments()
-        args = for_evaluation(args, self._in_force, {})
-        return save_model(output_dir or self._last_output_dir or args.output_dir, self.module, args)
 
     # -- summary (save and load: `fitkit.saving.Saving`) ---------------------------------------------
     def summary(self, example_input: Any = None) -> str:

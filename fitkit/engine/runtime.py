@@ -19,8 +19,8 @@ from fitkit.adapters.optimizers import build_optimizer
 from fitkit.arguments import TrainingArguments
 from fitkit.engine.checks import CheckMemo
 from fitkit.engine.data import BlockSampler, DataSource, TensorSource, evaluation_shard
-from fitkit.jit_compile import jit_kwargs
 from fitkit.engine.weight_decay import parameter_groups
+from fitkit.jit_compile import jit_kwargs
 from fitkit.tensors import to_cpu
 
 _DEVICE_KEYS = ("accelerator", "devices", "strategy", "precision", "num_nodes")

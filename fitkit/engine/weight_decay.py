@@ -32,20 +32,6 @@ HF_PATTERNS = (r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_no
 HF_NORM_LAYERS = (torch.nn.LayerNorm,)
 
 
-def check_exclusions(value: Any) -> str | None:
-    """What is wrong with an `exclude_from_weight_decay` value, or None when it is valid."""
-    if value is None or value in ("hf", "none"):
-        return None
-    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-        for pattern in value:
-            try:
-                re.compile(pattern)
-            except re.error as err:
-                return f"{pattern!r} is not a regular expression ({err})"
-        return None
-    return "pass 'hf' (HF's groups), a list of regular expressions of parameter names, [] or 'none', or None"
-
-
 def hf_decay_names(module: torch.nn.Module) -> list[str]:
     """The names of the parameters HF's Trainer decays (equal to `Trainer.get_decay_parameter_names`):
     all but those inside a LayerNorm and those whose name matches `HF_PATTERNS`."""
