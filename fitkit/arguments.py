@@ -275,6 +275,10 @@ class TrainingArguments:
         if key is not None and memo is not None and key in memo:
             return memo[key]
         new = _named_as_given(options, lambda: dataclasses.replace(self, **self._canonical(options)))
+        from fitkit.hf_names import HF_ONLY_TARGETS  # the fields set, for fitkit.option_merge's args= rule
+
+        given = self.__dict__.get("_given", frozenset()) | {HF_ONLY_TARGETS.get(k, ALIASES.get(k, k)) for k in options}
+        object.__setattr__(new, "_given", frozenset(given))
         if key is not None:
             if memo is None:
                 memo = {}
@@ -484,7 +488,10 @@ _dataclass_init = TrainingArguments.__init__
 def _init_with_other_names(self: TrainingArguments, *values: Any, **options: Any) -> None:
     """The dataclass constructor, also taking the aliases (`lr_scheduler_type`, `evaluation_strategy`,
     `epochs`, ...) and Hugging Face names (`fp16`, `bf16`, `disable_tqdm`, ...)."""
-    _dataclass_init(self, *values, **TrainingArguments._canonical(options))
+    canonical = TrainingArguments._canonical(options)
+    _dataclass_init(self, *values, **canonical)
+    # the fields set by the caller, for fitkit.option_merge (not a field: equality and JSON ignore it)
+    object.__setattr__(self, "_given", frozenset(canonical) | frozenset(TrainingArguments.names()[:len(values)]))
 
 
 TrainingArguments.__init__ = _init_with_other_names  # type: ignore[method-assign]

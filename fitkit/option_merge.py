@@ -48,7 +48,11 @@ def canonical_names(options: dict[str, Any]) -> dict[str, Any]:
 
 
 def explicit_fields(args: TrainingArguments) -> set[str]:
-    """The fields of a fitkit `TrainingArguments` that differ from the defaults."""
+    """The fields of a fitkit `TrainingArguments` its caller set (by name or position, or by
+    `replace`); for one built otherwise, those that differ from the defaults."""
+    given = args.__dict__.get("_given")
+    if given is not None:
+        return set(given)
     default = _default_arguments()
     return {name for name in TrainingArguments.names() if not _same(getattr(args, name), getattr(default, name))}
 
