@@ -3,12 +3,13 @@ Hugging Face Trainer and a hand-written loop, with the same collator, optimizer 
 clipping and data, interleaved in one process (each repetition runs the three in turn, the order
 rotating).
 
-    python -m benchmarks.hf_finetune                 # 5 repetitions of one epoch (40 steps)
-    python -m benchmarks.hf_finetune --reps 9 --json hf.json
+    python -m benchmarks.hf_finetune                 # 5 repetitions of one epoch (40 steps), 3 fresh processes each
+    python -m benchmarks.hf_finetune --reps 9 --cold-reps 5 --json hf.json
 
 Per contender: the median time of a training step (between consecutive step ends, the first
 step left out) and the time from the call that trains (`Trainer(...)` + `train()`, `Model(...)`
-+ `compile()` + `fit()`, the hand loop's optimizer and DataLoader) to the first step's start.
++ `compile()` + `fit()`, the hand loop's optimizer and DataLoader) to the first step's start,
+warm (in the interleaved process, after a warm-up round) and in a fresh process (`--cold-reps`).
 Nothing is downloaded: the tokenizer is trained in-process (`examples/text_classification.py`).
 """
 
@@ -139,7 +140,8 @@ def measure(reps: int = 5, log=print) -> dict:
     firsts: dict[str, list[float]] = {k: [] for k in CONTENDERS}
     names = list(CONTENDERS)
     with tempfile.TemporaryDirectory() as out:
-        run_hand(ds, config, collator, out)  # warm-up: imports, allocator, first kernels
+        for run in CONTENDERS.values():  # warm-up: imports, allocator, first kernels (fresh-process: `cold`)
+            run(ds, config, collator, out)
         for rep in range(reps):
             order = names[rep % len(names):] + names[:rep % len(names)]
             for name in order:
@@ -155,10 +157,45 @@ def measure(reps: int = 5, log=print) -> dict:
     return result
 
 
+def cold(reps: int = 3, log=print) -> dict[str, float]:
+    """The time from the training call to the first step in a fresh process (the script's imports
+    of transformers, datasets and fitkit done, nothing run yet), the median over `reps` processes
+    per contender, interleaved: what a script pays once, imports done inside the call included."""
+    import subprocess
+
+    times: dict[str, list[float]] = {k: [] for k in CONTENDERS}
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    for rep in range(reps):
+        for name in CONTENDERS:
+            proc = subprocess.run([sys.executable, "-m", "benchmarks.hf_finetune", "--one", name], cwd=ROOT, env=env,
+                                  capture_output=True, text=True, timeout=600)
+            if proc.returncode != 0:
+                raise RuntimeError(proc.stderr[-2000:])
+            times[name].append(json.loads(proc.stdout.strip().splitlines()[-1])["first_step_s"])
+        log(f"cold {rep + 1}/{reps}: " + ", ".join(f"{n} {times[n][-1]:.2f} s" for n in CONTENDERS))
+    return {n: statistics.median(v) for n, v in times.items()}
+
+
+def _one(name: str) -> None:
+    """One contender in this (fresh) process: prints {"first_step_s": ...}."""
+    import tempfile
+
+    import transformers  # noqa: F401 - a script's imports, before the call
+
+    import fitkit  # noqa: F401
+
+    ds, config, collator, _ = _setup()
+    with tempfile.TemporaryDirectory() as out:
+        first, _ = CONTENDERS[name](ds, config, collator, out)
+    print(json.dumps({"first_step_s": first}))
+
+
 def table(r: dict) -> str:
-    lines = ["| contender | median step (ms) | fit() to first step (s) |", "| --- | ---: | ---: |"]
+    lines = ["| contender | median step (ms) | call to first step, warm (s) | call to first step, fresh process (s) |",
+             "| --- | ---: | ---: | ---: |"]
     for name in CONTENDERS:
-        lines.append(f"| {name} | {r[name]['step_ms']:.2f} | {r[name]['first_step_s']:.3f} |")
+        cold_s = f"{r['cold'][name]:.2f}" if "cold" in r else "-"
+        lines.append(f"| {name} | {r[name]['step_ms']:.2f} | {r[name]['first_step_s']:.3f} | {cold_s} |")
     ratios = r["ratios"]
     lines.append("")
     lines.append(f"fitkit / HF Trainer step time: {ratios['fitkit/hf_trainer']:.3f}; "
@@ -170,10 +207,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--cold-reps", type=int, default=3, help="fresh processes per contender (0: none)")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--one", choices=list(CONTENDERS), help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
     torch.set_num_threads(opts.threads)
+    if opts.one:
+        _one(opts.one)
+        return 0
     result = measure(opts.reps)
+    if opts.cold_reps:
+        result["cold"] = cold(opts.cold_reps)
     print(table(result))
     if opts.json:
         with open(opts.json, "w") as f:
