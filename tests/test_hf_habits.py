@@ -328,3 +328,17 @@ def test_text_classification_example_matches_the_hf_trainer(tmp_path):
     with torch.no_grad():
         batch = tokenizer(texts, padding=True, return_tensors="pt")
         assert best(**batch).logits.argmax(-1).tolist() == ours["predictions"]
+
+
+def test_processes_of_the_script_launcher_get_rank():
+    from fitkit.launch_env import MARKER, complete
+
+    env = {MARKER: "2", "LOCAL_RANK": "1", "NODE_RANK": "1", "WORLD_SIZE": "4"}
+    complete(env)
+    assert env["RANK"] == "3" and env["LOCAL_WORLD_SIZE"] == "2"
+    torchrun = {"LOCAL_RANK": "1", "RANK": "5"}
+    complete(torchrun)  # not started by fitkit's launch, or RANK already there: untouched
+    assert torchrun == {"LOCAL_RANK": "1", "RANK": "5"}
+    plain = {"LOCAL_RANK": "1"}
+    complete(plain)
+    assert "RANK" not in plain
