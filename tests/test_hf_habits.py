@@ -163,16 +163,21 @@ def test_fitkit_arguments_merge_the_same_way():
 
 
 @pytest.mark.slow
-def test_args_with_compile_device_options_on_two_processes(tmp_path):
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
+def test_args_with_compile_device_options_on_two_processes(tmp_path, strategy):
     script = os.path.join(ROOT, "tests", "scripts", "hf_args_ddp.py")
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run([sys.executable, script, str(tmp_path)], capture_output=True, text=True, timeout=400,
-                          env=env)
+    proc = subprocess.run([sys.executable, script, str(tmp_path), strategy], capture_output=True, text=True,
+                          timeout=400, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     result = json.loads((tmp_path / "result.json").read_text())
-    assert result["world"] == 2 and result["rank_env"] == "0"
+    ranks = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in tmp_path.glob("world-*.json")}
+    assert sorted(ranks) == [0, 1] and all(r["world"] == 2 for r in ranks.values())  # really 2 processes
+    if strategy == "ddp":  # the second process ran this script again, built its TrainingArguments, got RANK
+        assert [ranks[r]["RANK"] for r in (0, 1)] == ["0", "1"]
     assert result["global_step"] == 2 * 4  # 32 samples over 2 processes x 4: 4 steps an epoch, 2 epochs
-    assert result["collate"] > 0 and "val_accuracy" in result["history"] and "accuracy" in result["metrics"]
+    assert "val_accuracy" in result["history"] and "accuracy" in result["metrics"]  # compile's compute_metrics
+    assert result["collate"] > 0 or strategy == "ddp_spawn"  # compile's collator (spawned: it ran in the children)
 
 
 # -- evaluate and predict reuse fit's data options ----------------------------------------------------
@@ -328,6 +333,15 @@ def test_text_classification_example_matches_the_hf_trainer(tmp_path):
     with torch.no_grad():
         batch = tokenizer(texts, padding=True, return_tensors="pt")
         assert best(**batch).logits.argmax(-1).tolist() == ours["predictions"]
+
+
+@pytest.mark.slow
+def test_the_benchmark_scenario_runs():
+    from benchmarks.hf_finetune import measure, table
+
+    result = measure(reps=1, log=lambda s: None)
+    assert set(result["ratios"]) == {"fitkit/hf_trainer", "fitkit/hand_loop", "first step fitkit/hf_trainer"}
+    assert "| fitkit |" in table(result)
 
 
 def test_processes_of_the_script_launcher_get_rank():

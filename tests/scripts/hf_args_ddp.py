@@ -3,7 +3,7 @@
 compute_metrics, and the second process (which runs this script again) builds the
 `transformers.TrainingArguments` too.
 
-usage: hf_args_ddp.py RESULT_DIR
+usage: hf_args_ddp.py RESULT_DIR [STRATEGY]    (STRATEGY: ddp, the default, or ddp_spawn)
 """
 
 import json
@@ -40,8 +40,16 @@ def compute_metrics(eval_pred):
 
 
 class WorldSize(TrainerCallback):
+    """Each training process writes its rank and the process group's size (files: spawned ones too)."""
+
+    def __init__(self, out):
+        self.out = out
+
     def on_train_begin(self, args, state, control, **kwargs):
-        self.world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        dist = torch.distributed
+        rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+        with open(os.path.join(self.out, f"world-{rank}.json"), "w") as f:
+            json.dump({"world": world, "RANK": os.environ.get("RANK")}, f)
 
 
 def main() -> None:
@@ -52,15 +60,16 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(48, 4, generator=g)
     rows = [{"features": x[i].tolist(), "label": int(x[i, 0] > 0), "idx": i} for i in range(48)]
-    model = Model(KeywordNet()).compile(devices=2, strategy="ddp", accelerator="cpu", data_collator=collate,
+    strategy = sys.argv[2] if len(sys.argv) > 2 else "ddp"
+    model = Model(KeywordNet()).compile(devices=2, strategy=strategy, accelerator="cpu", data_collator=collate,
                                         compute_metrics=compute_metrics)
-    world = WorldSize()
+    world = WorldSize(out)
     history = model.fit(rows[:32], validation_data=rows[32:], args=hf_args, callbacks=[world])
     metrics = model.evaluate(rows[32:], verbose=0)
-    if model.fabric.global_rank == 0:
+    if model.fabric is None or model.fabric.global_rank == 0:  # ddp_spawn: this process has rank 0's results
         with open(os.path.join(out, "result.json"), "w") as f:
-            json.dump({"world": world.world, "global_step": model.state.global_step, "collate": CALLS["collate"],
-                       "history": history.history, "metrics": metrics, "rank_env": os.environ.get("RANK")}, f)
+            json.dump({"global_step": model.state.global_step, "collate": CALLS["collate"],
+                       "history": history.history, "metrics": metrics}, f)
 
 
 if __name__ == "__main__":
