@@ -7,8 +7,8 @@ which sees `LOCAL_RANK` and joins the process group through `env://`: "environme
 expected, but not set". fitkit sets `RANK` (and `LOCAL_WORLD_SIZE`) in every such process:
 
 - the launching process records the processes per node in `FITKIT_PROCESSES_PER_NODE`
-  before `fabric.launch()` (`share_layout`), so the processes it starts inherit it, and sets its
-  own `RANK` after;
+  before `fabric.launch()` (`share_layout`), so the processes it starts inherit it (its own
+  environment gets no `RANK`: processes a later launch starts would inherit that one);
 - each started process completes its variables when `fitkit` is imported (`complete`), before
   the script builds its arguments.
 

