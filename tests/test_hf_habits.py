@@ -117,6 +117,20 @@ def test_keys_of_per_sample_dicts_are_dropped_for_a_plain_module():
     assert model.state.global_step == 4
 
 
+def test_no_column_matching_forward_is_an_error_naming_both():
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 2)
+
+        def forward(self, x):
+            return self.lin(x)
+
+    rows = [{"features": [float(i), 1.0, -1.0], "label": i % 2} for i in range(8)]
+    with pytest.raises(ValueError, match=r"no column of `x` \(features, label\) is an argument of Net.forward \(x\)"):
+        Model(Net()).compile("adam", "cross_entropy").fit(rows, batch_size=4, verbose=0)
+
+
 # -- processing_class ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["processing_class", "tokenizer"])
 def test_processing_class_pads_without_a_collator_and_is_saved(tmp_path, name):

@@ -80,6 +80,11 @@ def drop_unused_columns(x: Any, module: torch.nn.Module, args: Any, name: str = 
     if keep is None or len(keep) == len(columns):
         return x
     dropped = [c for c in columns if c not in keep]
+    if not any(c in forward_names(module) for c in keep):
+        raise ValueError(
+            f"no column of `{name}` ({', '.join(columns)}) is an argument of {type(module).__name__}.forward "
+            f"({', '.join(sorted(forward_names(module)))}), so every input would be dropped: rename the columns to "
+            "the forward's arguments, or pass remove_unused_columns=False to keep them")
     _log_once(name, module, dropped)
     if hasattr(x, "remove_columns") and hasattr(x, "column_names"):  # a datasets.Dataset
         return x.remove_columns(dropped)
