@@ -14,6 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+from fitkit import launch_env as _launch_env  # noqa: E402
+
+_launch_env.complete()  # a process fitkit's launcher started: RANK set before the script reads it
+
 _EXPORTS = {
     "Model": "fitkit.model",
     "TrainingArguments": "fitkit.arguments",

@@ -187,3 +187,6 @@ def _check_hf_fields(args: Any, fail: Callable) -> None:
     for name in ("compute_metrics", "data_collator"):
         if getattr(args, name) is not None and not callable(getattr(args, name)):
             fail(name, "pass a function, or None")
+    from fitkit.hf_processing import check_habit_fields
+
+    check_habit_fields(args, fail)

@@ -26,6 +26,7 @@ ALIASES = {
     "lr": "learning_rate",
     "lr_scheduler_type": "lr_scheduler",
     "validation_batch_size": "per_device_eval_batch_size",
+    "tokenizer": "processing_class",  # the HF Trainer's older name
 }
 
 #: Keras `fit` arguments with no fitkit equivalent, and the fitkit way to say what they mean.

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from fitkit.argument_checks import check_and_convert
-from fitkit.argument_names import canonical, named_as_given
+from fitkit.argument_names import ALIASES, canonical, named_as_given
 
 def _jsonable(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -63,7 +63,12 @@ class _TakesOtherNames(type):
     the keywords go through `argument_names.canonical` before the dataclass constructor sees them."""
 
     def __call__(cls, *values: Any, **options: Any) -> Any:
-        return super().__call__(*values, **canonical(options, cls.__dataclass_fields__))
+        named = canonical(options, cls.__dataclass_fields__)
+        args = super().__call__(*values, **named)
+        # the fields the caller set, for fitkit.option_merge's args= rule (not a field: equality and
+        # JSON ignore it)
+        object.__setattr__(args, "_given", frozenset(named) | frozenset(list(cls.__dataclass_fields__)[:len(values)]))
+        return args
 
 
 @dataclass(frozen=True)
@@ -136,6 +141,10 @@ class TrainingArguments(metaclass=_TakesOtherNames):
     gradient_checkpointing: bool | None = False  # call module.gradient_checkpointing_enable() at fit
     compute_metrics: Callable | None = None  # HF's compute_metrics(EvalPrediction) -> dict, over each evaluation
     data_collator: Callable | None = None  # list of samples -> batch, for the DataLoader fitkit builds
+    # -- HF Trainer habits (checked by fitkit.hf_processing.check_habit_fields)
+    remove_unused_columns: bool = True  # drop sample keys the module's forward does not name (labels kept)
+    processing_class: Any = None  # an HF tokenizer/processor: its padding collator by default, saved beside the model
+    exclude_from_weight_decay: Any = None  # None: HF's groups with HF arguments; "hf"; regexes of names; [] or "none"
 
     def __post_init__(self) -> None:
         check_and_convert(self)
@@ -223,6 +232,10 @@ class TrainingArguments(metaclass=_TakesOtherNames):
         if key is not None and memo is not None and key in memo:
             return memo[key]
         new = named_as_given(options, lambda: dataclasses.replace(self, **canonical(options, self.names())))
+        from fitkit.hf_names import HF_ONLY_TARGETS  # the fields set, for fitkit.option_merge's args= rule
+
+        given = self.__dict__.get("_given", frozenset()) | {HF_ONLY_TARGETS.get(k, ALIASES.get(k, k)) for k in options}
+        object.__setattr__(new, "_given", frozenset(given))
         if key is not None:
             if memo is None:
                 memo = {}

@@ -17,7 +17,7 @@ from fitkit.adapters.metrics import check_metrics
 from fitkit.adapters.outputs import LossParts, OutputMetric
 from fitkit.adapters.optimizers import check_optimizer
 from fitkit.arguments import TrainingArguments, _jsonable
-from fitkit.hf_arguments import from_hf, is_hf_arguments
+from fitkit.hf_arguments import from_hf, hf_explicit, is_hf_arguments
 from fitkit.options import FIT_DEFAULTS, check_output_dir
 
 
@@ -57,20 +57,27 @@ class CompileConfig:
         return cls(optimizer, loss, specs, given, loss_fn, args, parts)
 
     def arguments(self, args: TrainingArguments | None = None, **options: Any) -> TrainingArguments:
-        """The arguments of a fit: `args` (default: compile's options over the `TrainingArguments`
-        defaults) with the options given over them (they win). None for fit's own `batch_size`,
-        `epochs`, `shuffle` and `max_steps` means "not given"; any other option set to None is
-        the value None. The devices and `output_dir` are checked here, before anything runs."""
+        """The arguments of a fit: compile's options, `args` over them and the options given over
+        both (`fitkit.option_merge`: conflicting values are named in a warning). None for fit's
+        own `batch_size`, `epochs`, `shuffle` and `max_steps` means "not given"; any other option
+        set to None is the value None. The devices and `output_dir` are checked here, before anything runs."""
         from fitkit.engine.fabric import check_devices
+        from fitkit.option_merge import explicit_fields, merge
 
+        explicit: set[str] = set()
         if args is not None and not isinstance(args, TrainingArguments) and is_hf_arguments(args):
+            explicit = hf_explicit(args)
             args = from_hf(args)  # a transformers.TrainingArguments: its values under fitkit's names
+        elif isinstance(args, TrainingArguments):
+            explicit = explicit_fields(args)
         if args is not None and not isinstance(args, TrainingArguments):
             raise TypeError(f"`args` must be a fitkit.TrainingArguments, got {type(args).__name__}: build one with "
                             "TrainingArguments(...), or pass the options as keywords (fit(x, y, epochs=3, ...))")
         given = {k: v for k, v in options.items() if v is not None or k not in FIT_DEFAULTS}
-        base = args if args is not None else self.args
-        run = base.replace(**given) if given else base
+        if args is None:
+            run = self.args.replace(**given) if given else self.args
+        else:  # compile < args= < fit's keywords, conflicts named (fitkit.option_merge)
+            run = merge(self.args, self.options, self.optimizer, args, explicit, given)
         check_devices(run)
         check_output_dir(run)
         return run

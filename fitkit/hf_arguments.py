@@ -80,6 +80,35 @@ def from_hf(hf_args: Any) -> Any:
     return TrainingArguments(**options)
 
 
+#: HF fields read under another fitkit name (the others keep theirs).
+_FITKIT_NAME = {"fp16": "precision", "bf16": "precision", "disable_tqdm": "verbose", "use_cpu": "accelerator",
+                "lr_scheduler_type": "lr_scheduler"}
+
+
+def hf_explicit(hf_args: Any) -> set[str]:
+    """The fitkit names of the fields a `transformers.TrainingArguments` sets to something other
+    than HF's defaults (what `fitkit.option_merge` counts as given by `args=`)."""
+    defaults, mine = hf_defaults(), set(TrainingArguments.__dataclass_fields__)
+    out = set()
+    for name, default in defaults.items():
+        if not hasattr(hf_args, name):
+            continue
+        value = _plain(getattr(hf_args, name))
+        try:
+            same = value == _plain(default) or (value in (None, [], "none", ["none"]) and _plain(default) in (
+                None, [], "none", ["none"]))
+        except Exception:  # noqa: BLE001 - a value whose == is not a bool
+            same = False
+        if same or (name == "disable_tqdm" and not value) or (name == "run_name" and value == hf_args.output_dir):
+            continue  # filled in by HF's __post_init__, not given
+        if name == "warmup_steps":
+            out.add("warmup_ratio" if 0 < (value or 0) < 1 else "warmup_steps")
+        target = _FITKIT_NAME.get(name, name)
+        if target in mine:
+            out.add(target)
+    return out
+
+
 def _val_name(metric: str | None) -> str:
     """HF's `metric_for_best_model` always names an evaluation value: fitkit's `val_*` name."""
     if not metric:

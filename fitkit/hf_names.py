@@ -47,6 +47,8 @@ def hf_defaults() -> dict[str, Any]:
 #: HF flags fitkit reads as one of its own fields (flag -> field), and the value when the flag is True.
 _HF_ONLY = {"fp16": "precision", "bf16": "precision", "disable_tqdm": "verbose", "use_cpu": "accelerator"}
 _WHEN_TRUE = {"fp16": "16-mixed", "bf16": "bf16-mixed", "disable_tqdm": 0, "use_cpu": "cpu"}
+#: The fitkit field each HF-only flag sets (public: `TrainingArguments.replace` records it as set).
+HF_ONLY_TARGETS = dict(_HF_ONLY)
 
 
 def hf_options(options: dict[str, Any], known: Collection[str]) -> tuple[dict[str, Any], list[str]]:

@@ -34,6 +34,8 @@ from fitkit.engine.trainer import Trainer
 from fitkit.callback_list import CallbackOwner
 from fitkit.callbacks.evaluation_line import evaluation_line_for
 from fitkit.jit_compile import jit_note
+from fitkit.hf_model import HFMethods
+from fitkit.option_merge import in_force
 from fitkit.keras_api import KerasMethods, as_list
 from fitkit.saving import Saving
 from fitkit.steps import Steps
@@ -41,7 +43,7 @@ from fitkit.adapters.optimizers import optimizer_note
 from fitkit.summary import summarize
 
 
-class Model(CallbackOwner, Steps, KerasMethods, Saving):
+class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods):
     """Wrap an `nn.Module` (or a `model_init` factory) with Keras' training API. Subclass it to
     override `train_step`, `test_step`, `predict_step` or `compute_loss` (`fitkit.steps`)."""
 
@@ -166,6 +168,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving):
         run_args = self.training_arguments(args, batch_size=batch_size, epochs=epochs, shuffle=shuffle,
                                            max_steps=max_steps, **options)
         callbacks = callback_list(callbacks)
+        self._in_force, self._last_output_dir = in_force(run_args), run_args.output_dir
         if self._runtime.must_spawn(run_args):
             return self._spawned("fit", run_args, dict(
                 x=x, y=y, batch_size=batch_size, epochs=epochs, validation_data=validation_data,
@@ -188,15 +191,16 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving):
 
     def evaluate(self, x: Any = None, y: Any = None, *, batch_size: int = 32, verbose: int | str = "auto",
                  sample_weight: Any = None, steps: int | None = None, callbacks: Sequence | None = None,
-                 return_dict: bool = True) -> dict[str, float] | list[float] | float:
+                 return_dict: bool = True, **data_options: Any) -> dict[str, float] | list[float] | float:
         """Loss and metrics over `x` (exact averages over the data, or its first `steps`
         batches), unprefixed: `{"loss": ..., "accuracy": ...}`; with `return_dict=False`,
-        Keras' list in `metrics_names` order. `verbose` 1, 2 or "auto" prints Keras' line."""
-        args = self._compiled("evaluate").args
+        Keras' list in `metrics_names` order. `verbose` 1, 2 or "auto" prints Keras' line.
+        Data options (`data_collator`, `compute_metrics`, ...: `fitkit.hf_model`) as in the last fit."""
+        args = self._evaluation_arguments("evaluate", data_options)
         if self._runtime.must_spawn(args):
             return self._spawned("evaluate", args, dict(x=x, y=y, batch_size=batch_size, verbose=verbose,
                                                          sample_weight=sample_weight, steps=steps,
-                                                         callbacks=callbacks, return_dict=return_dict))
+                                                         callbacks=callbacks, return_dict=return_dict, **data_options))
         trainer = Trainer(self._runtime, self.module, self.config, args, self._handler(callbacks, *evaluation_line_for(verbose)),
                           StepOverrides.of(self, Model))
         metrics = trainer.evaluate(x, y, sample_weight=sample_weight, batch_size=batch_size, state=self.state,
@@ -205,13 +209,13 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving):
         return metrics if return_dict else as_list(metrics, self.metrics_names)
 
     def predict(self, x: Any, *, batch_size: int = 32, verbose: int | str = "auto", steps: int | None = None,
-                callbacks: Sequence | None = None) -> Any:
+                callbacks: Sequence | None = None, **data_options: Any) -> Any:
         """The module's outputs for every sample of `x` (or its first `steps` batches),
-        concatenated in input order, on CPU. `verbose` 1, 2 or "auto" prints Keras' line."""
-        args = self.config.args if self.config is not None else TrainingArguments()
+        concatenated in input order, on CPU. `verbose` 1, 2 or "auto" prints Keras' line; data options as `evaluate`."""
+        args = self._evaluation_arguments(None, data_options)
         if self._runtime.must_spawn(args):
             return self._spawned("predict", args, dict(x=x, batch_size=batch_size, verbose=verbose, steps=steps,
-                                                        callbacks=callbacks))
+                                                        callbacks=callbacks, **data_options))
         trainer = Trainer(self._runtime, self.module, self.config, args, self._handler(callbacks, *evaluation_line_for(verbose)),
                           StepOverrides.of(self, Model))
         out = trainer.predict(x, batch_size=batch_size, state=self.state, control=self.control, steps=steps)

@@ -216,7 +216,7 @@ def test_compile_shuffle_and_max_steps_are_fit_defaults():
 
 # -- 4. args= and options together are merged -----------------------------------------------------
 def test_args_and_options_are_merged_options_win(tmp_path):
-    run = Run(tmp_path, epochs=5)  # compile's options are replaced by args
+    run = Run(tmp_path, epochs=5)  # compile < args= < fit's keywords (fitkit.option_merge)
     args = TrainingArguments(num_train_epochs=1, per_device_train_batch_size=16, verbose=0, output_dir=str(run.out))
     history = run.model.fit(run.x, run.y, args=args, epochs=3)
     assert len(history.epoch) == 3 and run.model.state.global_step == 3 * 3  # args' batch size kept
@@ -392,8 +392,11 @@ def test_compile_config_arguments_merges_in_order():
     assert config.arguments().num_train_epochs == 3
     assert config.arguments(epochs=None).num_train_epochs == 3
     assert config.arguments(epochs=2).num_train_epochs == 2
-    assert config.arguments(TrainingArguments(seed=5)).num_train_epochs == 1
-    assert config.arguments(TrainingArguments(seed=5), epochs=4).seed == 5
+    with pytest.warns(UserWarning, match=r"compile\(seed=1\) and args.seed=5 -> args= is used"):
+        merged = config.arguments(TrainingArguments(seed=5))  # compile < args= < fit (fitkit.option_merge)
+    assert merged.num_train_epochs == 3 and merged.seed == 5  # args= does not set epochs: compile's kept
+    with pytest.warns(UserWarning, match="seed"):
+        assert config.arguments(TrainingArguments(seed=5), epochs=4).seed == 5
 
 
 @pytest.mark.parametrize("kwargs, suggestion", [

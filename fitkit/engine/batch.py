@@ -3,11 +3,13 @@ loader or iterable yields::
 
     split_batch((x, y))                      # Batch(inputs=(x,), target=y, sample_weight=None, size=len(x))
     split_batch({"input_ids": ids, "labels": y})   # keyword inputs, target from "labels"
+
+Any `Mapping` batch (a dict, or the `BatchEncoding` HF's collators return) is a keyword batch.
 """
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Mapping, NamedTuple
 
 import torch
 
@@ -42,7 +44,7 @@ def split_batch(batch: Any) -> Batch:
     """Normalise one batch from a loader or iterable into `Batch`."""
     if type(batch) in (tuple, list) and len(batch) == 2 and type(batch[0]) is torch.Tensor and batch[0].dim():
         return Batch((batch[0],), batch[1], None, batch[0].shape[0])  # the common (x, y) case, first
-    if isinstance(batch, dict):
+    if isinstance(batch, Mapping):  # a dict, or HF's BatchEncoding (a UserDict): keyword inputs
         inputs = dict(batch)
         sw = inputs.pop("sample_weight", None)
         target = None
@@ -56,7 +58,7 @@ def split_batch(batch: Any) -> Batch:
             return Batch((batch[0],), None, None, batch_size_of(batch[0]))
         if len(batch) in (2, 3):
             x = batch[0]
-            inputs = x if isinstance(x, dict) else (tuple(x) if isinstance(x, (tuple, list)) else (x,))
+            inputs = dict(x) if isinstance(x, Mapping) else (tuple(x) if isinstance(x, (tuple, list)) else (x,))
             return Batch(inputs, batch[1], batch[2] if len(batch) == 3 else None, batch_size_of(x))
         raise ValueError(
             f"a batch must be x, (x,), (x, y), (x, y, sample_weight) or a dict; got a sequence of {len(batch)} items"

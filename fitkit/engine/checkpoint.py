@@ -32,6 +32,7 @@ from fitkit.adapters.optimizers import implementation
 from fitkit.callbacks.state import TrainerState
 from fitkit.engine import run_lock
 from fitkit.engine.elastic import load_state, saved_layout
+from fitkit.engine.hf_export import export_pretrained
 from fitkit.options import error_line
 
 STATE_FILE = "trainer_state.json"
@@ -94,6 +95,8 @@ def save_checkpoint(fabric, output_dir: str, *, state, args, module, optimizer, 
             # `fabric.save` ends with a barrier, which the others have reached and this process skipped
             # (DCP's own error is raised on every process: then all skipped it)
             fabric.barrier()
+        if failure is None and zero:  # a Hugging Face model: what from_pretrained reads, before the manifest
+            failure = _attempt(lambda: export_pretrained(tmp, module, args))
         if failure is None and zero:
             failure = _attempt(lambda: _finish(tmp, final, state, args, optimizer))
         failure = _agree(fabric, failure)

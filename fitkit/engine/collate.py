@@ -6,7 +6,8 @@ one per sample, batched with HF's default collation::
     default_data_collator(samples)    # {"labels": tensor([1, 0]), "input_ids": tensor([[5, 7, 9], [4, 2, 8]])}
 
 `loader_options(args, dataset)` is what the `DataLoader` fitkit builds over a Dataset gets from
-the run's arguments: `data_collator` (default: the collation above for dict samples),
+the run's arguments: `data_collator` (default: HF's `DataCollatorWithPadding` for a
+`processing_class` tokenizer, else the collation above for dict samples),
 `dataloader_num_workers` and `dataloader_pin_memory`.
 """
 
@@ -88,8 +89,10 @@ def default_data_collator(features: Sequence[Mapping[str, Any]]) -> dict[str, to
 
 def loader_options(args: Any, dataset: Any) -> dict[str, Any]:
     """`DataLoader` keyword arguments for a loader fitkit builds over `dataset` under `args`."""
+    from fitkit.hf_processing import default_collator
+
     options: dict[str, Any] = {}
-    collator = getattr(args, "data_collator", None)
+    collator = default_collator(args)  # data_collator, else HF's padding collator for processing_class
     if collator is not None:
         options["collate_fn"] = collator
     elif isinstance(dataset, SampleList) or _first_is_a_dict(dataset):

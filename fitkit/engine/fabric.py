@@ -9,6 +9,7 @@ import warnings
 import weakref
 from typing import Any, Callable
 
+from fitkit import launch_env
 from fitkit.arguments import TrainingArguments
 from fitkit.engine.local import local_fabric
 from fitkit.engine.quiet import QuietWhenSpawned, import_lightning, quiet_lightning
@@ -151,6 +152,7 @@ def build_fabric(args: TrainingArguments):
     if is_spawning(args):
         fabric.fitkit_quiet = QuietWhenSpawned(args)  # goes with the Fabric into the processes it starts
     if not _launched_by_cli() and not is_spawning(args):
+        launch_env.share_layout(fabric)  # the processes it starts get RANK (accelerate reads it)
         fabric.launch()
         if fabric.world_size > 1:
             _watch_for_crash()

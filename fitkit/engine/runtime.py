@@ -21,6 +21,7 @@ from fitkit.arguments import TrainingArguments
 from fitkit.engine.checks import CheckMemo
 from fitkit.engine.sampling import BlockSampler
 from fitkit.engine.sources import DataSource, TensorSource, evaluation_shard
+from fitkit.engine.weight_decay import parameter_groups
 from fitkit.jit_compile import jit_kwargs
 from fitkit.tensors import to_cpu
 
@@ -96,7 +97,8 @@ class Runtime:
         state carries over between fits, as Keras); `learning_rate` given again resets the rate."""
         if self.optimizer is None:
             _check_bound_to(spec, self.wrapped)
-            opt = build_optimizer(spec, self.wrapped.parameters(), args.learning_rate, args.weight_decay,
+            params = parameter_groups(self.wrapped, spec, args)  # HF's decay groups, when they apply
+            opt = build_optimizer(spec, params, args.learning_rate, args.weight_decay,
                                   precision=args.precision, module=self.wrapped)
             saved, self.restore_optimizer = self.restore_optimizer, None
             if saved is not None:  # `Model.load`: continue from the saved optimizer state

@@ -29,6 +29,7 @@ from fitkit.engine.checks import check_data, keeps_float64
 from fitkit.engine.data import adapt
 from fitkit.engine.keras_data import class_weight_table, split_validation
 from fitkit.engine.fabric import release_at_exit
+from fitkit.engine.hf_columns import drop_unused_columns
 from fitkit.engine.loader_view import eval_loader
 from fitkit.engine.loop import Loop
 from fitkit.engine.overrides import StepOverrides
@@ -151,6 +152,8 @@ class Trainer:
 
     def _source(self, x: Any, y: Any, sample_weight: Any, *, batch_size: int, shuffle: bool, seed: int | None,
                 pad: bool, name: str = "x") -> tuple[DataSource, tuple | None]:
+        if not (self.overrides.train_step or self.overrides.test_step or self.overrides.predict_step):
+            x = drop_unused_columns(x, self.module, self.args, name)  # HF's remove_unused_columns
         source, tensors = adapt(x, y, sample_weight, batch_size=batch_size, shuffle=shuffle, seed=seed, name=name,
                                 cast_float64=not keeps_float64(self.module), args=self.args)
         return self.runtime.place(source, pad), tensors

@@ -1,0 +1,114 @@
+"""Hugging Face's `remove_unused_columns`: the columns of a dataset that the module's `forward`
+does not name are dropped before collation, so that a tokenized dataset that still holds `text`
+and `idx` trains as it does under the HF Trainer::
+
+    ds = datasets.Dataset.from_dict({"text": [...], "label": [...], "idx": [...]}).map(tokenize, batched=True)
+    kept = drop_unused_columns(ds, bert, args)      # input_ids, token_type_ids, attention_mask, label
+
+Label columns are always kept (`label`, `labels`, `label_ids`, fitkit's other target keys,
+`args.label_names`), and `sample_weight` too. The names dropped are logged once, at info level,
+on the "fitkit" logger. What is dropped: a `datasets.Dataset`'s columns (`remove_columns`, no
+copy of the data), or the keys of per-sample dicts (a list of dicts, or a map-style torch
+`Dataset` yielding dicts, read through a view). A forward that names no parameter (only
+`*args` / `**kwargs`), an iterable dataset, a `DataLoader` and in-memory tensors are left as
+they are; `remove_unused_columns=False` keeps every column.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any, Mapping
+
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from fitkit.engine.batch import LABEL_KEYS
+from fitkit.engine.collate import SampleList, is_sample_list
+
+logger = logging.getLogger("fitkit")
+
+#: Keys kept whatever the forward takes: HF's label columns, fitkit's target keys, sample weights.
+ALWAYS_KEPT = ("label", "labels", "label_ids", *LABEL_KEYS, "sample_weight")
+
+_logged: set[tuple] = set()  # (argument, module class, dropped names) already logged
+
+
+def forward_names(module: torch.nn.Module) -> set[str] | None:
+    """The parameter names `module.forward` takes by name (not `*args` / `**kwargs`), or None
+    when there are none or the signature cannot be read (then nothing is dropped)."""
+    inner = getattr(module, "_orig_mod", module)  # a torch.compile'd module: its original's forward
+    try:
+        params = inspect.signature(inner.forward).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return names or None
+
+
+def kept_columns(columns: list[str], module: torch.nn.Module, args: Any) -> list[str] | None:
+    """The `columns` to keep (None: keep all of them)."""
+    if not getattr(args, "remove_unused_columns", True):
+        return None
+    names = forward_names(module)
+    if names is None:
+        return None
+    keep = names | set(ALWAYS_KEPT) | set(getattr(args, "label_names", None) or ())
+    return [c for c in columns if c in keep]
+
+
+class KeptColumns(SampleList):
+    """Per-sample dicts seen with only some of their keys (a view: nothing is copied)."""
+
+    def __init__(self, samples: Any, keep: list[str]) -> None:
+        super().__init__(samples)
+        self.keep = keep
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        sample = self.samples[int(index)]
+        return {k: sample[k] for k in self.keep if k in sample}
+
+
+def drop_unused_columns(x: Any, module: torch.nn.Module, args: Any, name: str = "x") -> Any:
+    """`x` without the columns `module.forward` does not take (see the module docstring)."""
+    if not getattr(args, "remove_unused_columns", True) or isinstance(x, (DataLoader, IterableDataset, torch.Tensor)):
+        return x
+    columns = _columns(x)
+    if not columns:
+        return x
+    keep = kept_columns(columns, module, args)
+    if keep is None or len(keep) == len(columns):
+        return x
+    dropped = [c for c in columns if c not in keep]
+    if not any(c in forward_names(module) for c in keep):
+        raise ValueError(
+            f"no column of `{name}` ({', '.join(columns)}) is an argument of {type(module).__name__}.forward "
+            f"({', '.join(sorted(forward_names(module)))}), so every input would be dropped: rename the columns to "
+            "the forward's arguments, or pass remove_unused_columns=False to keep them")
+    _log_once(name, module, dropped)
+    if hasattr(x, "remove_columns") and hasattr(x, "column_names"):  # a datasets.Dataset
+        return x.remove_columns(dropped)
+    return KeptColumns(x, keep)
+
+
+def _columns(x: Any) -> list[str] | None:
+    """The column names of a `datasets.Dataset`, or the keys of the first of per-sample dicts."""
+    names = getattr(x, "column_names", None)
+    if isinstance(names, list) and hasattr(x, "remove_columns"):
+        return names
+    if not (is_sample_list(x) or (isinstance(x, Dataset) and not isinstance(x, IterableDataset))):
+        return None
+    try:
+        first = x[0] if len(x) else None
+    except Exception:  # noqa: BLE001 - an odd dataset: leave it to the loader (and its error)
+        return None
+    return list(first) if isinstance(first, Mapping) else None
+
+
+def _log_once(name: str, module: torch.nn.Module, dropped: list[str]) -> None:
+    key = (name, type(module).__name__, tuple(dropped))
+    if key not in _logged:
+        _logged.add(key)
+        logger.info("the columns %s of `%s` are not arguments of %s.forward: dropped before collation "
+                    "(remove_unused_columns=True; pass False to keep them)", ", ".join(dropped), name,
+                    type(getattr(module, "_orig_mod", module)).__name__)
