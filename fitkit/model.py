@@ -9,10 +9,8 @@
     model.evaluate(x_test, y_test)      # {"loss": ..., "accuracy": ...}
     model.predict(x_test)               # tensor, input order, on CPU
 
-The facade holds the configuration, the callbacks and what outlives one call (a `Runtime`:
-the Fabric, the set-up module, the optimizer); each call is run by an engine `Trainer`
-(`fitkit.engine.trainer`), which never calls back into the facade.
-"""
+The facade holds the configuration, the callbacks and a `Runtime` (what outlives one call); each
+call is run by an engine `Trainer` (`fitkit.engine.trainer`), which never calls the facade."""
 
 from __future__ import annotations
 

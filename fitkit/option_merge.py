@@ -31,6 +31,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from fitkit.argument_names import canonical
 from fitkit.arguments import TrainingArguments
 
 #: The options of the last fit that `evaluate` and `predict` use when not given.
@@ -44,7 +45,7 @@ def canonical_names(options: dict[str, Any]) -> dict[str, Any]:
     """`options` by field name (aliases and HF-only names resolved), without repeating warnings."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return TrainingArguments._canonical(dict(options))
+        return canonical(dict(options), TrainingArguments.names())
 
 
 def explicit_fields(args: TrainingArguments) -> set[str]:

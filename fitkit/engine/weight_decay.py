@@ -24,6 +24,7 @@ from typing import Any, Iterable
 
 import torch
 
+from fitkit.adapters.optimizers import TorchDefaults
 from fitkit.engine.hf_export import unwrapped
 
 #: HF's name patterns for parameters without decay (searched in the lower-cased name).
@@ -58,8 +59,9 @@ def parameter_groups(module: torch.nn.Module, spec: Any, args: Any) -> Iterable:
     rule = getattr(args, "exclude_from_weight_decay", None)
     if rule is None:
         rule = "hf" if getattr(args, "optim", None) else "none"
+    named = isinstance(spec, (str, TorchDefaults))  # TorchDefaults: an HF `optim` name
     builds_itself = isinstance(spec, torch.optim.Optimizer) or not (
-        isinstance(spec, str) or (isinstance(spec, type) and issubclass(spec, torch.optim.Optimizer)))
+        named or (isinstance(spec, type) and issubclass(spec, torch.optim.Optimizer)))
     if rule == "none" or (isinstance(rule, (list, tuple)) and not rule) or builds_itself:
         return module.parameters()
     skip = excluded_ids(unwrapped(module), rule)
