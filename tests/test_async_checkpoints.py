@@ -223,21 +223,22 @@ def _result(proc):
 def test_a_full_disk_during_a_background_write_is_a_clear_error_and_leaves_nothing(tmp_path):
     out = tmp_path / "out"
     stdout, stderr = _run(out, "--fsize-after-first-save", "4000").communicate(timeout=300)
-    assert "SAVE 4" in stdout and "SAVE 8" not in stdout
+    saved = [line for line in stdout.splitlines() if line.startswith("SAVE ")]
     error = stderr.strip().splitlines()[-1]
     assert error.startswith("fitkit.engine.checkpoint.CheckpointWriteError: could not write the checkpoint")
-    for part in ("checkpoint-8", "File too large", "its incomplete files were removed", "checkpoint-4', is intact",
+    listed = sorted(os.listdir(out), key=lambda n: int(n.rsplit("-", 1)[1]))  # no temporary directory, no lock
+    assert len(saved) == len(listed) >= 1 and all(n.startswith("checkpoint-") for n in listed)  # on_save: committed
+    for part in ("File too large", "its incomplete files were removed", f"{listed[-1]}', is intact",
                  "resume_from_checkpoint=True"):
         assert part in error, part
-    assert sorted(os.listdir(out)) == ["checkpoint-4"]  # no temporary directory, no lock
-    ckpt.verified(str(out / "checkpoint-4"))
+    assert all(ckpt.verified(str(out / name)) for name in listed)
 
 
 @pytest.mark.slow
 def test_kill_9_during_background_writes_always_leaves_a_verified_checkpoint(tmp_path):
     reference, _ = _result(_run(tmp_path / "ref"))
     rng = random.Random(29)
-    for trial, step in enumerate((4, 8, 16)):
+    for trial, step in enumerate((8, 12, 20)):
         out = tmp_path / f"trial-{trial}"
         proc = _run(out, "--slow-write", "0.3")
         for line in proc.stdout:
@@ -247,8 +248,8 @@ def test_kill_9_during_background_writes_always_leaves_a_verified_checkpoint(tmp
         proc.kill()
         proc.communicate(timeout=60)
         found = ckpt.list_checkpoints(str(out))
-        assert all(ckpt.verified(p) for p in found)
-        assert {os.path.basename(p) for p in found} <= {f"checkpoint-{s}" for s in range(4, step + 1, 4)}
+        assert found and all(ckpt.verified(p) for p in found)
         result, first = _result(_run(out, "--resume", "--seed", "2"))
         assert first == (int(found[-1].rsplit("-", 1)[1]) if found else 0)
         assert result == reference
+        assert not [n for n in os.listdir(out) if n.startswith(ckpt.TMP_PREFIX)]  # what the kill left: tidied

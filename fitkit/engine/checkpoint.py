@@ -173,12 +173,14 @@ def write_in_background(output_dir: str, global_step: int, token: str, payload: 
     tmp = temporary_path(output_dir, global_step, token)
     try:
         _prepare(output_dir, tmp)
-        torch.save(payload, os.path.join(tmp, WEIGHTS))
+        with open(os.path.join(tmp, WEIGHTS), "wb") as f:  # written by Python: a full disk is an OSError
+            torch.save(payload, f)
         commit(tmp, final, files, fields)
     except Exception as err:
         shutil.rmtree(tmp, ignore_errors=True)
         if _is_write_error(err):
-            raise CheckpointWriteError(_unwritten(final, err, payload.get("model"), payload.get("optimizer"))) from err
+            root = _storage_error(err)
+            raise CheckpointWriteError(_unwritten(final, root, payload.get("model"), payload.get("optimizer"))) from root
         raise
     return final
 
@@ -227,9 +229,22 @@ def _agree(fabric: Any, failure: Exception | None) -> Exception | None:
 agree = _agree
 
 
+def _storage_error(err: BaseException) -> BaseException:
+    """The OSError behind `err` when there is one (torch's writer may raise its own error after it)."""
+    seen = err
+    while seen is not None:
+        if isinstance(seen, OSError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return err
+
+
 def _is_write_error(err: BaseException) -> bool:
     """A failure of the storage (disk full, read-only, quota, ...), as the writers raise it: an
     OSError, torch's zip writer's error or DCP's gathered one (which may wrap another rank's)."""
+    cause = err.__cause__ or err.__context__
+    if cause is not None and cause is not err and _is_write_error(cause):
+        return True  # torch's zip writer may report its own state after the OSError it met
     text = str(err)
     return isinstance(err, OSError) or "PytorchStreamWriter failed" in text or "file write failed" in text or (
         type(err).__name__ == "CheckpointException" and ("Errno" in text or "OSError" in text))

@@ -336,10 +336,11 @@ class Checkpointer:
         self.announce(loop)
 
     def announce(self, loop: Any) -> None:
-        """Fire `on_save` for every checkpoint committed into `output_dir` since the last call."""
+        """Fire `on_save` for every checkpoint committed into `output_dir` since the last call,
+        with its path as the `checkpoint` keyword."""
         announced, self._announce = self._announce, []
-        for _ in announced:
-            loop.control = self.handler.on_save(self.args, self.state, loop.control)
+        for path in announced:  # `checkpoint`: its path (`state.global_step` may be past it with `save_async`)
+            loop.control = self.handler.call_event("on_save", self.args, self.state, loop.control, checkpoint=path)
 
     def _source_state(self, loop: TrainingLoop) -> dict[str, Any]:
         return {}
