@@ -153,8 +153,22 @@ def _load_full_into_shards(path: str, net: torch.nn.Module, opt: Any, strict: bo
     if opt is not None:
         if saved_optimizer is None:
             raise KeyError("the checkpoint holds no optimizer state")
-        set_optimizer_state_dict(net, opt, by_name(saved_optimizer, net, opt), options=options)
+        if saved_optimizer.get("state"):
+            set_optimizer_state_dict(net, opt, by_name(saved_optimizer, net, opt), options=options)
+        else:  # no state yet (SGD without momentum): DCP cannot place an empty state; the settings are all
+            load_settings(opt, saved_optimizer)
     return payload
+
+
+def load_settings(opt: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
+    """Put a saved optimizer's settings (learning rate, momentum, ...: each group's values but its
+    parameters) back into `opt`, whose state stays empty."""
+    groups = saved.get("param_groups") or []
+    if len(groups) != len(opt.param_groups):
+        raise ValueError(f"the checkpoint's optimizer has {len(groups)} parameter groups and this one "
+                         f"{len(opt.param_groups)}")
+    for group, settings in zip(opt.param_groups, groups):
+        group.update({k: v for k, v in settings.items() if k != "params"})
 
 
 def by_name(saved: dict[str, Any], net: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
