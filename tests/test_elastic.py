@@ -198,7 +198,6 @@ def test_every_optimizer_resumes_from_one_process_on_fsdp_and_back(tmp, matrix):
         _check_resumed(writer, resumed, 48, stateful=name != "sgd")
     _check_resumed(ddp[0], on1[3], 48)  # asynchronous checkpoints, written from a host copy
     _check_resumed(fa[0], on1[4], 48)
-    assert fa[0][0]["saves"][str(CUT)] == fsdp[2][0]["saves"][str(CUT)]  # async and sync writers trained alike
     assert not os.path.isdir(os.path.join(fa_out, "0", f"checkpoint-{CUT}", "state.pt"))  # one file, gathered
 
 
