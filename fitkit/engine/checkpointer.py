@@ -230,7 +230,7 @@ class Checkpointer:
         # evaluation later found best, as HF records it): kept by rotation either way.
         if own and best and (state.best_global_step == state.global_step or os.path.isdir(best)):
             state.best_model_checkpoint = best
-        extra = {"rng": rng_state(), "loop": snapshot.to_payload(), **self._source_state(loop)}
+        extra = {"rng": rng_state(), "loop": snapshot.to_payload()}
         if background:
             return self._save_in_background(directory, own, limit, extra)
         path = files.save_checkpoint(self.fabric, directory, state=state, args=self.args, module=self.module,
@@ -341,9 +341,6 @@ class Checkpointer:
         announced, self._announce = self._announce, []
         for path in announced:  # `checkpoint`: its path (`state.global_step` may be past it with `save_async`)
             loop.control = self.handler.call_event("on_save", self.args, self.state, loop.control, checkpoint=path)
-
-    def _source_state(self, loop: TrainingLoop) -> dict[str, Any]:
-        return {}
 
     # -- resuming ----------------------------------------------------------------------------------
     def resume_path(self, callbacks: Iterable[Any]) -> str | None:
