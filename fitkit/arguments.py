@@ -113,6 +113,7 @@ class TrainingArguments(metaclass=_TakesOtherNames):
     greater_is_better: bool | None = None
     resume_from_checkpoint: bool | str | None = None
     save_on_sigterm: bool | None = None  # None: on when a save_strategy is set
+    save_async: bool = False  # True: the loop waits only for a host copy of the state; written in the background
     skip_memory_metrics: bool = True  # False: train_mem_* figures in the closing record
     log_level: str = "passive"  # the "fitkit" logger's level on the main process ("passive": leave it)
     log_level_replica: str = "warning"  # ... on the other processes

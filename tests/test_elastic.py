@@ -80,10 +80,10 @@ def _order(results, epoch):
     return [ids[j] for j in range(len(local[0])) for ids in local]
 
 
-def _check_resumed(writer, resumed, samples):
+def _check_resumed(writer, resumed, samples, stateful=True):
     """`resumed` loaded the writer's checkpoint at step CUT exactly and went on at sample `samples`."""
     saved = writer[0]["saves"][str(CUT)]
-    assert saved["optimizer"], "the checkpoint holds optimizer state"
+    assert bool(saved["optimizer"]) == stateful, "the checkpoint holds optimizer state (SGD without momentum: none)"
     for r in resumed:
         assert r["begin"]["step"] == CUT
         assert r["begin"]["weights"] == saved["weights"]  # every weight, gathered whole, bit for bit
@@ -159,6 +159,46 @@ def test_hybrid_sharding_on_two_nodes_matches_ddp(hybrid, writers):
             name: n // 2 for name, n in whole.items()}
     assert hsdp[0]["local"] == hsdp[2]["local"] and hsdp[1]["local"] == hsdp[3]["local"]  # ... replicated across
     assert hsdp[0]["local"] != hsdp[1]["local"]
+
+
+# -- every optimizer, with and without state: one process <-> FSDP x2; asynchronous writers ---------------
+OPTIMIZERS = ("sgd", "momentum", "adam")  # SGD without momentum has no state yet
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp):
+    """Checkpoints at step CUT of each optimizer on one process and on FSDP x2 (one launch each,
+    a run per optimizer), and Adam's written asynchronously by DDP x2 and FSDP x2."""
+    opts = ("--optimizer", ",".join(OPTIMIZERS), "--max-steps", str(CUT))
+    one = _launch(tmp, "m-one", *opts, runs=3)
+    fsdp = _launch(tmp, "m-fsdp2", *opts, "--strategy", "fsdp", "--devices", "2", runs=3, world=2)
+    quick = ("--async", "--max-steps", str(CUT))
+    ddp_async = _launch(tmp, "m-ddp2-async", *quick, "--strategy", "ddp", "--devices", "2", world=2)
+    fsdp_async = _launch(tmp, "m-fsdp2-async", *quick, "--strategy", "fsdp", "--devices", "2", world=2)
+    return {"one": one, "fsdp2": fsdp, "ddp2-async": ddp_async, "fsdp2-async": fsdp_async}
+
+
+def _checkpoints(output, runs):
+    return [a for run in range(runs) for a in ("--resume", os.path.join(output, str(run), f"checkpoint-{CUT}"))]
+
+
+@pytest.mark.slow
+def test_every_optimizer_resumes_from_one_process_on_fsdp_and_back(tmp, matrix):
+    (one_out, one), (fsdp_out, fsdp) = matrix["one"], matrix["fsdp2"]
+    names = ("--optimizer", ",".join(OPTIMIZERS), "--init-seed", "7")
+    _, on2 = _launch(tmp, "m-on2", *names, *_checkpoints(one_out, 3), "--strategy", "fsdp", "--devices", "2",
+                     runs=3, world=2)
+    for name, writer, resumed in zip(OPTIMIZERS, one, on2):
+        _check_resumed(writer, resumed, 24, stateful=name != "sgd")
+    (ddp_out, ddp), (fa_out, fa) = matrix["ddp2-async"], matrix["fsdp2-async"]
+    extra = [*_checkpoints(ddp_out, 1), *_checkpoints(fa_out, 1)]
+    _, on1 = _launch(tmp, "m-on1", "--optimizer", ",".join(OPTIMIZERS + ("adam", "adam")), "--init-seed", "7",
+                     *_checkpoints(fsdp_out, 3), *extra, runs=5)
+    for name, writer, resumed in zip(OPTIMIZERS, fsdp, on1):
+        _check_resumed(writer, resumed, 48, stateful=name != "sgd")
+    _check_resumed(ddp[0], on1[3], 48)  # asynchronous checkpoints, written from a host copy
+    _check_resumed(fa[0], on1[4], 48)
+    assert not os.path.isdir(os.path.join(fa_out, "0", f"checkpoint-{CUT}", "state.pt"))  # one file, gathered
 
 
 # -- the pieces, in this process ----------------------------------------------------------------------

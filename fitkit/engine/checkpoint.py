@@ -19,6 +19,7 @@ checkpoint whatever number of processes wrote it is `fitkit.engine.elastic`.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -26,7 +27,7 @@ import os
 import re
 import shutil
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from fitkit.adapters.optimizers import implementation
 from fitkit.callbacks.state import TrainerState
@@ -118,12 +119,30 @@ def _prepare(output_dir: str, tmp: str) -> None:
 def _finish(tmp: str, final: str, state: TrainerState, args: Any, optimizer: Any) -> None:
     """The global-zero process's part, after the weights: the JSON files, the manifest (last,
     with every file's digest), then the rename."""
-    state.save_to_json(os.path.join(tmp, STATE_FILE))
-    with open(os.path.join(tmp, ARGS_FILE), "w", encoding="utf-8") as f:
-        f.write(args.to_json_string())
-    write_manifest(tmp, {"format": "fitkit-checkpoint", "version": FORMAT_VERSION, "global_step": state.global_step,
-                         "optimizer": optimizer_class(optimizer),
-                         "optimizer_implementation": None if optimizer is None else implementation(optimizer)})
+    commit(tmp, final, texts(state, args), manifest_fields(state.global_step, optimizer))
+
+
+def texts(state: TrainerState, args: Any) -> dict[str, str]:
+    """The checkpoint's JSON files as text, rendered now (an asynchronous save renders them
+    before the loop moves on, and writes them later)."""
+    return {STATE_FILE: json.dumps(dataclasses.asdict(state), indent=2, sort_keys=True) + "\n",
+            ARGS_FILE: args.to_json_string()}
+
+
+def manifest_fields(global_step: int, optimizer: Any) -> dict[str, Any]:
+    """What a manifest records besides the files: format, step, optimizer class and implementation."""
+    return {"format": "fitkit-checkpoint", "version": FORMAT_VERSION, "global_step": global_step,
+            "optimizer": optimizer_class(optimizer),
+            "optimizer_implementation": None if optimizer is None else implementation(optimizer)}
+
+
+def commit(tmp: str, final: str, files: dict[str, str], fields: dict[str, Any]) -> None:
+    """Complete the checkpoint being written at `tmp`: write `files` (name -> text), the manifest
+    (last, with every file's digest), then rename it to `final` (replacing one of that name)."""
+    for name, text in files.items():
+        with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
+            f.write(text)
+    write_manifest(tmp, fields)
     replaced = f"{tmp}-replaced" if os.path.exists(final) else None  # a temporary name: swept when left
     if replaced:
         os.replace(final, replaced)
@@ -136,6 +155,37 @@ def _finish(tmp: str, final: str, state: TrainerState, args: Any, optimizer: Any
     if replaced:
         shutil.rmtree(replaced, ignore_errors=True)
     _sync_directory(os.path.dirname(final))
+
+
+# -- asynchronous saves: the global-zero process's parts -------------------------------------------
+def temporary_path(output_dir: str, global_step: int, token: str) -> str:
+    """Where the checkpoint of `global_step` is written before its rename."""
+    return os.path.join(output_dir, f"{TMP_PREFIX}{global_step}-{token or os.getpid()}")
+
+
+def write_in_background(output_dir: str, global_step: int, token: str, payload: dict[str, Any],
+                        files: dict[str, str], fields: dict[str, Any]) -> str:
+    """Write a checkpoint from `payload`, a host copy of the state (model and optimizer state
+    dicts and the rest, as one process saves them), with `files` (`texts`) and the manifest
+    `fields`; commit it (rename) and return its path. Runs on the writer thread of an
+    asynchronous save: until the rename nothing of it is a checkpoint. When a write fails the
+    temporary directory is removed and `CheckpointWriteError` (the storage) is raised."""
+    import torch
+
+    final = checkpoint_path(output_dir, global_step)
+    tmp = temporary_path(output_dir, global_step, token)
+    try:
+        _prepare(output_dir, tmp)
+        with open(os.path.join(tmp, WEIGHTS), "wb") as f:  # written by Python: a full disk is an OSError
+            torch.save(payload, f)
+        commit(tmp, final, files, fields)
+    except Exception as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if _is_write_error(err):
+            root = _storage_error(err)
+            raise CheckpointWriteError(_unwritten(final, root, payload.get("model"), payload.get("optimizer"))) from root
+        raise
+    return final
 
 
 def _sync_directory(path: str) -> None:
@@ -179,9 +229,25 @@ def _agree(fabric: Any, failure: Exception | None) -> Exception | None:
     return OSError(text) if said[1] else CheckpointError(f"writing the checkpoint failed {text}")
 
 
+agree = _agree
+
+
+def _storage_error(err: BaseException) -> BaseException:
+    """The OSError behind `err` when there is one (torch's writer may raise its own error after it)."""
+    seen = err
+    while seen is not None:
+        if isinstance(seen, OSError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return err
+
+
 def _is_write_error(err: BaseException) -> bool:
     """A failure of the storage (disk full, read-only, quota, ...), as the writers raise it: an
     OSError, torch's zip writer's error or DCP's gathered one (which may wrap another rank's)."""
+    cause = err.__cause__ or err.__context__
+    if cause is not None and cause is not err and _is_write_error(cause):
+        return True  # torch's zip writer may report its own state after the OSError it met
     text = str(err)
     return isinstance(err, OSError) or "PytorchStreamWriter failed" in text or "file write failed" in text or (
         type(err).__name__ == "CheckpointException" and ("Errno" in text or "OSError" in text))
@@ -214,7 +280,10 @@ def _space_needed(previous: str | None, module: Any, optimizer: Any) -> tuple[in
             pass
     total = 0
     try:
-        states = [module.state_dict()] + ([optimizer.state_dict().get("state", {})] if optimizer is not None else [])
+        def tree(obj: Any) -> Any:  # a module / optimizer, or already its state dict (an asynchronous save)
+            return obj if isinstance(obj, dict) else obj.state_dict()
+
+        states = [tree(module)] + ([tree(optimizer).get("state", {})] if optimizer is not None else [])
         for tree in states:
             total += sum(_bytes(v) for v in _leaves(tree))
     except Exception:  # noqa: BLE001 - an estimate only
@@ -422,14 +491,16 @@ def list_checkpoints(output_dir: str) -> list[str]:
     return [path for _, path in sorted(found)]
 
 
-def rotate(output_dir: str, limit: int | None, keep: str | None = None) -> list[str]:
+def rotate(output_dir: str, limit: int | None, keep: str | Iterable[str | None] | None = None) -> list[str]:
     """Delete the oldest complete checkpoints beyond `limit`. Never the newest (resume needs it)
-    nor `keep` (the best one), so the directory may hold `limit + 1` while they differ."""
+    nor `keep` (the best one, or several paths), so the directory may hold `limit + 1` while they
+    differ. A checkpoint still being written is not complete, so neither listed nor counted."""
     if not limit:
         return []
     paths = list_checkpoints(output_dir)
-    keep_abs = os.path.abspath(keep) if keep else None
-    removable = [p for p in paths[:-1] if os.path.abspath(p) != keep_abs]
+    kept = [keep] if isinstance(keep, str) else list(keep or ())
+    keep_abs = {os.path.abspath(k) for k in kept if k}
+    removable = [p for p in paths[:-1] if os.path.abspath(p) not in keep_abs]
     removed = removable[: max(len(paths) - limit, 0)]
     for path in removed:
         shutil.rmtree(path, ignore_errors=True)

@@ -31,6 +31,8 @@ from typing import Any, Callable, Iterable, Iterator, Protocol
 from fitkit.callbacks.state import OffersCheckpoint, TrainerControl, TrainerState
 from fitkit.engine import checkpoint as files
 from fitkit.engine import run_lock
+from fitkit.engine.async_save import HostCopy
+from fitkit.engine.elastic import full_payload
 from fitkit.engine.rng import rng_state, set_rng_state
 from fitkit.engine.running_loss import EpochLoss
 from fitkit.options import error_line, writes_to_output_dir
@@ -137,6 +139,11 @@ class Checkpointer:
         self.epoch_rng: dict | None = None  # RNG at epoch start, for loaders that draw from it
         self._locks: dict[str, Any] | None = None  # by real path, while `writing()` runs
         self._token: str | None = None  # this run's part of temporary names, the same on every process
+        self._writer: Any = None  # `async_save.BackgroundWriter`, from the first asynchronous save
+        self._copy = HostCopy()  # the host copy of the state an asynchronous save writes from
+        self._pending: list[tuple[bool, str]] = []  # asynchronous saves not settled yet: (own, path)
+        self._announce: list[str] = []  # committed into output_dir, `on_save` not fired yet
+        self._warned_sync = False
 
     # -- holding the directories ---------------------------------------------------------------
     @contextlib.contextmanager
@@ -150,10 +157,20 @@ class Checkpointer:
                 self._hold(self.args.output_dir, "`output_dir`")
             yield
         finally:
+            self._drain()
             locks, self._locks = self._locks, None
             for lock in locks.values():
                 if lock is not None:
                     lock.release()
+
+    def _drain(self) -> None:
+        """Let a background write end before the directories are released (an error that ends
+        the run early leaves that write to commit, or to clean up after itself)."""
+        if self._writer is not None:
+            try:
+                self._writer.wait()
+            except Exception as err:  # noqa: BLE001 - the run is ending on another error
+                logger.warning("the checkpoint written in the background failed: %s", error_line(err))
 
     def _hold(self, directory: str, argument: str) -> None:
         key = os.path.realpath(directory)
@@ -194,9 +211,14 @@ class Checkpointer:
     def save(self, loop: TrainingLoop, control: TrainerControl, directory: str | None = None,
              limit: int | None = None) -> str:
         """Write a resumable checkpoint of `loop`'s run into `directory` (default `output_dir`)
-        and rotate: `save_total_limit` in `output_dir` (never the best one), `limit` elsewhere."""
+        and rotate: `save_total_limit` in `output_dir` (never the best one), `limit` elsewhere.
+        With `save_async` this returns once a host copy of the state is taken: the path is a
+        checkpoint once the background write commits it (`settle`)."""
         own = directory is None
         directory = self.args.output_dir if own else directory
+        background = self._asynchronous()
+        if background:
+            self.settle()  # at most one write in flight: the one before commits first
         snapshot = self.snapshot(loop)
         self._hold(directory, "`output_dir`" if own else "directory")
         if self._token is None:
@@ -209,6 +231,8 @@ class Checkpointer:
         if own and best and (state.best_global_step == state.global_step or os.path.isdir(best)):
             state.best_model_checkpoint = best
         extra = {"rng": rng_state(), "loop": snapshot.to_payload()}
+        if background:
+            return self._save_in_background(directory, own, limit, extra)
         path = files.save_checkpoint(self.fabric, directory, state=state, args=self.args, module=self.module,
                                      optimizer=self.optimizer, scheduler=self.scheduler, extra=extra,
                                      token=self._token)
@@ -217,9 +241,106 @@ class Checkpointer:
                 files.rotate(directory, self.args.save_total_limit, keep=state.best_model_checkpoint)
             else:
                 files.rotate(directory, limit)
+        self._committed(own, path)
+        return path
+
+    def _committed(self, own: bool, path: str) -> None:
         if own:
             self.last = path
+            self._announce.append(path)
+
+    # -- asynchronous saves (`save_async`) -----------------------------------------------------------
+    def _asynchronous(self) -> bool:
+        """`save_async`, where the strategy allows it (DeepSpeed writes its own files: synchronous)."""
+        if not getattr(self.args, "save_async", False):
+            return False
+        strategy = type(getattr(self.fabric, "strategy", None)).__name__
+        if "DeepSpeed" in strategy:
+            if not self._warned_sync:
+                logger.warning("save_async=True is not supported with %s: checkpoints are written synchronously",
+                               strategy)
+                self._warned_sync = True
+            return False
+        return True
+
+    def _save_in_background(self, directory: str, own: bool, limit: int | None, extra: dict[str, Any]) -> str:
+        """Take the host copy (the loop's only wait), then hand the write, digests, commit and
+        rotation to the writer thread of the global-zero process."""
+        from fitkit.engine.async_save import BackgroundWriter
+
+        state, args = self.state, self.args
+        payload = full_payload(self.fabric, self.module, self.optimizer, self.scheduler, extra)
+        path = files.checkpoint_path(directory, state.global_step)
+        self._pending.append((own, path))
+        if not self.fabric.is_global_zero:
+            return path
+        payload = self._copy.of(payload)
+        texts = files.texts(state, args)  # rendered now: the loop changes the state while the write runs
+        fields = files.manifest_fields(state.global_step, self.optimizer)
+        step, token = state.global_step, self._token
+
+        def write() -> None:
+            files.write_in_background(directory, step, token, payload, texts, fields)
+            if own:  # the best one read now: an evaluation may have named it while this was written
+                files.rotate(directory, args.save_total_limit, keep=state.best_model_checkpoint)
+            else:
+                files.rotate(directory, limit)
+
+        if self._writer is None:
+            self._writer = BackgroundWriter()
+        self._writer.submit(write)
         return path
+
+    @property
+    def pending(self) -> bool:
+        """True while an asynchronous checkpoint was handed to the writer and not yet settled."""
+        return bool(self._pending)
+
+    def settle(self) -> None:
+        """Wait for the checkpoint being written in the background (if any) to commit; then it is
+        `last` and its `on_save` is due (`announce`). Its write error is raised here, on every
+        process (a `CheckpointWriteError` for the storage). A collective under several processes:
+        every process calls it at the same save, and at the end of training."""
+        if not self._pending:
+            return
+        failure = None
+        if self._writer is not None:
+            try:
+                self._writer.wait()
+            except Exception as err:  # noqa: BLE001 - agreed on by every process, then raised
+                failure = err
+        if self.fabric.world_size > 1:
+            failure = files.agree(self.fabric, failure)
+        pending, self._pending = self._pending, []
+        if failure is not None:
+            if isinstance(failure, files.CheckpointError):
+                raise failure
+            if isinstance(failure, OSError):
+                raise files.CheckpointWriteError(f"could not write the checkpoint {pending[-1][1]!r} in the "
+                                                 f"background ({error_line(failure)}); free space or make the "
+                                                 "directory writable, then resume") from failure
+            raise failure
+        for own, path in pending:
+            self._committed(own, path)
+
+    def poll(self, loop: TrainingLoop) -> None:
+        """Between steps: on one process, a background write that has ended is settled (its error
+        raised, its `on_save` fired) at once; under several processes at the next save or the end."""
+        if self._pending and self.fabric.world_size == 1 and self._writer is not None and self._writer.done():
+            self.settle()
+            self.announce(loop)
+
+    def finish(self, loop: TrainingLoop) -> None:
+        """At the end of training: the last background write committed, its `on_save` fired."""
+        self.settle()
+        self.announce(loop)
+
+    def announce(self, loop: Any) -> None:
+        """Fire `on_save` for every checkpoint committed into `output_dir` since the last call,
+        with its path as the `checkpoint` keyword."""
+        announced, self._announce = self._announce, []
+        for path in announced:  # `checkpoint`: its path (`state.global_step` may be past it with `save_async`)
+            loop.control = self.handler.call_event("on_save", self.args, self.state, loop.control, checkpoint=path)
 
     # -- resuming ----------------------------------------------------------------------------------
     def resume_path(self, callbacks: Iterable[Any]) -> str | None:

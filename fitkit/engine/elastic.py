@@ -60,6 +60,63 @@ def saved_layout(path: str) -> dict[str, Any] | None:
     return {"model": model, "optimizer": None}
 
 
+# -- an asynchronous save's payload --------------------------------------------------------------
+def full_payload(fabric: Any, module: torch.nn.Module, optimizer: Any, scheduler: Any,
+                 extra: dict[str, Any]) -> dict[str, Any]:
+    """What one file of a checkpoint holds, as one process saves it (`model` and `optimizer`
+    state dicts, the optimizer keyed by parameter index; `scheduler`; `extra`), for the
+    global-zero process to write (the other processes get `{}`). A sharded (FSDP) module's full
+    tensors are gathered on the global-zero process, in host memory: a collective, so every
+    process calls it. The tensors may be the live ones: copy them before the next step."""
+    net, opt = _inner_module(module), getattr(optimizer, "optimizer", optimizer)
+    if _is_sharded(net):
+        model, optim = _gathered(net, opt)
+    else:
+        model = net.state_dict() if fabric.is_global_zero else {}
+        optim = opt.state_dict() if opt is not None and fabric.is_global_zero else None
+    if not fabric.is_global_zero:
+        return {}
+    payload: dict[str, Any] = {"model": model}
+    if opt is not None:
+        payload["optimizer"] = optim
+    if scheduler is not None:
+        payload["scheduler"] = scheduler.state_dict()
+    payload.update(extra)
+    return payload
+
+
+def _gathered(net: torch.nn.Module, opt: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model = get_model_state_dict(net, options=options)
+    if opt is None:
+        return model, None
+    if not opt.state:  # reading an empty state would make one (a zero step): only the settings then
+        return model, {"state": {}, "param_groups": [{**{k: v for k, v in g.items() if k != "params"},
+                                                      "params": list(range(n, n + len(g["params"])))}
+                                                     for g, n in zip(opt.param_groups, _offsets(opt))]}
+    return model, by_index(get_optimizer_state_dict(net, opt, options=options), net, opt)
+
+
+def _offsets(opt: Any) -> list[int]:
+    sizes = [len(g["params"]) for g in opt.param_groups]
+    return [sum(sizes[:i]) for i in range(len(sizes))]
+
+
+def by_index(saved: dict[str, Any], net: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
+    """The inverse of `by_name`: an optimizer state dict keyed by parameter name (as FSDP gives
+    it) keyed by the optimizer's parameter index, as one process saves it."""
+    groups = saved.get("param_groups") or []
+    if not groups or all(isinstance(p, int) for g in groups for p in g.get("params", ())):
+        return saved
+    names = {id(p): name for name, p in net.named_parameters()}
+    index = {names[id(p)]: i for i, p in enumerate(p for g in opt.param_groups for p in g["params"])}
+    return {"state": {index[name]: value for name, value in saved.get("state", {}).items()},
+            "param_groups": [{**g, "params": [index[name] for name in g["params"]]} for g in groups]}
+
+
 # -- the three loading paths --------------------------------------------------------------------
 def _load_shards(path: str, net: torch.nn.Module, opt: Any, strict: bool) -> dict[str, Any]:
     """A DCP directory into any module: DCP reads the pieces each process's tensors need."""
@@ -96,8 +153,22 @@ def _load_full_into_shards(path: str, net: torch.nn.Module, opt: Any, strict: bo
     if opt is not None:
         if saved_optimizer is None:
             raise KeyError("the checkpoint holds no optimizer state")
-        set_optimizer_state_dict(net, opt, by_name(saved_optimizer, net, opt), options=options)
+        if saved_optimizer.get("state"):
+            set_optimizer_state_dict(net, opt, by_name(saved_optimizer, net, opt), options=options)
+        else:  # no state yet (SGD without momentum): DCP cannot place an empty state; the settings are all
+            load_settings(opt, saved_optimizer)
     return payload
+
+
+def load_settings(opt: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
+    """Put a saved optimizer's settings (learning rate, momentum, ...: each group's values but its
+    parameters) back into `opt`, whose state stays empty."""
+    groups = saved.get("param_groups") or []
+    if len(groups) != len(opt.param_groups):
+        raise ValueError(f"the checkpoint's optimizer has {len(groups)} parameter groups and this one "
+                         f"{len(opt.param_groups)}")
+    for group, settings in zip(opt.param_groups, groups):
+        group.update({k: v for k, v in settings.items() if k != "params"})
 
 
 def by_name(saved: dict[str, Any], net: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:

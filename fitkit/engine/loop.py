@@ -107,6 +107,7 @@ class Loop:
             self.control.should_training_stop = True
             state.log_history.append({"stopped": reason, "epoch": state.epoch, "step": state.global_step})
         if self.checkpointer is not None:
+            self.checkpointer.finish(self)  # the last background write committed, its on_save fired
             self.checkpointer.load_best()
         self._closing_log(figures, first_step)
         self.control = cb.on_train_end(args, state, self.control, preempted=self.preemption.preempted)
@@ -230,6 +231,8 @@ class Loop:
 
     def _after_step(self) -> bool:
         """Log / evaluate / save as `control` asks; True when the epoch should end here."""
+        if self.checkpointer is not None and self.checkpointer.pending:  # a background write that ended
+            self.checkpointer.poll(self)
         control = self.control
         preempted = self.preemption.due(self.state.global_step)
         if preempted:  # SIGTERM: finish this step, checkpoint, stop
@@ -290,7 +293,7 @@ class Loop:
         self.control.should_evaluate = False
         if self.control.should_save and self.checkpointer is not None and not self.preemption.final:
             self.checkpoint()
-            self.control = cb.on_save(args, state, self.control)
+            self.checkpointer.announce(self)  # on_save, once committed (`save_async`: maybe later)
         self.control.should_save = False
 
     def _log_training(self, epoch_end: bool) -> None:

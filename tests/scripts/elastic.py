@@ -5,7 +5,8 @@ and drops before its layers, so a test can tell exactly which samples each proce
 
 usage: elastic.py --results DIR --output DIR [--strategy auto|ddp|fsdp] [--devices N] [--num-nodes N]
                   [--sharding full|hybrid] [--full-checkpoint] [--batch-size B] [--save-steps K]
-                  [--max-steps K] [--resume CHECKPOINT ...] [--init-seed S]
+                  [--max-steps K] [--resume CHECKPOINT ...] [--init-seed S] [--optimizer adam|sgd|momentum]
+                  [--async]
 """
 
 import argparse
@@ -76,21 +77,33 @@ class Track(TrainerCallback):
         self.saves[state.global_step] = full_state(model, optimizer)
 
 
+#: `--optimizer`: Adam, SGD without state (no momentum) and SGD with a momentum buffer.
+OPTIMIZERS = {"adam": "adam", "sgd": lambda params: torch.optim.SGD(params, lr=1e-2),
+              "momentum": lambda params: torch.optim.SGD(params, lr=1e-2, momentum=0.9)}
+
+
 def main(opts):
-    """One fit, or one fit per `--resume` checkpoint (in turn, on the same processes)."""
+    """One fit, or one fit per `--resume` checkpoint (in turn, on the same processes); with several
+    `--optimizer` names, one fit per name (each resuming the `--resume` of its place, if given)."""
     x, y = data()
     net = Net(opts.init_seed)
-    model = Model(net).compile("adam", "cross_entropy", learning_rate=1e-2, strategy=opts.strategy,
-                               devices=opts.devices, num_nodes=opts.num_nodes, accelerator="cpu",
-                               fsdp_full_checkpoint=opts.full_checkpoint, fsdp_sharding=opts.sharding)
-    for run, resume in enumerate(opts.resume or [None]):
+    names = opts.optimizer.split(",")
+    resumes = opts.resume or [None] * len(names)
+    names = names * len(resumes) if len(names) == 1 else names
+    model, compiled = Model(net), None
+    for run, (name, resume) in enumerate(zip(names, resumes)):
+        if name != compiled:  # a fresh optimizer (the module goes on from the weights it has)
+            compiled = name
+            model.compile(OPTIMIZERS[name], "cross_entropy", learning_rate=1e-2, strategy=opts.strategy,
+                          devices=opts.devices, num_nodes=opts.num_nodes, accelerator="cpu",
+                          fsdp_full_checkpoint=opts.full_checkpoint, fsdp_sharding=opts.sharding)
         track = Track()
         options = {"resume_from_checkpoint": resume} if resume else {}
         if opts.max_steps:
             options["max_steps"] = opts.max_steps
         model.fit(x, y, epochs=2, batch_size=opts.batch_size, seed=SEED, verbose=0,
                   output_dir=os.path.join(opts.output, str(run)), save_strategy="steps", save_steps=opts.save_steps,
-                  callbacks=[track], **options)
+                  callbacks=[track], save_async=opts.save_async, **options)
         report(opts, run, model, track)
 
 
@@ -124,6 +137,9 @@ if __name__ == "__main__":
     parser.add_argument("--resume", action="append", help="a checkpoint's path (a missing one is an error); "
                         "repeat it to resume several checkpoints in turn")
     parser.add_argument("--init-seed", type=int, default=0, help="the module's initial weights")
+    parser.add_argument("--optimizer", default="adam", help="adam, sgd or momentum; several, comma-separated: "
+                        "one run each")
+    parser.add_argument("--async", dest="save_async", action="store_true", help="save_async=True")
     opts = parser.parse_args()
     torch.set_num_threads(1)
     main(opts)

@@ -2,13 +2,15 @@
 SAVE and RESULT lines.
 
 usage: integrity_run.py OUTPUT_DIR [--resume] [--seed N] [--pause-at STEP] [--fsize-after-first-save BYTES]
-                         [--devices N]
+                         [--devices N] [--async] [--slow-write SECONDS]
 
 --pause-at STEP: after that step, print "PAUSED <pid>" and wait for a line on stdin (the run
     holds its output_dir meanwhile).
 --fsize-after-first-save BYTES: once the first checkpoint is written, no file of this process
     may grow past BYTES (RLIMIT_FSIZE, SIGXFSZ ignored: writes fail with EFBIG, as on a full disk).
 --devices N: DDP on N CPU processes (gloo); the limit above is set in every process.
+--async: save_async=True. --slow-write SECONDS: each background write prints "WRITING <step>"
+    when it starts and sleeps that long half-way (after the weights, before the commit).
 """
 
 import argparse
@@ -44,6 +46,24 @@ class Control(TrainerCallback):
             self.fsize = None
 
 
+def slow_writes(seconds):
+    import time
+
+    from fitkit.engine import checkpoint
+
+    commit, write = checkpoint.commit, checkpoint.write_in_background
+
+    def announced(output_dir, step, *args, **kwargs):
+        print(f"WRITING {step}", flush=True)
+        return write(output_dir, step, *args, **kwargs)
+
+    def slow_commit(*args, **kwargs):
+        time.sleep(seconds)
+        return commit(*args, **kwargs)
+
+    checkpoint.write_in_background, checkpoint.commit = announced, slow_commit
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("output_dir")
@@ -52,7 +72,11 @@ def main():
     parser.add_argument("--pause-at", type=int, default=-1)
     parser.add_argument("--fsize-after-first-save", type=int, default=0)
     parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument("--async", dest="save_async", action="store_true")
+    parser.add_argument("--slow-write", type=float, default=0.0)
     opts = parser.parse_args()
+    if opts.slow_write:
+        slow_writes(opts.slow_write)
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(96, 8, generator=g)
@@ -64,7 +88,7 @@ def main():
     model = Model(net).compile("adam", "cross_entropy", learning_rate=1e-2, **placement)
     model.fit(x, y, batch_size=8, epochs=2, seed=3, verbose=0, output_dir=opts.output_dir, save_strategy="steps",
               save_steps=4, logging_strategy="steps", logging_steps=1, resume_from_checkpoint=opts.resume,
-              callbacks=[control])
+              callbacks=[control], save_async=opts.save_async)
     weights = [p.detach().flatten().tolist() for p in net.parameters()]
     print("RESULT " + json.dumps({"first_step": control.first_step, "global_step": model.state.global_step,
                                    "log_history": [r for r in model.state.log_history if "train_runtime" not in r],

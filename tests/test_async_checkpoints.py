@@ -1,0 +1,255 @@
+"""Asynchronous checkpoints (`save_async=True`): the loop waits only for a host copy of the state;
+the write, digests and commit happen on a background thread. A checkpoint exists (for resume,
+rotation, `on_save`) only once committed, `fit` returns after the last commit, a kill -9 during a
+background write leaves the previous checkpoint verified, and a failed write is a clear error."""
+
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+from helpers import training_records
+
+from fitkit import Model, TrainerCallback
+from fitkit.engine import checkpoint as ckpt
+from fitkit.engine.async_save import BackgroundWriter, HostCopy
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "integrity_run.py")
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(16, 3))
+    return Model(net).compile("adam", "cross_entropy", learning_rate=1e-2)
+
+
+class _Crash(Exception):
+    pass
+
+
+class _Record(TrainerCallback):
+    """What each `on_save` finds on disk; the checkpoints listed after each step; a crash."""
+
+    def __init__(self, out, crash_at=None):
+        self.out, self.crash_at, self.saves, self.listed = str(out), crash_at, [], []
+
+    def on_save(self, args, state, control, **kwargs):
+        self.saves.append((state.global_step, [os.path.basename(p) for p in ckpt.list_checkpoints(self.out)]))
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.listed.append((state.global_step, [os.path.basename(p) for p in ckpt.list_checkpoints(self.out)]))
+        if state.global_step == self.crash_at:
+            raise _Crash()
+
+
+def _fit(out, model=None, crash_at=None, **options):
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(96, 8, generator=g), torch.randint(0, 3, (96,), generator=g)
+    model = model or _model()
+    record = _Record(out, crash_at)
+    options = {"save_strategy": "steps", "save_steps": 4, "save_async": True, **options}
+    model.fit(x, y, batch_size=8, epochs=2, seed=3, verbose=0, output_dir=str(out), logging_strategy="steps",
+              logging_steps=1, callbacks=[record], **options)
+    return model, record
+
+
+def _equal(a, b, where="payload"):
+    assert type(a) is type(b) or (isinstance(a, dict) and isinstance(b, dict)), where
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert list(a) == list(b), where
+        for k in a:
+            _equal(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _equal(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
+def _same_weights(a, b):
+    return all(torch.equal(p, q) for p, q in zip(a.module.parameters(), b.module.parameters()))
+
+
+def test_asynchronous_checkpoints_resume_bit_identically(tmp_path):
+    full, record = _fit(tmp_path / "full")
+    assert [found[-1] for _, found in record.saves] == [f"checkpoint-{s}" for s in range(4, 25, 4)]
+    with pytest.raises(_Crash):
+        _fit(tmp_path / "cut", crash_at=10)
+    assert sorted(os.listdir(tmp_path / "cut")) == ["checkpoint-4", "checkpoint-8"]  # committed, lock released
+    resumed, _ = _fit(tmp_path / "cut", model=_model(5), resume_from_checkpoint=True)
+    assert resumed.state.global_step == 24 and _same_weights(resumed, full)
+    assert training_records(resumed.state.log_history)[-10:] == training_records(full.state.log_history)[-10:]
+
+
+def test_the_files_equal_a_synchronous_checkpoints(tmp_path):
+    """Same weights, optimizer, RNG and loop record as `fabric.save` writes (the payload compared)."""
+    _fit(tmp_path / "a", max_steps=4)
+    _fit(tmp_path / "s", max_steps=4, save_async=False)
+    a = torch.load(tmp_path / "a" / "checkpoint-4" / "state.pt", weights_only=True)
+    s = torch.load(tmp_path / "s" / "checkpoint-4" / "state.pt", weights_only=True)
+    assert sorted(a) == sorted(s)
+    _equal(a, s)
+    assert ckpt.verified(str(tmp_path / "a" / "checkpoint-4"))
+
+
+def test_the_loop_goes_on_while_the_write_runs_and_on_save_sees_a_committed_checkpoint(tmp_path, monkeypatch):
+    later = threading.Event()
+    commit = ckpt.commit
+
+    def held_commit(*args, **kwargs):  # the first commit waits until training reached step 6
+        assert later.wait(timeout=30), "the loop waited for the background write"
+        return commit(*args, **kwargs)
+
+    class Two(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 6:
+                later.set()
+
+    monkeypatch.setattr(ckpt, "commit", held_commit)
+    model = _model()
+    model_cb = Two()
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(96, 8, generator=g), torch.randint(0, 3, (96,), generator=g)
+    record = _Record(tmp_path)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, output_dir=str(tmp_path), save_strategy="steps", save_steps=4,
+              callbacks=[record, model_cb], save_async=True)
+    listed = dict(record.listed)
+    assert listed[5] == [] and listed[6] == []  # step 4's checkpoint not committed: not listed yet
+    # on_save fires once its checkpoint is committed
+    assert [found[-1] for _, found in record.saves] == ["checkpoint-4", "checkpoint-8", "checkpoint-12"]
+    # fit returned after the last commit
+    assert [os.path.basename(p) for p in ckpt.list_checkpoints(str(tmp_path))] == [
+        "checkpoint-4", "checkpoint-8", "checkpoint-12"]
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(ckpt.TMP_PREFIX)]
+
+
+def test_fit_returns_only_after_the_last_commit(tmp_path, monkeypatch):
+    commit = ckpt.commit
+
+    def slow_commit(*args, **kwargs):
+        time.sleep(0.5)
+        return commit(*args, **kwargs)
+
+    monkeypatch.setattr(ckpt, "commit", slow_commit)
+    model, record = _fit(tmp_path, max_steps=8)
+    assert [os.path.basename(p) for p in ckpt.list_checkpoints(str(tmp_path))] == ["checkpoint-4", "checkpoint-8"]
+    assert model.last_checkpoint == str(tmp_path / "checkpoint-8")
+    assert len(record.saves) == 2 and record.saves[-1][1] == ["checkpoint-4", "checkpoint-8"]
+
+
+def test_rotation_never_deletes_the_newest_committed_or_the_best_while_a_write_runs(tmp_path, monkeypatch):
+    commit = ckpt.commit
+
+    def slow_commit(*args, **kwargs):
+        time.sleep(0.2)
+        return commit(*args, **kwargs)
+
+    monkeypatch.setattr(ckpt, "commit", slow_commit)
+    g = torch.Generator().manual_seed(1)
+    val = torch.randn(16, 8, generator=g), torch.randint(0, 3, (16,), generator=g)
+    model, record = _fit(tmp_path, save_total_limit=1, eval_strategy="steps", eval_steps=4, validation_data=val,
+                         load_best_model_at_end=True)
+    best = model.state.best_model_checkpoint
+    assert best and os.path.isdir(best)
+    first = next(i for i, (_, found) in enumerate(record.listed) if found)
+    assert all(found for _, found in record.listed[first:])  # a committed checkpoint is always there
+    final = [os.path.basename(p) for p in ckpt.list_checkpoints(str(tmp_path))]
+    assert final[-1] == "checkpoint-24" and os.path.basename(best) in final and len(final) <= 2
+
+
+def test_rotate_ignores_a_checkpoint_being_written(tmp_path):
+    for step in (4, 8):
+        path = tmp_path / f"checkpoint-{step}"
+        path.mkdir()
+        (path / "state.pt").write_bytes(b"x")
+        (path / "trainer_state.json").write_text("{}")
+        ckpt.write_manifest(str(path), ckpt.manifest_fields(step, None))
+    (tmp_path / f"{ckpt.TMP_PREFIX}12-abc").mkdir()  # in flight
+    assert ckpt.rotate(str(tmp_path), 1, keep=[None, str(tmp_path / "checkpoint-4")]) == []
+    assert ckpt.rotate(str(tmp_path), 1) == [str(tmp_path / "checkpoint-4")]
+    assert os.path.isdir(tmp_path / f"{ckpt.TMP_PREFIX}12-abc")
+
+
+def test_host_copy_is_a_copy_and_reuses_its_buffers():
+    w = torch.ones(3)
+    copy = HostCopy()
+    first = copy.of({"w": w, "n": 1, "l": [w]})
+    w.add_(1)  # the next optimizer step
+    assert first["w"].tolist() == [1.0, 1.0, 1.0] and first["n"] == 1 and first["l"][0].tolist() == [1.0] * 3
+    second = copy.of({"w": w, "n": 1, "l": [w]})
+    assert second["w"].data_ptr() == first["w"].data_ptr() and second["w"].tolist() == [2.0] * 3
+
+
+def test_background_writer_runs_one_job_at_a_time_and_raises_its_error():
+    writer, order = BackgroundWriter(), []
+    writer.submit(lambda: (time.sleep(0.2), order.append(1)))
+    writer.submit(lambda: order.append(2))  # waits for the first
+    writer.wait()
+    assert order == [1, 2]
+
+    def fail():
+        raise OSError(28, "No space left on device")
+
+    writer.submit(fail)
+    with pytest.raises(OSError, match="No space"):
+        writer.wait()
+    writer.wait()  # raised once
+
+
+# -- in other processes: disk full, kill -9 -------------------------------------------------------------
+def _run(out, *args, **popen):
+    return subprocess.Popen([sys.executable, SCRIPT, str(out), "--async", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **popen)
+
+
+def _result(proc):
+    import json
+
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-3000:]
+    line = next(x for x in stdout.splitlines() if x.startswith("RESULT "))
+    result = json.loads(line[len("RESULT "):])
+    return {k: v for k, v in result.items() if k != "first_step"}, result["first_step"]
+
+
+@pytest.mark.slow
+def test_a_full_disk_during_a_background_write_is_a_clear_error_and_leaves_nothing(tmp_path):
+    out = tmp_path / "out"
+    stdout, stderr = _run(out, "--fsize-after-first-save", "4000").communicate(timeout=300)
+    saved = [line for line in stdout.splitlines() if line.startswith("SAVE ")]
+    error = stderr.strip().splitlines()[-1]
+    assert error.startswith("fitkit.engine.checkpoint.CheckpointWriteError: could not write the checkpoint")
+    listed = sorted(os.listdir(out), key=lambda n: int(n.rsplit("-", 1)[1]))  # no temporary directory, no lock
+    assert len(saved) == len(listed) >= 1 and all(n.startswith("checkpoint-") for n in listed)  # on_save: committed
+    for part in ("File too large", "its incomplete files were removed", f"{listed[-1]}', is intact",
+                 "resume_from_checkpoint=True"):
+        assert part in error, part
+    assert all(ckpt.verified(str(out / name)) for name in listed)
+
+
+@pytest.mark.slow
+def test_kill_9_during_background_writes_always_leaves_a_verified_checkpoint(tmp_path):
+    reference, _ = _result(_run(tmp_path / "ref"))
+    rng = random.Random(29)
+    for trial, step in enumerate((8, 12, 20)):
+        out = tmp_path / f"trial-{trial}"
+        proc = _run(out, "--slow-write", "0.3")
+        for line in proc.stdout:
+            if line.startswith(f"WRITING {step}"):
+                break
+        time.sleep(rng.uniform(0.0, 0.35))  # somewhere in the write, before or after its commit
+        proc.kill()
+        proc.communicate(timeout=60)
+        found = ckpt.list_checkpoints(str(out))
+        assert found and all(ckpt.verified(p) for p in found)
+        result, first = _result(_run(out, "--resume", "--seed", "2"))
+        assert first == (int(found[-1].rsplit("-", 1)[1]) if found else 0)
+        assert result == reference
+        assert not [n for n in os.listdir(out) if n.startswith(ckpt.TMP_PREFIX)]  # what the kill left: tidied
