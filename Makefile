@@ -27,6 +27,7 @@ demo: $(STAMP)
 	$(PY) examples/digits.py
 
 test: $(STAMP)
+	$(PY) -m ruff check fitkit tests benchmarks examples
 	$(PY) -m pytest -q
 
 lint: $(STAMP)

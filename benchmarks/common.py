@@ -13,7 +13,6 @@ absolute times are not. Tables show the median ratio and its interquartile range
 from __future__ import annotations
 
 import os
-
 import sys
 
 # One CPU thread, set before torch starts its pools (the variables cover OpenMP / MKL); a

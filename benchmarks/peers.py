@@ -37,8 +37,19 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from benchmarks.common import (Contender, Env, Skip, Workload, compare, data, import_fitkit, marginal_ratios, mlp,
-                               quiet_loggers, ratio)
+from benchmarks.common import (
+    Contender,
+    Env,
+    Skip,
+    Workload,
+    compare,
+    data,
+    import_fitkit,
+    marginal_ratios,
+    mlp,
+    quiet_loggers,
+    ratio,
+)
 
 #: name -> what the tables call it, in the issue's column order.
 TITLES = {

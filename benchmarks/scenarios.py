@@ -32,8 +32,20 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from benchmarks.common import (Contender, Env, Workload, compare, data, import_fitkit, marginal_ratios, mlp, ratio,
-                               verdict, verdict_below, workload)
+from benchmarks.common import (
+    Contender,
+    Env,
+    Workload,
+    compare,
+    data,
+    import_fitkit,
+    marginal_ratios,
+    mlp,
+    ratio,
+    verdict,
+    verdict_below,
+    workload,
+)
 from benchmarks.peers import build_fitkit, build_raw, check_fit_options, fabric_loop, fitkit_model, raw_loop
 
 # -- progress bar and validation ---------------------------------------------------------------------

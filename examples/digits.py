@@ -64,7 +64,6 @@ def save_curves(history, path: str = os.path.join("fitkit_output", "digits_histo
 def short_search(n_trials: int = 4) -> None:
     """A short Optuna search (the full one is examples/search.py)."""
     import optuna
-
     from search import search  # examples/search.py
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -23,6 +23,7 @@ from typing import Any, Callable
 from fitkit.argument_checks import check_and_convert
 from fitkit.argument_names import ALIASES, canonical, named_as_given
 
+
 def _jsonable(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value

@@ -14,8 +14,8 @@ from typing import Any, Sequence
 
 from fitkit.adapters.losses import build_loss
 from fitkit.adapters.metrics import check_metrics
-from fitkit.adapters.outputs import LossParts, OutputMetric
 from fitkit.adapters.optimizers import check_optimizer
+from fitkit.adapters.outputs import LossParts, OutputMetric
 from fitkit.arguments import TrainingArguments, _jsonable
 from fitkit.hf_arguments import from_hf, hf_explicit, is_hf_arguments
 from fitkit.options import FIT_DEFAULTS, check_output_dir

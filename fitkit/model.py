@@ -19,9 +19,12 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from fitkit.adapters.optimizers import optimizer_note
 from fitkit.arguments import TrainingArguments
+from fitkit.callback_list import CallbackOwner
 from fitkit.callbacks.base import CallbackHandler, TrainerCallback, TrainerControl, TrainerState, callback_list
 from fitkit.callbacks.defaults import defaults_for
+from fitkit.callbacks.evaluation_line import evaluation_line_for
 from fitkit.callbacks.flow import DefaultFlowCallback
 from fitkit.callbacks.history import History
 from fitkit.callbacks.keras_model_view import ModelView
@@ -29,15 +32,12 @@ from fitkit.compile_config import CompileConfig
 from fitkit.engine.overrides import StepOverrides
 from fitkit.engine.runtime import Runtime, pack_result, unpack_result
 from fitkit.engine.trainer import Trainer
-from fitkit.callback_list import CallbackOwner
-from fitkit.callbacks.evaluation_line import evaluation_line_for
-from fitkit.jit_compile import jit_note
 from fitkit.hf_model import HFMethods
-from fitkit.option_merge import in_force
+from fitkit.jit_compile import jit_note
 from fitkit.keras_api import KerasMethods, as_list
+from fitkit.option_merge import in_force
 from fitkit.saving import Saving
 from fitkit.steps import Steps
-from fitkit.adapters.optimizers import optimizer_note
 from fitkit.summary import summarize
 
 

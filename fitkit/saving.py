@@ -9,12 +9,15 @@ continued after `load` equals training continued in the original process.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from fitkit.compile_config import CompileConfig
 from fitkit.io import atomic_torch_save
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fitkit.model import Model
 
 
 def write_model_file(path: str, module: torch.nn.Module, config: CompileConfig | None = None,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import sys
 
+
 def steps_per_epoch(batches: int, accumulation: int) -> int:
     """Optimizer steps in an epoch of `batches` micro-batches (at least 1)."""
     return max(1, -(-batches // accumulation))

@@ -3,10 +3,10 @@
 import warnings
 
 import pytest
-import torch
-from helpers import Script, blobs as data, mlp
+from helpers import Script, mlp
+from helpers import blobs as data
 
-from fitkit import Model, TrainerCallback
+from fitkit import Model
 from fitkit.callbacks import EarlyStoppingCallback, ProgressBar, ProgressCallback
 
 

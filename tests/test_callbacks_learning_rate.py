@@ -4,7 +4,8 @@ import json
 
 import pytest
 import torch
-from helpers import Script, blobs as data, mlp
+from helpers import Script, mlp
+from helpers import blobs as data
 
 from fitkit import Model, TrainerCallback
 from fitkit.callbacks import LambdaCallback, LearningRateScheduler, ReduceLROnPlateau

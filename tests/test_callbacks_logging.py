@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 import pytest
-import torch
-from helpers import blobs as data, mlp
+from helpers import blobs as data
+from helpers import mlp
 
 from fitkit import Model, TrainerControl, TrainerState, TrainingArguments
 from fitkit.callbacks import CallbackHandler, CSVLogger, LambdaCallback, TerminateOnNaN

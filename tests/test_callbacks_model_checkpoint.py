@@ -5,7 +5,8 @@ import warnings
 
 import pytest
 import torch
-from helpers import blobs as data, mlp
+from helpers import blobs as data
+from helpers import mlp
 
 from fitkit import Model, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from fitkit.callbacks import ModelCheckpoint

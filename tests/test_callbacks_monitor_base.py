@@ -10,13 +10,24 @@ import numpy as np
 import pytest
 import torch
 import torchmetrics
-from helpers import Script, blobs as data, mlp
+from helpers import Script, mlp
+from helpers import blobs as data
 
 from fitkit import Model, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from fitkit.adapters.metrics import metric_directions
 from fitkit.callbacks import (
-    CallbackHandler, CSVLogger, DefaultFlowCallback, EarlyStopping, EarlyStoppingCallback, History, ModelCheckpoint,
-    Order, PrinterCallback, ProgressBar, ReduceLROnPlateau, Stateful,
+    CallbackHandler,
+    CSVLogger,
+    DefaultFlowCallback,
+    EarlyStopping,
+    EarlyStoppingCallback,
+    History,
+    ModelCheckpoint,
+    Order,
+    PrinterCallback,
+    ProgressBar,
+    ReduceLROnPlateau,
+    Stateful,
 )
 from fitkit.callbacks._monitor import MonitorCallback
 from fitkit.logs import BOOKKEEPING, LEARNING_RATE, NOT_VALUES, POSITION, as_number, direction, direction_from_name

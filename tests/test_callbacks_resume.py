@@ -9,7 +9,8 @@ fall on known epochs."""
 import csv
 
 import torch
-from helpers import blobs as data, mlp
+from helpers import blobs as data
+from helpers import mlp
 
 from fitkit import Model, TrainerCallback
 from fitkit.callbacks import CSVLogger, EarlyStopping, LambdaCallback, ModelCheckpoint, ReduceLROnPlateau

@@ -2,7 +2,6 @@
 runs unchanged in fitkit."""
 
 import pytest
-import torch
 from helpers import blobs, mlp
 
 from fitkit import Model, TrainerCallback

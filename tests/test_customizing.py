@@ -14,9 +14,9 @@ import sys
 
 import pytest
 import torch
+from helpers import Recorder, blobs, mlp
 
 from fitkit import Model, TrainerCallback, unpack_data
-from helpers import Recorder, blobs, mlp
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "custom_step.py")
 

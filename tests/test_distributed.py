@@ -6,7 +6,6 @@ scripts as subprocesses and check what every process printed, not only the exit 
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 

@@ -19,10 +19,10 @@ import sys
 import pytest
 import torch
 
+from fitkit.engine.checkpointer import LoopSnapshot
 from fitkit.engine.data import adapt
 from fitkit.engine.sampling import epoch_permutation
 from fitkit.engine.sources import TensorSource
-from fitkit.engine.checkpointer import LoopSnapshot
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "elastic.py")
 sys.path.insert(0, os.path.dirname(SCRIPT))

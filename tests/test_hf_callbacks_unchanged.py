@@ -7,7 +7,6 @@ callback whose class comes from transformers; fitkit's `History` keeps Keras nam
 import dataclasses
 import glob
 import json
-import os
 import time
 
 import pytest

@@ -15,9 +15,15 @@ from keras_port import DOCS, class_data, dense, differs, huge_dense
 from test_core_lean import _fit_counting
 
 from fitkit import Model, TrainerCallback
-from fitkit.callbacks import BackupAndRestore, CSVLogger, LambdaCallback, LearningRateScheduler, ReduceLROnPlateau
-from fitkit.callbacks import TerminateOnNaN
-from fitkit.callbacks import terminate_on_nan
+from fitkit.callbacks import (
+    BackupAndRestore,
+    CSVLogger,
+    LambdaCallback,
+    LearningRateScheduler,
+    ReduceLROnPlateau,
+    TerminateOnNaN,
+    terminate_on_nan,
+)
 
 HISTORY_NAN = "`History` keeps one value per epoch for every key"
 

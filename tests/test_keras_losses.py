@@ -4,10 +4,10 @@ per-sample loss with and without sample weights."""
 
 import pytest
 import torch
+from keras_real import real_keras, twin_dense
 
 from fitkit import Model
 from fitkit.adapters.losses import build_loss
-from keras_real import real_keras, twin_dense
 
 
 class CustomMSE:

@@ -4,9 +4,9 @@ logits, as fitkit's losses take them), checked against real Keras 3."""
 
 import pytest
 import torch
+from keras_real import real_keras, twin_dense
 
 from fitkit import Model
-from keras_real import real_keras, twin_dense
 
 N = 64
 

@@ -4,10 +4,10 @@ weights on the same batch move the weights as Keras 3's optimizer of that name d
 
 import pytest
 import torch
+from keras_real import keras_weights, real_keras, twin_dense
 
 from fitkit import Model
 from fitkit.adapters.optimizers import KERAS_DEFAULTS, TorchDefaults, build_optimizer, implementation
-from keras_real import keras_weights, real_keras, twin_dense
 
 
 def _batch():

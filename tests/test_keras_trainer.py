@@ -11,10 +11,10 @@ import math
 import numpy as np
 import pytest
 import torch
+from helpers import Recorder, blobs, mlp
 
 from fitkit import Model, TrainerCallback, unpack_data
 from fitkit.callbacks import LambdaCallback
-from helpers import Recorder, blobs, mlp
 
 
 def dense_of_ones():

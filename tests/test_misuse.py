@@ -17,7 +17,6 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import numpy as np
 import pytest
 import torch
 
@@ -26,7 +25,12 @@ from helpers import Pairs, blobs, mlp  # noqa: E402
 
 from fitkit import Model, TrainerCallback, TrainingArguments  # noqa: E402
 from fitkit.callbacks import (  # noqa: E402
-    BackupAndRestore, CSVLogger, EarlyStopping, LambdaCallback, LearningRateScheduler, ModelCheckpoint,
+    BackupAndRestore,
+    CSVLogger,
+    EarlyStopping,
+    LambdaCallback,
+    LearningRateScheduler,
+    ModelCheckpoint,
     ReduceLROnPlateau,
 )
 

@@ -136,7 +136,7 @@ def test_a_dataset_drawing_random_numbers_is_read_on_the_training_thread(draw):
         np.random.seed(5)
         data = Seen(x, y, draw=draw)
         runs[prefetch] = _fit(data, prefetch), data
-    (on, data_on), (off, data_off) = runs[True], runs[False]
+    (on, data_on), (off, _) = runs[True], runs[False]
     _same_run(on, off)  # augmentation and dropout drew the same numbers
     assert set(data_on.threads) == {"MainThread"}
 

@@ -52,8 +52,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and the API docs; noth
     from fitkit.callbacks.early_stopping import EarlyStopping
     from fitkit.callbacks.flow import DefaultFlowCallback
     from fitkit.callbacks.hf_compat import EarlyStoppingCallback, ProgressCallback
-    from fitkit.callbacks.keras_callback import Callback
     from fitkit.callbacks.history import History
+    from fitkit.callbacks.keras_callback import Callback
     from fitkit.callbacks.lambda_callback import LambdaCallback
     from fitkit.callbacks.learning_rate_scheduler import LearningRateScheduler
     from fitkit.callbacks.model_checkpoint import ModelCheckpoint

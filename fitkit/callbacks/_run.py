@@ -13,7 +13,6 @@ from typing import Any
 
 from fitkit.callbacks.base import TrainerCallback
 from fitkit.logs import BOOKKEEPING
-from fitkit.schedule import steps_per_epoch
 
 
 def epoch_index(state) -> int:

@@ -29,6 +29,7 @@ from typing import Any
 from fitkit.callbacks.base import TrainerCallback
 from fitkit.callbacks.keras_names import KERAS_NAMES, keras_class, overrides  # noqa: F401 - re-exported
 
+
 class Callback(TrainerCallback):
     """Keras 3's `keras.callbacks.Callback`: override any of its methods.
 

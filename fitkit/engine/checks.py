@@ -44,7 +44,15 @@ import torch
 
 from fitkit.adapters.losses import LOSS_KINDS, Loss
 from fitkit.adapters.metrics import metric_name
-from fitkit.adapters.outputs import LossParts, OutputLosses, OutputMetric, is_structure, output_names, pick, single_output
+from fitkit.adapters.outputs import (
+    LossParts,
+    OutputLosses,
+    OutputMetric,
+    is_structure,
+    output_names,
+    pick,
+    single_output,
+)
 from fitkit.engine.batch import Batch
 from fitkit.engine.sources import DataSource, TensorSource
 from fitkit.engine.step import Stepper, scalar_loss

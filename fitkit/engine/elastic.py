@@ -86,8 +86,7 @@ def full_payload(fabric: Any, module: torch.nn.Module, optimizer: Any, scheduler
 
 
 def _gathered(net: torch.nn.Module, opt: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                         get_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model = get_model_state_dict(net, options=options)
@@ -121,9 +120,13 @@ def by_index(saved: dict[str, Any], net: torch.nn.Module, opt: torch.optim.Optim
 def _load_shards(path: str, net: torch.nn.Module, opt: Any, strict: bool) -> dict[str, Any]:
     """A DCP directory into any module: DCP reads the pieces each process's tensors need."""
     from torch.distributed.checkpoint import load
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                         get_optimizer_state_dict, set_model_state_dict,
-                                                         set_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
 
     state: dict[str, Any] = {"model": get_model_state_dict(net)}
     if opt is not None:
@@ -143,8 +146,7 @@ def _load_shards(path: str, net: torch.nn.Module, opt: Any, strict: bool) -> dic
 def _load_full_into_shards(path: str, net: torch.nn.Module, opt: Any, strict: bool) -> dict[str, Any]:
     """One full file into a sharded (FSDP2) module: every process reads it memory-mapped and
     keeps its own shard of each tensor."""
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
-                                                         set_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
     payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     options = StateDictOptions(full_state_dict=True, strict=strict)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from fitkit.engine.sources import DataSource
 from fitkit.engine.overrides import as_data
+from fitkit.engine.sources import DataSource
 
 
 class LoaderView:

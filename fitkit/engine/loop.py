@@ -16,22 +16,22 @@ from typing import Any, Iterable, Iterator
 import torch
 
 from fitkit.adapters.metrics import MetricSet
+from fitkit.adapters.optimizers import is_plateau
 from fitkit.arguments import TrainingArguments
 from fitkit.callbacks.base import CallbackHandler
 from fitkit.callbacks.state import StopTraining, TrainerControl, TrainerState
-from fitkit.engine.checkpoint import checkpoint_path
-from fitkit.engine.checkpointer import Checkpointer, LoopSnapshot
 from fitkit.engine.batch import Batch
 from fitkit.engine.batch_logs import RunningLogs, epoch_values
-from fitkit.engine.sources import DataSource
+from fitkit.engine.checkpoint import checkpoint_path
+from fitkit.engine.checkpointer import Checkpointer, LoopSnapshot
 from fitkit.engine.eval_prediction import PredictionCollector
 from fitkit.engine.overrides import StepMeans, StepOverrides, StepTools, as_data
 from fitkit.engine.preemption import Preemption
 from fitkit.engine.prefetch import stopping
 from fitkit.engine.run_metrics import RunMetrics
 from fitkit.engine.running_loss import EpochLoss
+from fitkit.engine.sources import DataSource
 from fitkit.engine.step import Stepper
-from fitkit.adapters.optimizers import is_plateau
 from fitkit.logs import best_metric_key
 from fitkit.tensors import map_tensors, tensors_of, to_cpu
 

@@ -24,8 +24,15 @@ from fitkit.engine.batch import Batch, batch_size_of, first_leaf, split_batch
 from fitkit.engine.keras_data import class_weights_for
 from fitkit.engine.prefetch import read_ahead
 from fitkit.engine.rng import rng_state, set_rng_state
-from fitkit.engine.sampling import (BlockSampler, EpochSampler, block, deal, epoch_permutation, process_group,
-                                    resume_batch)
+from fitkit.engine.sampling import (
+    BlockSampler,
+    EpochSampler,
+    block,
+    deal,
+    epoch_permutation,
+    process_group,
+    resume_batch,
+)
 from fitkit.engine.step import set_loader_epoch
 from fitkit.tensors import map_tensors
 

@@ -27,9 +27,9 @@ from fitkit.compile_config import CompileConfig
 from fitkit.engine.checkpointer import Checkpointer
 from fitkit.engine.checks import check_data, keeps_float64
 from fitkit.engine.data import adapt
-from fitkit.engine.keras_data import class_weight_table, split_validation
 from fitkit.engine.fabric import release_at_exit
 from fitkit.engine.hf_columns import drop_unused_columns
+from fitkit.engine.keras_data import class_weight_table, split_validation
 from fitkit.engine.loader_view import eval_loader
 from fitkit.engine.loop import Loop
 from fitkit.engine.overrides import StepOverrides

@@ -32,10 +32,24 @@ from fitkit.search.claims import BEST_CHECKPOINT, METRICS, OUTPUT_DIR, RESUMED_F
 from fitkit.search.objective import DIRECTIONS, FIT_OPTIONS, default_compute_objective, default_hp_space, directions
 from fitkit.search.reporter import STEPS_PER_EPOCH, report_step
 from fitkit.search.runner import PREEMPTED_EXIT_CODE, BestRun, Search
-from fitkit.search.storage import (CONNECT_TIMEOUT, GRACE_INTERVALS, HEARTBEAT_INTERVAL, RETRY_TIMEOUT,
-                                   StorageError, StorageOptions, open_storage)
-from fitkit.search.study import OPTIMIZE_OPTIONS, SEARCH_PARAMETERS, STORAGE_OPTIONS, STUDY_OPTIONS, leads, \
-    open_study, split_options
+from fitkit.search.storage import (
+    CONNECT_TIMEOUT,
+    GRACE_INTERVALS,
+    HEARTBEAT_INTERVAL,
+    RETRY_TIMEOUT,
+    StorageError,
+    StorageOptions,
+    open_storage,
+)
+from fitkit.search.study import (
+    OPTIMIZE_OPTIONS,
+    SEARCH_PARAMETERS,
+    STORAGE_OPTIONS,
+    STUDY_OPTIONS,
+    leads,
+    open_study,
+    split_options,
+)
 
 __all__ = ["BestRun", "StorageError", "StorageOptions", "PREEMPTED_EXIT_CODE", "HEARTBEAT_INTERVAL",
            "GRACE_INTERVALS", "RETRY_TIMEOUT", "CONNECT_TIMEOUT", "STEPS_PER_EPOCH", "OUTPUT_DIR", "METRICS",

@@ -22,8 +22,16 @@ from typing import Any, Callable, NamedTuple
 from fitkit.argument_names import ALIASES
 from fitkit.arguments import TrainingArguments
 from fitkit.engine.rng import seed_everything
-from fitkit.search.claims import (BEST_CHECKPOINT, METRICS, OUTPUT_DIR, RESUMED_FROM, SURPLUS, claims, is_surplus,
-                                  requeue)
+from fitkit.search.claims import (
+    BEST_CHECKPOINT,
+    METRICS,
+    OUTPUT_DIR,
+    RESUMED_FROM,
+    SURPLUS,
+    claims,
+    is_surplus,
+    requeue,
+)
 from fitkit.search.objective import check_params, objective_value, parameters
 from fitkit.search.reporter import TrialReporter
 from fitkit.search.storage import StorageError, _chain
@@ -90,7 +98,6 @@ class Search:
         return self.fabric.broadcast(best, src=0) if self.distributed else best
 
     def _run_trials(self) -> None:
-        import optuna
 
         optimize = dict(self.optimize_kwargs)
         callbacks = list(optimize.pop("optuna_callbacks", None) or ())
