@@ -3,11 +3,11 @@ state, reading no consumed item; sources without state re-read the consumed batc
 
 import logging
 import os
+import time
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset
-from torch.utils.data import default_collate
+from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
 from fitkit import Model, TrainerCallback
 from fitkit.engine import checkpoint as ckpt
@@ -82,6 +82,14 @@ class Items(Recording, Dataset):
 
     def __getitem__(self, i):
         return self.item(i)
+
+
+class SlowItems(Items):
+    """Reads slow enough that batches would be read ahead on a thread (`fitkit.engine.prefetch`)."""
+
+    def item(self, i):
+        time.sleep(0.002)
+        return super().item(i)
 
 
 class StatefulLoader(DataLoader):
@@ -184,7 +192,8 @@ def test_the_saved_state_is_that_of_the_batches_trained(tmp_path, save_async):
     """The checkpoint holds the loader's state after the last trained batch (nothing read ahead),
     in the loop's record, which loads with `weights_only=True`."""
     with pytest.raises(_Crash):
-        _fit(tmp_path, Items, save_strategy="steps", save_steps=3, save_async=save_async, callbacks=[_CrashAt(4)])
+        _fit(tmp_path, SlowItems, save_strategy="steps", save_steps=3, save_async=save_async,
+             callbacks=[_CrashAt(4)])
     path = ckpt.list_checkpoints(str(tmp_path))[-1]
     payload = torch.load(os.path.join(path, ckpt.WEIGHTS), weights_only=True)
     assert payload["loop"]["data_state"] == [[{"epoch": 0, "yielded": 3}]]
@@ -202,3 +211,17 @@ def test_a_source_without_state_replays_with_one_notice(tmp_path, caplog):
         assert torch.equal(a, b)
     notices = [r for r in caplog.records if "re-reads" in r.getMessage()]
     assert len(notices) == 1 and "re-reads 3 batches" in notices[0].getMessage()
+
+
+class OddStateStream(StatefulStream):
+    def state_dict(self):
+        return {**super().state_dict(), "odd": {1, 2}}  # a set: not loadable with weights_only=True
+
+
+def test_a_state_that_is_not_plain_values_is_not_saved_and_the_source_replays(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="fitkit"):
+        full, full_source, _, resumed, source, _, step = _resumes_exactly(tmp_path, OddStateStream, 3, 5, False)
+    assert source.reads == full_source.reads
+    for a, b in zip(full.module.parameters(), resumed.module.parameters()):
+        assert torch.equal(a, b)
+    assert "state_dict() of `x`'s data holds values" in caplog.text and "re-reads 3 batches" in caplog.text
