@@ -61,7 +61,9 @@ class LoopSnapshot:
     micro-batches each of the `world_size` processes had consumed (0 at an epoch boundary; then
     the sums are zero). `by_rank` holds each process's own `(loss sum, count)` under several
     processes; `epoch_rng` the RNG state when the epoch's batches were drawn (for loaders that
-    draw their order from the global RNG). `rng` is the RNG state when the checkpoint was
+    draw their order from the global RNG); `data_state` the saved states of a stateful data
+    source's parts, one list per process (`DataSource.data_state`), which a resume loads instead of
+    re-reading the consumed batches. `rng` is the RNG state when the checkpoint was
     written and `callbacks` the saved callback states: a resume sets both back.
 
         snap = LoopSnapshot(epoch=2, batch=5, samples=80)
@@ -81,6 +83,7 @@ class LoopSnapshot:
     metrics: dict | None = None
     by_rank: list | None = None
     epoch_rng: dict | None = None
+    data_state: list | None = None
     rng: dict | None = None
     callbacks: dict[str, Any] = field(default_factory=dict)
 
@@ -206,7 +209,23 @@ class Checkpointer:
             return LoopSnapshot(epoch=epoch, batch=0, samples=0, world_size=world_size)
         sums = loop.loss.export()  # over all processes: before the metric states, as every process does
         return LoopSnapshot(epoch=epoch, batch=batch, samples=loop.source.consumed(epoch, batch), world_size=world_size,
-                            **sums, metrics=loop.train_metrics.export_state(), epoch_rng=self.epoch_rng)
+                            **sums, metrics=loop.train_metrics.export_state(), epoch_rng=self.epoch_rng,
+                            data_state=self._data_state(loop.source))
+
+    def _data_state(self, source: Any) -> list | None:
+        """Every process's `source.data_state()` (in rank order), None when the data has none.
+        Taken now, at the save: the source is read on the training thread (no prefetch), so
+        it stands for exactly the batches consumed."""
+        state = source.data_state()
+        if state is None:  # every process has the same kind of source: all skip the gather alike
+            return None
+        if self.fabric.world_size == 1:
+            return [state]
+        import torch.distributed as dist
+
+        gathered: list[Any] = [None] * self.fabric.world_size
+        dist.all_gather_object(gathered, state)
+        return gathered
 
     def save(self, loop: TrainingLoop, control: TrainerControl, directory: str | None = None,
              limit: int | None = None) -> str:

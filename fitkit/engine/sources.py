@@ -11,6 +11,7 @@ the same sample whatever the number of processes or the batch size)::
 
 from __future__ import annotations
 
+import copy
 import itertools
 import logging
 import math
@@ -72,6 +73,11 @@ class DataSource:
     def consumed(self, epoch: int, batches: int) -> int | None:
         """The samples of `epoch`, over all processes, consumed once each process has taken
         `batches` micro-batches of it (None when this data cannot tell)."""
+        return None
+
+    def data_state(self) -> list | None:
+        """The saved states of this data's stateful parts (see `stateful_parts`) at this moment,
+        for a mid-epoch checkpoint; None when it has none (a resume then re-reads or skips)."""
         return None
 
     def first_batch(self) -> Batch | None:
@@ -211,6 +217,50 @@ class TensorSource(CountsSamples):
 
 
 _END = object()
+_PLAIN = (type(None), bool, int, float, str, torch.Tensor)
+
+
+def _has_state(obj: Any) -> bool:
+    return (obj is not None and not isinstance(obj, torch.nn.Module) and callable(getattr(obj, "state_dict", None))
+            and callable(getattr(obj, "load_state_dict", None)))
+
+
+def stateful_parts(loader: Any) -> list[Any]:
+    """The parts of `loader` that save and restore their position with `state_dict()` /
+    `load_state_dict()` (torchdata's `StatefulDataLoader`, Lightning's stateful loaders,
+    `datasets`' `IterableDataset`): the loader itself when it has them (it then keeps its
+    dataset's and sampler's states), else its `IterableDataset` and its samplers that have them.
+    A DataLoader with worker processes keeps those parts' live copies in the workers: none then.
+
+        stateful_parts(StatefulDataLoader(ds, batch_size=8))   # [the loader]
+        stateful_parts(DataLoader(my_stateful_iterable))        # [the dataset]
+    """
+    loader = getattr(loader, "_dataloader", loader)  # the loader inside Fabric's wrapper
+    if _has_state(loader):
+        return [loader]
+    if getattr(loader, "num_workers", 0):
+        return []
+    dataset = getattr(loader, "dataset", None)
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    candidates = (dataset if isinstance(dataset, IterableDataset) else None, getattr(loader, "sampler", None),
+                  batch_sampler, getattr(batch_sampler, "sampler", None))
+    found: dict[int, Any] = {}
+    for part in candidates:
+        if _has_state(part):
+            found.setdefault(id(part), part)
+    return list(found.values())
+
+
+def _plain(value: Any) -> bool:
+    """Whether `value` loads with `torch.load(weights_only=True)`: plain values, tensors and
+    dicts, lists and tuples of them."""
+    if isinstance(value, _PLAIN):
+        return True
+    if isinstance(value, dict):
+        return all(isinstance(k, (str, int)) and _plain(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    return False
 
 
 def evaluation_shard(loader: DataLoader, rank: int, world_size: int) -> DataLoader:
@@ -234,7 +284,11 @@ class LoaderSource(CountsSamples):
     """A DataLoader (given, or built over a Dataset) or any re-iterable of batches.
 
     With `prefetch` (set by `adapt`), a thread reads the next batches while a step runs
-    (`fitkit.engine.prefetch`); it turns off for good once the Dataset is seen drawing random numbers."""
+    (`fitkit.engine.prefetch`); it turns off for good once the Dataset is seen drawing random numbers.
+
+    A loader with stateful parts (`stateful_parts`) is read on the training thread, never ahead,
+    so their state is that of the batches the steps consumed: a mid-epoch checkpoint saves it
+    (`data_state`) and a resume loads it back instead of re-reading the consumed batches."""
 
     def __init__(self, loader: Iterable, *, num_samples: int | None = None):
         self.loader = loader
@@ -244,6 +298,8 @@ class LoaderSource(CountsSamples):
         self.distributed = False
         self.prefetch = False
         self._readers: weakref.WeakSet = weakref.WeakSet()  # the prefetch threads started
+        self._parts: list[Any] | None = None  # `stateful_parts(loader)`, found at first use
+        self._restore: tuple[int, int, list] | None = None  # a resumed epoch's (epoch, batch, states)
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
@@ -261,7 +317,42 @@ class LoaderSource(CountsSamples):
         world_size = process_group()[1] if self.distributed else 1
         return self.num_samples, batch_size, world_size, bool(getattr(self.loader, "drop_last", False))
 
+    def stateful(self) -> list[Any]:
+        """The loader's parts with a state to save (see `stateful_parts`); [] for none."""
+        if self._parts is None:
+            self._parts = stateful_parts(self.loader) if self.sampler is None else []
+        return self._parts
+
+    def data_state(self) -> list | None:
+        parts = self.stateful()
+        if not parts:
+            return None
+        states = [part.state_dict() for part in parts]
+        if not _plain(states):
+            if not self._warned_state:
+                logger.warning("the state_dict() of `%s`'s data holds values other than numbers, strings, tensors, "
+                               "dicts and lists: it is not saved, and a resume re-reads the consumed batches; return "
+                               "plain values to resume without re-reading", self.name)
+                self._warned_state = True
+            return None
+        return states
+
+    def _resume_from_state(self, position: Any) -> bool:
+        """Keep this process's saved data state of `position` for `batches` to load; False when
+        there is none that fits (another number of processes, other parts)."""
+        saved = getattr(position, "data_state", None)
+        rank, world_size = process_group() if self.distributed else (0, 1)
+        if not saved or len(saved) != world_size or not self.stateful():
+            return False
+        mine = saved[rank]
+        if mine is None or len(mine) != len(self.stateful()):
+            return False
+        self._restore = (position.epoch, position.batch, mine)
+        return True
+
     def resume_at(self, position: Any) -> int:
+        if self._resume_from_state(position):
+            return position.batch
         geometry = self.geometry()
         if self.sampler is not None or position.samples is None or geometry is None:
             return super().resume_at(position)  # fitkit's sampler continues at the very sample
@@ -283,23 +374,34 @@ class LoaderSource(CountsSamples):
         if self.sampler is not None:
             self.sampler.use_epoch(epoch, self.skipped(epoch, start))
         set_loader_epoch(loader, epoch)
+        restored = self._load_state(epoch, start)
         # Create the iterator and fetch the first batch now, not lazily: samplers draw their order
         # from the RNG at the first fetch, and a resuming caller restores the RNG right after this.
         iterator = iter(loader)
         first = next(iterator, _END)
         if first is _END:
             iterator = iter(())
-        elif self.prefetch:
+        elif self.prefetch and not self.stateful():
             iterator = read_ahead(first, iterator, readers=self._readers, on_draws=self._no_prefetch)
         else:
             iterator = itertools.chain((first,), iterator)
-        if start and not skip_in_sampler:
+        if start and not skip_in_sampler and not restored:
             if not self._warned_skip:
-                logger.warning("resuming mid-epoch re-reads %d batches of this DataLoader to skip them; "
-                               "pass a map-style Dataset for an index-level skip", start)
+                logger.warning("resuming mid-epoch re-reads %d batches of `%s` to skip them (its data has no "
+                               "state_dict()/load_state_dict()); pass a map-style Dataset or a stateful loader to "
+                               "continue without re-reading", start, self.name)
                 self._warned_skip = True
             iterator = itertools.islice(iterator, start, None)
         return self._split(iterator)
+
+    def _load_state(self, epoch: int, start: int) -> bool:
+        """Load the saved data state of a resumed epoch (True), before its iterator is created."""
+        restore, self._restore = self._restore, None
+        if restore is None or restore[:2] != (epoch, start):
+            return False
+        for part, state in zip(self.stateful(), restore[2]):
+            part.load_state_dict(state)
+        return True
 
     def stop_prefetch(self) -> None:
         for reader in list(self._readers):
@@ -316,14 +418,17 @@ class LoaderSource(CountsSamples):
         (A loader with worker processes starts them once more for it, unless `persistent_workers`.)"""
         if self.sampler is not None:
             self.sampler.use_epoch(0)
-        generators = _generators_of(self.loader)
+        generators, parts = _generators_of(self.loader), self.stateful()
         saved, states = rng_state(), [g.get_state() for g in generators]
+        positions = [copy.deepcopy(part.state_dict()) for part in parts]  # a read moves a stateful source
         try:
             raw = next(iter(self.loader), _END)
         finally:
             set_rng_state(saved)
             for g, state in zip(generators, states):
                 g.set_state(state)
+            for part, position in zip(parts, positions):
+                part.load_state_dict(position)
         return None if raw is _END else next(self._split(iter((raw,))))
 
     def _split(self, iterator: Iterator) -> Iterator[Batch]:
@@ -342,6 +447,7 @@ class LoaderSource(CountsSamples):
             yield batch
 
     _warned_skip = False
+    _warned_state = False
 
 
 def _generators_of(loader: Any) -> list[torch.Generator]:
