@@ -142,4 +142,13 @@ def _holds_callable(value: Any) -> bool:
 def _names_only(data: dict[str, Any]) -> bool:
     return isinstance(data["optimizer"], (str, type(None))) and _is_name(data["loss"]) and all(
         isinstance(m, str) or (isinstance(m, dict) and isinstance(m.get("metric"), str)) for m in data["metrics"]) and not any(
-        isinstance(v, dict) and set(v) == {"object"} for v in data["options"].values())  # a callable option
+        _holds_object(v) for v in data["options"].values())  # a callable option, also inside a dict or list
+
+
+def _holds_object(value: Any) -> bool:
+    """True when `value` (JSON) holds an object saved by name (`{"object": ...}`), at any depth."""
+    if isinstance(value, dict):
+        return set(value) == {"object"} or any(_holds_object(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_holds_object(v) for v in value)
+    return False

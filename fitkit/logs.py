@@ -114,7 +114,9 @@ def torchmetrics_direction(name: str) -> str | None:
     if not camel.isidentifier():
         return None
     try:
-        import torchmetrics
+        from fitkit.quiet_import import quiet_import
+
+        torchmetrics = quiet_import("torchmetrics")
     except ImportError:  # pragma: no cover - a core dependency
         return None
     cls = getattr(torchmetrics, camel, None)

@@ -124,10 +124,10 @@ def _higher_is_better(spec: Any) -> bool | None:
     """`higher_is_better` of a metric spec without building it: a named metric's torchmetrics
     class, a metric object's own; None for a callable (nothing says)."""
     if isinstance(spec, str):
-        import importlib
+        from fitkit.quiet_import import quiet_import
 
         module, cls = _NAME_CLASSES[_ALIASES.get(spec.lower(), spec.lower())]
-        return getattr(getattr(importlib.import_module(module), cls), "higher_is_better", None)
+        return getattr(getattr(quiet_import(module), cls), "higher_is_better", None)
     if _is_metric(spec):
         better = getattr(spec, "higher_is_better", None)
         return better if isinstance(better, bool) else None
@@ -225,8 +225,10 @@ def _keras_task(name: str, preds: torch.Tensor, target: torch.Tensor) -> tuple[s
 
 
 def _construct(key: str, kind: str, classes: int):
-    import torchmetrics.classification as C
-    import torchmetrics.regression as R
+    from fitkit.quiet_import import quiet_import
+
+    C = quiet_import("torchmetrics.classification")
+    R = quiet_import("torchmetrics.regression")
 
     if kind == "top_k":  # Keras' k=5 (every class counts when there are fewer)
         return C.MulticlassAccuracy(num_classes=classes, top_k=min(5, classes), average="micro", validate_args=False)

@@ -32,6 +32,8 @@ def is_sample_list(x: Any) -> bool:
         return False
     if not (hasattr(x, "__len__") and hasattr(x, "__getitem__")):
         return False
+    if not isinstance(x, list) and not hasattr(type(x), "__iter__"):
+        return False  # Keras' batch-centric protocol (`fitkit.engine.keras_data`): decided without a read
     try:
         if len(x) == 0:
             return False

@@ -25,6 +25,7 @@ import sys
 import warnings
 
 from fitkit.arguments import TrainingArguments
+from fitkit.quiet_import import quiet_import
 
 #: The logger every `lightning_fabric.*` module logs through.
 LIGHTNING_LOGGER = "lightning_fabric"
@@ -74,6 +75,4 @@ def import_lightning() -> None:
     """Import Lightning Fabric, the first time without tqdm's notebook note (see above)."""
     if "lightning_fabric" in sys.modules:
         return
-    with warnings.catch_warnings():  # only while importing: a tqdm the user imports later still warns
-        warnings.filterwarnings("ignore", message="IProgress not found", module=r"tqdm\.")
-        import lightning_fabric  # noqa: F401
+    quiet_import("lightning_fabric")
