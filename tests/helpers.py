@@ -7,6 +7,7 @@ import random
 import socket
 import tempfile
 
+import pytest
 import torch
 
 from fitkit import TrainerCallback
@@ -130,3 +131,14 @@ def _bindable(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+#: `make stress` (FITKIT_STRESS=1): the long repetition loops in full; the default run keeps a short
+#: version of each (see the `stress` marker in pyproject.toml).
+STRESS = bool(os.environ.get("FITKIT_STRESS"))
+
+
+def stress_only(*values):
+    """Parameters that only `make stress` runs (marked `stress`, skipped in the default run)."""
+    mark = [pytest.mark.stress, pytest.mark.skipif(not STRESS, reason="a long case: `make stress` runs it")]
+    return pytest.param(*values, marks=mark)

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 import torch
-from helpers import reserved_port
+from helpers import STRESS, reserved_port, stress_only
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "distributed.py")
 sys.path.insert(0, os.path.dirname(SCRIPT))
@@ -100,7 +100,7 @@ def test_fsdp_shards_parameters_and_matches_ddp():
         torch.testing.assert_close(torch.tensor(w_fsdp), torch.tensor(w_ddp), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("strategy, extra", [("ddp", ()), ("fsdp", ()), ("fsdp", ("--full-checkpoint",))])
+@pytest.mark.parametrize("strategy, extra", [("ddp", ()), ("fsdp", ()), stress_only("fsdp", ("--full-checkpoint",))])
 def test_resume_under_several_processes_is_exact(tmp_path, strategy, extra):
     _, full = _run("--strategy", strategy, "--output", str(tmp_path / "full"), *extra)
     out = str(tmp_path / "cut")
@@ -211,8 +211,8 @@ os.write(1, f"DONE {rank}\\n".encode())
 """
 
 
-# The default run makes 4 consecutive runs; `make stress` (FITKIT_STRESS=1) makes the full forty.
-CONSECUTIVE_RUNS = 40 if os.environ.get("FITKIT_STRESS") else 4
+# The default run makes 2 consecutive runs (one per launcher); `make stress` (FITKIT_STRESS=1) makes the full forty.
+CONSECUTIVE_RUNS = 40 if STRESS else 2
 
 
 @pytest.mark.stress

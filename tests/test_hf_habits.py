@@ -11,6 +11,7 @@ import warnings
 
 import pytest
 import torch
+from helpers import stress_only
 
 from fitkit import Model, TrainingArguments
 
@@ -177,7 +178,7 @@ def test_fitkit_arguments_merge_the_same_way():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
+@pytest.mark.parametrize("strategy", ["ddp", stress_only("ddp_spawn")])
 def test_args_with_compile_device_options_on_two_processes(tmp_path, strategy):
     script = os.path.join(ROOT, "tests", "scripts", "hf_args_ddp.py")
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
