@@ -228,3 +228,17 @@ def test_prefetch_must_be_a_bool():
     with pytest.raises(ValueError, match="prefetch"):
         Model(_net()).compile("adam", "cross_entropy").fit(Pairs(x, y), prefetch="yes", verbose=0)
     assert TrainingArguments().prefetch is True and TrainingArguments(prefetch=False).prefetch is False
+
+
+def test_hugging_face_collators_are_read_on_the_training_thread():
+    # their padding is GIL-bound Python: a reading thread slows the step (docs/benchmarks.md)
+    transformers = pytest.importorskip("transformers")
+    from torch.utils.data import DataLoader
+
+    from fitkit.engine.prefetch import can_prefetch
+
+    data = [{"input_ids": [1, 2, 3], "labels": 0}] * 4
+    hf = transformers.DataCollatorWithPadding.__new__(transformers.DataCollatorWithPadding)
+    assert not can_prefetch(DataLoader(data, batch_size=2, collate_fn=hf))
+    assert can_prefetch(DataLoader(data, batch_size=2))  # torch's default collation still reads ahead
+    assert can_prefetch(DataLoader(data, batch_size=2, collate_fn=lambda items: items))

@@ -54,7 +54,15 @@ def can_prefetch(loader: Any) -> bool:
     with `num_workers=0` (worker processes already read ahead; an IterableDataset's iterator is
     the user's own code, which may hold state bound to the thread that created it)."""
     return (isinstance(loader, DataLoader) and loader.num_workers == 0
-            and not isinstance(loader.dataset, IterableDataset))
+            and not isinstance(loader.dataset, IterableDataset) and not _holds_the_gil(loader.collate_fn))
+
+
+def _holds_the_gil(collate_fn: Any) -> bool:
+    """True for Hugging Face's data collators (`transformers.DataCollator*`): their padding is
+    Python that holds the GIL, so a thread collating beside the step slows the step more than it
+    hides (measured: a tiny BERT with `DataCollatorWithPadding` stepped in 25.5 ms with prefetching
+    against 19.8 ms without). Reads that mostly run in torch ops (per-item transforms) release it."""
+    return type(collate_fn).__module__.split(".")[0] == "transformers"
 
 
 class Prefetcher:
