@@ -66,6 +66,21 @@ def training_records(log_history):
     return [r for r in log_history if "train_runtime" not in r]
 
 
+class Crash(Exception):
+    """A simulated crash (what a kill would do to a run), raised by `CrashAt`."""
+
+
+class CrashAt(TrainerCallback):
+    """Raise `Crash` at the end of optimizer step `step`."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            raise Crash(f"simulated crash at step {self.step}")
+
+
 class Script(TrainerCallback):
     """Replaces `key` in each evaluation's metrics by the next scripted value (order 0, so the
     monitors, which run later, see the scripted values)."""

@@ -12,7 +12,7 @@ import time
 
 import pytest
 import torch
-from helpers import STRESS, training_records
+from helpers import STRESS, Crash, training_records
 
 from fitkit import Model, TrainerCallback
 from fitkit.engine import checkpoint as ckpt
@@ -27,9 +27,6 @@ def _model(seed=0):
     return Model(net).compile("adam", "cross_entropy", learning_rate=1e-2)
 
 
-class _Crash(Exception):
-    pass
-
 
 class _Record(TrainerCallback):
     """What each `on_save` finds on disk; the checkpoints listed after each step; a crash."""
@@ -43,7 +40,7 @@ class _Record(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         self.listed.append((state.global_step, [os.path.basename(p) for p in ckpt.list_checkpoints(self.out)]))
         if state.global_step == self.crash_at:
-            raise _Crash()
+            raise Crash()
 
 
 def _fit(out, model=None, crash_at=None, **options):
@@ -80,7 +77,7 @@ def _same_weights(a, b):
 def test_asynchronous_checkpoints_resume_bit_identically(tmp_path):
     full, record = _fit(tmp_path / "full")
     assert [found[-1] for _, found in record.saves] == [f"checkpoint-{s}" for s in range(4, 25, 4)]
-    with pytest.raises(_Crash):
+    with pytest.raises(Crash):
         _fit(tmp_path / "cut", crash_at=10)
     assert sorted(os.listdir(tmp_path / "cut")) == ["checkpoint-4", "checkpoint-8"]  # committed, lock released
     resumed, _ = _fit(tmp_path / "cut", model=_model(5), resume_from_checkpoint=True)

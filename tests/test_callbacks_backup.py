@@ -4,24 +4,11 @@ import os
 
 import pytest
 import torch
-from helpers import training_records
+from helpers import Crash, CrashAt, training_records
 
-from fitkit import Model, TrainerCallback
+from fitkit import Model
 from fitkit.callbacks import BackupAndRestore
 from fitkit.engine.checkpoint import CheckpointError
-
-
-class _Crash(Exception):
-    pass
-
-
-class _CrashAt(TrainerCallback):
-    def __init__(self, step):
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            raise _Crash()
 
 
 def _run(backup, callbacks=(), seed=0, **options):
@@ -39,8 +26,8 @@ def _run(backup, callbacks=(), seed=0, **options):
 def test_interrupted_fit_resumes_from_the_backup_exactly(tmp_path, save_freq):
     reference = _run(BackupAndRestore(str(tmp_path / "ref"), save_freq=save_freq))
     backup = BackupAndRestore(str(tmp_path / "bak"), save_freq=save_freq)
-    with pytest.raises(_Crash):
-        _run(backup, callbacks=[_CrashAt(20)])
+    with pytest.raises(Crash):
+        _run(backup, callbacks=[CrashAt(20)])
     kept = os.listdir(tmp_path / "bak")
     assert len(kept) == 1 and kept[0].startswith("checkpoint-")  # only the newest backup is kept
     resumed = _run(backup, seed=123)  # the same call again, even with other initial weights
@@ -70,8 +57,8 @@ def _flip_a_byte(path):
 
 def _interrupted(tmp_path, **options):
     backup = BackupAndRestore(str(tmp_path / "bak"), **options)
-    with pytest.raises(_Crash):
-        _run(backup, callbacks=[_CrashAt(20)])  # 8 steps an epoch: backups at steps 8 and 16
+    with pytest.raises(Crash):
+        _run(backup, callbacks=[CrashAt(20)])  # 8 steps an epoch: backups at steps 8 and 16
     return backup
 
 

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 import torch
-from helpers import training_records
+from helpers import Crash, training_records
 
 from fitkit import Model, TrainerCallback
 from fitkit.callbacks.base import CallbackHandler, TrainerControl
@@ -24,9 +24,6 @@ from fitkit.engine.checkpoint import CheckpointError, file_digest
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "integrity_run.py")
 
-
-class _Crash(Exception):
-    pass
 
 
 class _Watch(TrainerCallback):
@@ -40,7 +37,7 @@ class _Watch(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step == self.crash_at:
-            raise _Crash(f"simulated crash at step {self.crash_at}")
+            raise Crash(f"simulated crash at step {self.crash_at}")
 
 
 def _model(seed):
@@ -64,7 +61,7 @@ def runs(tmp_path_factory):
     """An uninterrupted run, and one that crashed at step 10 after checkpoints 4 and 8."""
     base = tmp_path_factory.mktemp("runs")
     full, _ = _fit(base / "full")
-    with pytest.raises(_Crash):
+    with pytest.raises(Crash):
         _fit(base / "cut", crash_at=10)
     assert sorted(os.listdir(base / "cut")) == ["checkpoint-4", "checkpoint-8"]  # lock released by the crash
     return {"full": full, "cut": base / "cut"}
@@ -261,7 +258,7 @@ def test_callback_state_sets_only_declared_data_attributes(caplog):
 
 def test_hostile_callback_state_in_a_checkpoint_changes_nothing_else(runs, tmp_path):
     out = tmp_path / "out"
-    with pytest.raises(_Crash):
+    with pytest.raises(Crash):
         _crash_with(out, _Exportable())
     path = out / "checkpoint-4"
     state = json.loads((path / "trainer_state.json").read_text())

@@ -5,7 +5,7 @@ import os
 
 import pytest
 import torch
-from helpers import Pairs, training_records
+from helpers import Crash, Pairs, training_records
 
 from fitkit import Model, TrainerCallback
 from fitkit.engine import checkpoint as ckpt
@@ -33,14 +33,11 @@ class _StopAt(TrainerCallback):
             control.should_training_stop = True
 
 
-class _Crash(Exception):
-    pass
-
 
 class _CrashAt(_StopAt):
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step == self.step:
-            raise _Crash(f"simulated crash at step {self.step}")
+            raise Crash(f"simulated crash at step {self.step}")
 
 
 class _StartStep(TrainerCallback):
@@ -73,7 +70,7 @@ def _fit(out, form, seed=0, callbacks=(), **options):
                                   {"save_strategy": "epoch"}])
 def test_resumed_run_equals_the_uninterrupted_one(tmp_path, form, save):
     full = _fit(tmp_path / "full", form, **save)
-    with pytest.raises(_Crash):
+    with pytest.raises(Crash):
         _fit(tmp_path / "cut", form, callbacks=[_CrashAt(10)], **save)
     newest = ckpt.list_checkpoints(str(tmp_path / "cut"))[-1]
     start = _StartStep()

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from helpers import Pairs, blobs, training_records
+from helpers import Crash, Pairs, blobs, training_records
 
 from fitkit import Model, TrainerCallback, TrainingArguments
 from fitkit.engine import checkpoint as ckpt
@@ -176,12 +176,9 @@ class _StopAt(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step == self.step:
             if self.crash:
-                raise _Crash(f"crash at step {self.step}")
+                raise Crash(f"crash at step {self.step}")
             control.should_training_stop = True
 
-
-class _Crash(Exception):
-    pass
 
 
 @pytest.mark.parametrize("stop", [{"max_steps": 3}, {"steps_per_epoch": 3}, {"callbacks": [_StopAt(4)]},
@@ -196,7 +193,7 @@ def test_no_thread_outlives_a_run_stopped_mid_epoch(stop):
 
 def test_no_thread_outlives_an_error_in_a_step_while_its_traceback_is_kept():
     x, y = blobs(96)
-    with pytest.raises(_Crash) as info:
+    with pytest.raises(Crash) as info:
         _fit(Seen(x, y), True, [_StopAt(3, crash=True)])
     assert info.value.__traceback__ is not None  # the frames that held the batches are alive
     assert _alive() == []
@@ -212,7 +209,7 @@ def _resumable(out, seed=0, callbacks=(), **options):
 
 def test_a_mid_epoch_resume_with_prefetch_equals_the_uninterrupted_run(tmp_path):
     full = _resumable(tmp_path / "full")
-    with pytest.raises(_Crash):
+    with pytest.raises(Crash):
         _resumable(tmp_path / "cut", callbacks=[_StopAt(10, crash=True)])
     assert ckpt.list_checkpoints(str(tmp_path / "cut"))[-1].endswith("-8")  # step 8: inside epoch 2
     resumed = _resumable(tmp_path / "cut", seed=99, resume_from_checkpoint=True)

@@ -3,7 +3,7 @@ regrouping them, and a run resumed mid-epoch sums its losses as the uninterrupte
 
 import pytest
 import torch
-from helpers import training_records
+from helpers import Crash, CrashAt, training_records
 
 from fitkit import Model, TrainerCallback
 from fitkit.engine import checkpoint as ckpt
@@ -29,17 +29,6 @@ def _fit(out, init_seed=0, callbacks=(), **options):
     return model
 
 
-class _Crash(Exception):
-    pass
-
-
-class _CrashAt(TrainerCallback):
-    def __init__(self, step):
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            raise _Crash(f"simulated crash at step {self.step}")
 
 
 class _FirstLog(TrainerCallback):
@@ -70,8 +59,8 @@ def test_checkpoints_leave_the_logged_losses_bit_identical(tmp_path):
 def test_a_mid_epoch_resume_logs_the_same_bits(tmp_path):
     plain = _fit(tmp_path / "plain", save_strategy="no")
     out = tmp_path / "cut"
-    with pytest.raises(_Crash):
-        _fit(out, save_strategy="steps", save_steps=3, callbacks=[_CrashAt(32)])
+    with pytest.raises(Crash):
+        _fit(out, save_strategy="steps", save_steps=3, callbacks=[CrashAt(32)])
     newest = ckpt.list_checkpoints(str(out))[-1]
     assert newest.endswith("checkpoint-30")  # epoch 2, 5 batches in: one loss pending a fold of 4
     first = _FirstLog()

@@ -7,6 +7,7 @@ import time
 
 import pytest
 import torch
+from helpers import Crash, CrashAt
 from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
 from fitkit import Model, TrainerCallback
@@ -130,17 +131,6 @@ class _Record(TrainerCallback):
         self.batches.append([t.clone() for t in batch])
 
 
-class _Crash(Exception):
-    pass
-
-
-class _CrashAt(TrainerCallback):
-    def __init__(self, step):
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            raise _Crash(self.step)
 
 
 def _fit(out, make, seed=0, callbacks=(), **options):
@@ -159,8 +149,8 @@ def _resumes_exactly(tmp_path, make, save_steps, crash, save_async):
     save = dict(save_strategy="steps", save_steps=save_steps, save_async=save_async)
     full, full_source, full_record = _fit(tmp_path / "full", make, **save)
     assert full.state.global_step == 20 and len(full_source.reads) == 2 * N
-    with pytest.raises(_Crash):
-        _fit(tmp_path / "cut", make, callbacks=[_CrashAt(crash)], **save)
+    with pytest.raises(Crash):
+        _fit(tmp_path / "cut", make, callbacks=[CrashAt(crash)], **save)
     step = int(ckpt.list_checkpoints(str(tmp_path / "cut"))[-1].rsplit("-", 1)[1])
     assert step == save_steps
     resumed, source, record = _fit(tmp_path / "cut", make, seed=99, resume_from_checkpoint=True, **save)
@@ -191,9 +181,9 @@ def test_a_stateful_source_resumes_without_reading_a_consumed_item(tmp_path, mak
 def test_the_saved_state_is_that_of_the_batches_trained(tmp_path, save_async):
     """The checkpoint holds the loader's state after the last trained batch (nothing read ahead),
     in the loop's record, which loads with `weights_only=True`."""
-    with pytest.raises(_Crash):
+    with pytest.raises(Crash):
         _fit(tmp_path, SlowItems, save_strategy="steps", save_steps=3, save_async=save_async,
-             callbacks=[_CrashAt(4)])
+             callbacks=[CrashAt(4)])
     path = ckpt.list_checkpoints(str(tmp_path))[-1]
     payload = torch.load(os.path.join(path, ckpt.WEIGHTS), weights_only=True)
     assert payload["loop"]["data_state"] == [[{"epoch": 0, "yielded": 3}]]

@@ -28,20 +28,6 @@ def _snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
-def primary_output(outputs: Any) -> torch.Tensor:
-    """The tensor metrics look at: the tensor itself, `logits` of a dict, or the first item."""
-    if isinstance(outputs, torch.Tensor):
-        return outputs
-    if isinstance(outputs, dict):
-        for key in PREDICTION_KEYS:
-            if key in outputs:
-                return outputs[key]
-        return next(v for k, v in outputs.items() if k != "loss")
-    if isinstance(outputs, (tuple, list)):
-        return outputs[0]
-    return getattr(outputs, "logits", outputs)
-
-
 def _per_output(specs: Any) -> list | None:
     """Keras' per-output `metrics` (a dict by output name, or a list holding lists or None) as
     `OutputMetric`s; None for a flat list."""

@@ -30,21 +30,18 @@ import sys
 import warnings
 from typing import Any, Callable
 
-from fitkit.callbacks.keras_names import KERAS_NAMES, KERAS_ONLY_NAMES, MOMENTS, keras_class, keras_signature, overrides
+from fitkit.callbacks.keras_names import (
+    EVENT_OF,
+    KERAS_NAMES,
+    KERAS_ONLY_NAMES,
+    MOMENTS,
+    keras_class,
+    keras_signature,
+    overrides,
+)
 
 logger = logging.getLogger("fitkit")
 
-#: The fitkit event each Keras method is called from.
-EVENT_OF: dict[str, str] = {
-    "on_train_begin": "on_train_begin", "on_train_end": "on_train_end",
-    "on_epoch_begin": "on_epoch_begin", "on_epoch_end": "on_epoch_summary",
-    "on_train_batch_begin": "on_step_begin", "on_train_batch_end": "on_step_end",
-    "on_batch_begin": "on_step_begin", "on_batch_end": "on_step_end",
-    "on_test_begin": "on_evaluate_begin", "on_test_end": "on_evaluate",
-    "on_test_batch_begin": "on_prediction_step_begin", "on_test_batch_end": "on_prediction_step",
-    "on_predict_begin": "on_predict_begin", "on_predict_end": "on_predict",
-    "on_predict_batch_begin": "on_prediction_step_begin", "on_predict_batch_end": "on_prediction_step",
-}
 #: What an HF-signature method of a Keras-only name should be instead.
 _INSTEAD = {
     "on_train_batch_begin": "on_step_begin", "on_batch_begin": "on_step_begin",

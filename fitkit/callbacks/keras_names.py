@@ -25,6 +25,17 @@ KERAS_NAMES: tuple[str, ...] = SHARED_NAMES + KERAS_ONLY_NAMES
 INDEXED = frozenset({"on_epoch_begin", "on_epoch_end"} | {n for n in KERAS_ONLY_NAMES if "batch" in n})
 #: Keras' aliases: the base `on_train_batch_*` calls `on_batch_*`.
 ALIASES = {"on_train_batch_begin": "on_batch_begin", "on_train_batch_end": "on_batch_end"}
+#: The fitkit event each Keras method is called from.
+EVENT_OF: dict[str, str] = {
+    "on_train_begin": "on_train_begin", "on_train_end": "on_train_end",
+    "on_epoch_begin": "on_epoch_begin", "on_epoch_end": "on_epoch_summary",
+    "on_train_batch_begin": "on_step_begin", "on_train_batch_end": "on_step_end",
+    "on_batch_begin": "on_step_begin", "on_batch_end": "on_step_end",
+    "on_test_begin": "on_evaluate_begin", "on_test_end": "on_evaluate",
+    "on_test_batch_begin": "on_prediction_step_begin", "on_test_batch_end": "on_prediction_step",
+    "on_predict_begin": "on_predict_begin", "on_predict_end": "on_predict",
+    "on_predict_batch_begin": "on_prediction_step_begin", "on_predict_batch_end": "on_prediction_step",
+}
 
 
 #: The events fitkit adds for moments HF has none (Keras' test / predict begins, each evaluation

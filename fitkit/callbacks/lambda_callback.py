@@ -5,18 +5,11 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from fitkit.callbacks.base import EVENTS, TrainerCallback
-from fitkit.callbacks.keras_names import MOMENTS, keras_signature
+from fitkit.callbacks.keras_names import EVENT_OF, KERAS_ONLY_NAMES, MOMENTS, keras_signature
 from fitkit.options import closest, did_you_mean
 
 #: What an HF-style function given under a Keras-only name should be given as.
-KERAS_EVENTS: dict[str, str | None] = {
-    "on_batch_begin": "on_step_begin", "on_batch_end": "on_step_end",
-    "on_train_batch_begin": "on_step_begin", "on_train_batch_end": "on_step_end",
-    "on_test_begin": "on_evaluate_begin", "on_test_end": "on_evaluate",
-    "on_test_batch_begin": "on_prediction_step_begin", "on_test_batch_end": "on_prediction_step",
-    "on_predict_begin": "on_predict_begin", "on_predict_end": "on_predict",
-    "on_predict_batch_begin": "on_prediction_step_begin", "on_predict_batch_end": "on_prediction_step",
-}
+KERAS_EVENTS: dict[str, str] = {name: EVENT_OF[name] for name in KERAS_ONLY_NAMES}
 #: The names a function may be given under: HF's events, fitkit's added moments, Keras' methods.
 NAMES: tuple[str, ...] = EVENTS + MOMENTS + tuple(n for n in KERAS_EVENTS if n not in MOMENTS)
 

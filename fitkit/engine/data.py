@@ -152,8 +152,6 @@ def _adapt(x: Any, y: Any, sample_weight: Any, *, batch_size: int, shuffle: bool
             raise ValueError(f"`{name}` is an empty DataLoader: it yields no batch")
         n = len(x.dataset) if hasattr(x.dataset, "__len__") else None
         return LoaderSource(x, num_samples=n), None
-    if not isinstance(x, list) and is_batch_sequence(x):  # decided without reading a batch
-        return LoaderSource(BatchSequence(x, name, cast_float64)), None
     if is_sample_list(x):
         x = SampleList(x)
     elif is_batch_sequence(x):

@@ -44,8 +44,8 @@ class Report(TrainerCallback):
         print(f"TRAIN_END {state.global_step}", flush=True)
 
 
-def wait_for_sigterm(timeout=120.0):
-    """Block until SIGTERM arrives; the handler in force (fitkit's) still runs."""
+def wait_for_sigterm(timeout=120.0, marker="WAITING"):
+    """Print `marker`, then block until SIGTERM arrives; the handler in force (fitkit's) still runs."""
     arrived = []  # a plain list: a lock taken in a handler can deadlock with the code it interrupted
     previous = signal.getsignal(signal.SIGTERM)
 
@@ -55,7 +55,7 @@ def wait_for_sigterm(timeout=120.0):
             previous(signum, frame)
 
     signal.signal(signal.SIGTERM, handler)
-    print("WAITING", flush=True)
+    print(marker, flush=True)
     deadline = time.monotonic() + timeout
     try:
         while not arrived:  # a sleep is cut short by the signal, and the handler runs then

@@ -15,10 +15,10 @@ those parameters first (a reference run of one configuration).
 import argparse
 import json
 import os
-import signal
 import time
 
 import torch
+from preemptible import wait_for_sigterm  # this folder: the script's own directory is on sys.path
 
 from fitkit import Model, TrainerCallback
 
@@ -46,26 +46,9 @@ class Events(TrainerCallback):
                        os.path.join(args.output_dir, "final.pt"))
 
 
-def hold(timeout=120.0):
+def hold():
     """Block until SIGTERM (then return, fitkit's handler having run) or until killed."""
-    arrived = []
-    previous = signal.getsignal(signal.SIGTERM)
-
-    def handler(signum, frame):
-        arrived.append(signum)
-        if callable(previous):
-            previous(signum, frame)
-
-    signal.signal(signal.SIGTERM, handler)
-    print("HOLD", flush=True)
-    deadline = time.monotonic() + timeout
-    try:
-        while not arrived:
-            time.sleep(0.05)
-            if time.monotonic() > deadline:
-                raise TimeoutError("held for too long: nobody killed this worker")
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    wait_for_sigterm(marker="HOLD")
 
 
 def main(argv=None):
