@@ -1,5 +1,7 @@
 """End-to-end behaviour of compile / fit / evaluate / predict on one process."""
 
+import mmap
+
 import numpy as np
 import pytest
 import torch
@@ -400,10 +402,12 @@ def test_closing_summary_has_speed_and_memory_figures(blobs):
 
         def forward(self, x):
             if self.training and not self.kept:  # the first training step (fit's probe runs in eval mode)
-                # 40 MiB at once, kept: above glibc's largest mmap threshold (32 MiB), so it takes new
-                # pages and the RSS must grow. Smaller blocks can reuse heap pages that are resident
-                # already (freed by earlier tests in this process), leaving the RSS as it was.
-                self.kept.append(torch.ones(10 * 2**20))
+                # 40 MiB of fresh anonymous pages, touched and kept: the RSS must grow by that much.
+                # A malloc'd tensor would not do: glibc serves even a 40 MiB request from a free heap
+                # chunk when one is large enough (left by earlier tests), and those pages are resident.
+                pages = mmap.mmap(-1, 40 * 2**20)
+                torch.frombuffer(pages, dtype=torch.uint8).fill_(1)
+                self.kept.append(pages)
             return self.net(x)
 
     model = Model(Hungry()).compile("adam", "cross_entropy")
