@@ -79,9 +79,27 @@ def _check_agreement(results):
     assert a["evaluate"]["accuracy"] == pytest.approx(accuracy, abs=1e-6)
 
 
-def test_ddp_through_the_fabric_launcher():
-    proc, results = _run("--strategy", "ddp")
+@pytest.fixture(scope="module")
+def full_runs(tmp_path_factory):
+    """Whole runs (saving every 4 steps), one per strategy, run once: the references several
+    tests compare with."""
+    runs = {}
+
+    def run(strategy):
+        if strategy not in runs:
+            runs[strategy] = _run("--strategy", strategy, "--output", str(tmp_path_factory.mktemp(strategy)))
+        return runs[strategy]
+
+    return run
+
+
+def test_ddp_through_the_fabric_launcher(full_runs):
+    proc, results = full_runs("ddp")
     _check_agreement(results)
+    # The other process was started before this one began importing Lightning (early_start), so
+    # the two imports of several seconds each ran at once, not one after the other.
+    began, started = results[0]["lightning_import_began"], results[1]["started"]
+    assert started <= began + 0.02, f"process 1 started {started - began:.2f} s after process 0 began importing"
     assert proc.stdout.count("Epoch 1/3") == 1  # only the world-zero process prints
     assert results[0]["shards"] == [(16, 8), (16,), (2, 16), (2,)] or results[0]["shards"] == [[16, 8], [16], [2, 16], [2]]
 
@@ -91,9 +109,9 @@ def test_ddp_through_torchrun():
     _check_agreement(results)
 
 
-def test_fsdp_shards_parameters_and_matches_ddp():
-    _, ddp = _run("--strategy", "ddp")
-    _, fsdp = _run("--strategy", "fsdp")
+def test_fsdp_shards_parameters_and_matches_ddp(full_runs):
+    _, ddp = full_runs("ddp")
+    _, fsdp = full_runs("fsdp")
     _check_agreement(fsdp)
     assert [list(s) for s in fsdp[0]["shards"]] == [[8, 8], [8], [1, 16], [1]]  # each rank holds half
     for w_fsdp, w_ddp in zip(fsdp[0]["weights"], ddp[0]["weights"]):
@@ -101,8 +119,9 @@ def test_fsdp_shards_parameters_and_matches_ddp():
 
 
 @pytest.mark.parametrize("strategy, extra", [("ddp", ()), ("fsdp", ()), stress_only("fsdp", ("--full-checkpoint",))])
-def test_resume_under_several_processes_is_exact(tmp_path, strategy, extra):
-    _, full = _run("--strategy", strategy, "--output", str(tmp_path / "full"), *extra)
+def test_resume_under_several_processes_is_exact(tmp_path, full_runs, strategy, extra):
+    _, full = _run("--strategy", strategy, "--output", str(tmp_path / "full"), *extra) if extra else \
+        full_runs(strategy)
     out = str(tmp_path / "cut")
     _run("--strategy", strategy, "--output", out, "--max-steps", "5", "--save-steps", "5", *extra)
     saved = os.path.join(out, "checkpoint-5", "state.pt")
@@ -114,10 +133,10 @@ def test_resume_under_several_processes_is_exact(tmp_path, strategy, extra):
         assert b["weights"] == a["weights"]
 
 
-def test_sigterm_to_every_process_checkpoints_once_and_resumes_exactly(tmp_path):
+def test_sigterm_to_every_process_checkpoints_once_and_resumes_exactly(tmp_path, full_runs):
     import signal
 
-    _, full = _run("--strategy", "ddp", "--output", str(tmp_path / "full"))
+    _, full = full_runs("ddp")
     out = str(tmp_path / "cut")
     # Both processes wait at the end of step 6 until their SIGTERM has arrived (a handshake, not
     # timing): the signal is in before the step-10 agreement however slow the machine is.

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from fitkit import launch_env
 from fitkit.arguments import TrainingArguments
+from fitkit.engine import early_start
 from fitkit.engine.local import local_fabric
 from fitkit.engine.quiet import QuietWhenSpawned, import_lightning, quiet_lightning
 from fitkit.engine.strategies import SPAWN_STRATEGIES, deepspeed_strategy, fsdp2_strategy, is_deepspeed
@@ -122,14 +123,42 @@ def build_fabric(args: TrainingArguments):
     local = local_fabric(args)
     if local is not None:
         return local
-    import_lightning()  # the first import, without the notebook note it makes tqdm print
-    from lightning_fabric import Fabric
-
     accelerator = args.accelerator
     if accelerator == "auto":
         import torch
 
         accelerator = "cuda" if torch.cuda.is_available() else "cpu"
+    started = None if _launched_by_cli() or is_spawning(args) else early_start.start(args, accelerator)
+    try:
+        fabric = _fabric(args, accelerator)
+    except BaseException:
+        if started is not None:
+            started.stop()
+        raise
+    if is_spawning(args):
+        fabric.fitkit_quiet = QuietWhenSpawned(args)  # goes with the Fabric into the processes it starts
+    if not _launched_by_cli() and not is_spawning(args):
+        if started is not None:
+            early_start.adopt(fabric, started)
+        launch_env.share_layout(fabric)  # the processes it starts get RANK (accelerate reads it)
+        try:
+            fabric.launch()
+        except BaseException:
+            if started is not None:
+                started.stop()
+            raise
+        if fabric.world_size > 1:
+            _watch_for_crash()
+            _children.extend(getattr(getattr(fabric.strategy, "launcher", None), "procs", None) or ())
+            teardown_at_exit()
+    return fabric
+
+
+def _fabric(args: TrainingArguments, accelerator: str) -> Any:
+    """The Fabric itself (not launched)."""
+    import_lightning()  # the first import, without the notebook note it makes tqdm print
+    from lightning_fabric import Fabric
+
     strategy = args.strategy
     precision = _precision(args, accelerator)
     if is_deepspeed(strategy):
@@ -149,15 +178,6 @@ def build_fabric(args: TrainingArguments):
     fabric = Fabric(accelerator=accelerator, devices=args.devices, strategy=strategy, precision=precision,
                     num_nodes=args.num_nodes)
     quiet_lightning(args, fabric.global_rank, fabric.local_rank)  # the ranks, now known
-    if is_spawning(args):
-        fabric.fitkit_quiet = QuietWhenSpawned(args)  # goes with the Fabric into the processes it starts
-    if not _launched_by_cli() and not is_spawning(args):
-        launch_env.share_layout(fabric)  # the processes it starts get RANK (accelerate reads it)
-        fabric.launch()
-        if fabric.world_size > 1:
-            _watch_for_crash()
-            _children.extend(getattr(getattr(fabric.strategy, "launcher", None), "procs", None) or ())
-            teardown_at_exit()
     return fabric
 
 

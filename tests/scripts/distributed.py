@@ -16,9 +16,32 @@ import signal
 import sys
 import time
 
-import torch
 
-from fitkit import Model, TrainerCallback
+class _ImportClock:
+    """A meta path finder that notes when this process began importing `lightning_fabric`
+    (seconds since boot) and finds nothing itself."""
+
+    began = None
+
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name == "lightning_fabric" and cls.began is None:
+            cls.began = time.clock_gettime(time.CLOCK_BOOTTIME)
+        return None
+
+
+sys.meta_path.insert(0, _ImportClock)
+
+import torch  # noqa: E402
+
+from fitkit import Model, TrainerCallback  # noqa: E402
+
+
+def process_started():
+    """When this process was created, in seconds since boot (Linux: /proc/self/stat, field 22)."""
+    with open("/proc/self/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[19]) / os.sysconf("SC_CLK_TCK")
 
 
 def data():
@@ -112,6 +135,7 @@ def train(opts):
         "log_history": [r for r in model.state.log_history if "train_runtime" not in r], "step": model.state.global_step,
         "evaluate": model.evaluate(x, y, batch_size=16), "predict": model.predict(x, batch_size=16).tolist(),
         "weights": full_weights(model), "shards": shards,
+        "started": process_started(), "lightning_import_began": _ImportClock.began,
     }
     report(opts, result)
 
