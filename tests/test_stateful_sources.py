@@ -1,13 +1,16 @@
 """Stateful data sources (`state_dict()` / `load_state_dict()`) resume mid-epoch from their saved
 state, reading no consumed item; sources without state re-read the consumed batches (one notice)."""
 
+import json
 import logging
 import os
+import subprocess
+import sys
 import time
 
 import pytest
 import torch
-from helpers import Crash, CrashAt
+from helpers import Crash, CrashAt, reserved_port
 from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
 from fitkit import Model, TrainerCallback
@@ -215,3 +218,32 @@ def test_a_state_that_is_not_plain_values_is_not_saved_and_the_source_replays(tm
     for a, b in zip(full.module.parameters(), resumed.module.parameters()):
         assert torch.equal(a, b)
     assert "state_dict() of `x`'s data holds values" in caplog.text and "re-reads 3 batches" in caplog.text
+
+
+@pytest.mark.slow
+def test_under_ddp_each_process_resumes_its_own_stream_without_rereading(tmp_path):
+    """2 processes, each streaming its own half: a checkpoint holds both positions, and a resume
+    (synchronous and asynchronous saves) gives each process its own, reading no consumed item."""
+    script = os.path.join(os.path.dirname(__file__), "scripts", "stateful_ddp.py")
+    results = tmp_path / "results"
+    results.mkdir()
+    with reserved_port() as port:
+        proc = subprocess.run([sys.executable, script, "--results", str(results), "--output", str(tmp_path / "out")],
+                              capture_output=True, text=True, timeout=300, env=dict(os.environ, MASTER_PORT=str(port)))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = {}
+    for name in os.listdir(results):
+        with open(results / name) as f:
+            r = json.load(f)
+        runs[r["name"], r["rank"]] = r
+    cut, per_epoch = 4, 24  # the script's CUT; each process's items an epoch (its N = 48, halved)
+    for rank in (0, 1):
+        full = runs["full", rank]
+        assert full["step"] == 12 and len(full["reads"]) == 2 * per_epoch
+        for mode in ("sync", "async"):
+            saved, resumed = runs[f"cut-{mode}", rank], runs[f"resume-{mode}", rank]
+            assert saved["data_state"] == [[{"epoch": 0, "pos": cut * BATCH, "shard": r}] for r in (0, 1)]
+            assert resumed["reads"] == full["reads"][cut * BATCH:], mode  # its own items after the checkpoint
+            assert resumed["batches"] == full["batches"][cut:]
+            assert resumed["step"] == 12 and resumed["weights"] == full["weights"]
+    assert runs["full", 0]["reads"] != runs["full", 1]["reads"]  # two different streams
