@@ -105,42 +105,80 @@ def hybrid(tmp):
     return _two_nodes(tmp, "hybrid", "--strategy", "fsdp", "--sharding", "hybrid")
 
 
+def _runs(*specs):
+    """`--runs`: the fits one launch makes in turn (see tests/scripts/elastic.py's `plan`)."""
+    return ("--runs", json.dumps(list(specs)))
+
+
+def _checkpoints(output, runs):
+    return [os.path.join(output, str(run), f"checkpoint-{CUT}") for run in runs]
+
+
+#: SGD without momentum has no state yet when a checkpoint is written.
+OPTIMIZERS = ("sgd", "momentum", "adam")
+
+
 @pytest.fixture(scope="module")
 def writers(tmp, hybrid):
-    """Checkpoints at step 3, each with the samples consumed by then (over all processes). DDP runs
-    2 x 16 samples a step, as hybrid FSDP's 4 x 8, to compare with it; FSDP on 2 runs to the end,
-    the reference of a resume on 2."""
-    ddp = _launch(tmp, "ddp2", "--strategy", "ddp", "--devices", "2", "--batch-size", "16", world=2)
-    fsdp2 = _launch(tmp, "fsdp2", "--strategy", "fsdp", "--devices", "2", world=2)
+    """Checkpoints at step CUT, each with the samples consumed by then (over all processes), from
+    as few launches as the strategies allow:
+
+    - DDP x2: 2 x 16 samples a step (as hybrid FSDP's 4 x 8, to compare with it); then Adam
+      written asynchronously;
+    - FSDP x2: a whole run (the reference of a resume on 2); then each optimizer; then Adam
+      written asynchronously;
+    - FSDP on one process; and one process without a strategy, each optimizer.
+    """
+    cut = {"max_steps": CUT}
+    ddp = _launch(tmp, "ddp2", "--strategy", "ddp", "--devices", "2",
+                  *_runs({"batch_size": 16}, {"save_async": True, **cut}), runs=2, world=2)
+    fsdp = _launch(tmp, "fsdp2", "--strategy", "fsdp", "--devices", "2",
+                   *_runs({}, *({"optimizer": name, **cut} for name in OPTIMIZERS), {"save_async": True, **cut}),
+                   runs=5, world=2)
     fsdp1 = _launch(tmp, "fsdp1", "--strategy", "fsdp", "--devices", "1", "--max-steps", str(CUT))
+    one = _launch(tmp, "m-one", "--optimizer", ",".join(OPTIMIZERS), "--max-steps", str(CUT), runs=3)
     found = {}
-    for name, (output, runs), samples in (("ddp2", ddp, 96), ("fsdp2", fsdp2, 48), ("fsdp1", fsdp1, 24),
-                                          ("hybrid", hybrid, 96)):
-        path = os.path.join(output, "0", f"checkpoint-{CUT}")
+    for name, (output, runs), run, samples in (("ddp2", ddp, 0, 96), ("fsdp2", fsdp, 0, 48), ("fsdp1", fsdp1, 0, 24),
+                                               ("hybrid", hybrid, 0, 96)):
+        path = os.path.join(output, str(run), f"checkpoint-{CUT}")
         assert os.path.isdir(os.path.join(path, "state.pt")) == (name != "ddp2")  # DCP shards but for DDP
-        found[name] = (path, runs[0] if name != "hybrid" else runs, samples)
+        found[name] = (path, runs[run] if name != "hybrid" else runs, samples)
+    found["matrix"] = {"one": one, "fsdp2": (fsdp[0], fsdp[1][1:4]), "ddp2-async": (ddp[0], ddp[1][1]),
+                       "fsdp2-async": (fsdp[0], fsdp[1][4])}
     return found
 
 
-@pytest.mark.slow
-def test_one_process_resumes_ddp_fsdp_and_hybrid_checkpoints_at_the_same_sample(tmp, writers):
-    names = ("ddp2", "fsdp2", "hybrid")  # written by 2, 2 and 4 processes; read here without a process group
-    args = [a for name in names for a in ("--resume", writers[name][0])]
-    _, runs = _launch(tmp, "on1", *args, "--init-seed", "7", runs=len(names))
-    for name, resumed in zip(names, runs):
-        _, writer, samples = writers[name]
-        _check_resumed(writer, resumed, samples)
+@pytest.fixture(scope="module")
+def resumed(tmp, writers):
+    """Every resume, one launch for 2 processes (FSDP) and one for a single process (no strategy):
+    the writers' checkpoints, then each optimizer's."""
+    matrix = writers["matrix"]
+    one_out, _ = matrix["one"]
+    fsdp_out, ddp_out = matrix["fsdp2"][0], matrix["ddp2-async"][0]
+    on2 = [{"resume": writers[name][0]} for name in ("fsdp1", "fsdp2", "hybrid")]
+    on2 += [{"resume": path, "optimizer": name} for name, path in zip(OPTIMIZERS, _checkpoints(one_out, range(3)))]
+    _, two = _launch(tmp, "on2", "--strategy", "fsdp", "--devices", "2", "--init-seed", "7", *_runs(*on2),
+                     runs=len(on2), world=2)
+    on1 = [{"resume": writers[name][0]} for name in ("ddp2", "fsdp2", "hybrid")]
+    on1 += [{"resume": path, "optimizer": name} for name, path in zip(OPTIMIZERS, _checkpoints(fsdp_out, (1, 2, 3)))]
+    on1 += [{"resume": path} for path in (*_checkpoints(ddp_out, (1,)), *_checkpoints(fsdp_out, (4,)))]
+    _, one = _launch(tmp, "on1", "--init-seed", "7", *_runs(*on1), runs=len(on1))
+    return {"on2": two, "on1": one}
 
 
 @pytest.mark.slow
-def test_two_processes_resume_fsdp_checkpoints_of_one_two_and_four_processes(tmp, writers):
-    names = ("fsdp1", "fsdp2", "hybrid")
-    args = [a for name in names for a in ("--resume", writers[name][0])]
-    _, runs = _launch(tmp, "on2", "--strategy", "fsdp", "--devices", "2", *args, "--init-seed", "7", runs=len(names),
-                      world=2)
-    for name, resumed in zip(names, runs):
+def test_one_process_resumes_ddp_fsdp_and_hybrid_checkpoints_at_the_same_sample(writers, resumed):
+    for name, runs in zip(("ddp2", "fsdp2", "hybrid"), resumed["on1"]):  # written by 2, 2 and 4 processes
         _, writer, samples = writers[name]
-        _check_resumed(writer, resumed, samples)
+        _check_resumed(writer, runs, samples)
+
+
+@pytest.mark.slow
+def test_two_processes_resume_fsdp_checkpoints_of_one_two_and_four_processes(writers, resumed):
+    runs = resumed["on2"][:3]
+    for name, runs_of in zip(("fsdp1", "fsdp2", "hybrid"), runs):
+        _, writer, samples = writers[name]
+        _check_resumed(writer, runs_of, samples)
     same = runs[1]  # 2 -> 2: the same processes and batches as the writer, so the same run to the end
     assert [r["end"] for r in same] == [writers["fsdp2"][1][0]["end"]] * 2
 
@@ -162,43 +200,19 @@ def test_hybrid_sharding_on_two_nodes_matches_ddp(hybrid, writers):
 
 
 # -- every optimizer, with and without state: one process <-> FSDP x2; asynchronous writers ---------------
-OPTIMIZERS = ("sgd", "momentum", "adam")  # SGD without momentum has no state yet
-
-
-@pytest.fixture(scope="module")
-def matrix(tmp):
-    """Checkpoints at step CUT of each optimizer on one process and on FSDP x2 (one launch each,
-    a run per optimizer), and Adam's written asynchronously by DDP x2 and FSDP x2."""
-    opts = ("--optimizer", ",".join(OPTIMIZERS), "--max-steps", str(CUT))
-    one = _launch(tmp, "m-one", *opts, runs=3)
-    fsdp = _launch(tmp, "m-fsdp2", *opts, "--strategy", "fsdp", "--devices", "2", runs=3, world=2)
-    quick = ("--async", "--max-steps", str(CUT))
-    ddp_async = _launch(tmp, "m-ddp2-async", *quick, "--strategy", "ddp", "--devices", "2", world=2)
-    fsdp_async = _launch(tmp, "m-fsdp2-async", *quick, "--strategy", "fsdp", "--devices", "2", world=2)
-    return {"one": one, "fsdp2": fsdp, "ddp2-async": ddp_async, "fsdp2-async": fsdp_async}
-
-
-def _checkpoints(output, runs):
-    return [a for run in range(runs) for a in ("--resume", os.path.join(output, str(run), f"checkpoint-{CUT}"))]
-
-
 @pytest.mark.slow
-def test_every_optimizer_resumes_from_one_process_on_fsdp_and_back(tmp, matrix):
-    (one_out, one), (fsdp_out, fsdp) = matrix["one"], matrix["fsdp2"]
-    names = ("--optimizer", ",".join(OPTIMIZERS), "--init-seed", "7")
-    _, on2 = _launch(tmp, "m-on2", *names, *_checkpoints(one_out, 3), "--strategy", "fsdp", "--devices", "2",
-                     runs=3, world=2)
-    for name, writer, resumed in zip(OPTIMIZERS, one, on2):
-        _check_resumed(writer, resumed, 24, stateful=name != "sgd")
-    (ddp_out, ddp), (fa_out, fa) = matrix["ddp2-async"], matrix["fsdp2-async"]
-    extra = [*_checkpoints(ddp_out, 1), *_checkpoints(fa_out, 1)]
-    _, on1 = _launch(tmp, "m-on1", "--optimizer", ",".join(OPTIMIZERS + ("adam", "adam")), "--init-seed", "7",
-                     *_checkpoints(fsdp_out, 3), *extra, runs=5)
-    for name, writer, resumed in zip(OPTIMIZERS, fsdp, on1):
-        _check_resumed(writer, resumed, 48, stateful=name != "sgd")
-    _check_resumed(ddp[0], on1[3], 48)  # asynchronous checkpoints, written from a host copy
-    _check_resumed(fa[0], on1[4], 48)
-    assert not os.path.isdir(os.path.join(fa_out, "0", f"checkpoint-{CUT}", "state.pt"))  # one file, gathered
+def test_every_optimizer_resumes_from_one_process_on_fsdp_and_back(writers, resumed):
+    matrix = writers["matrix"]
+    _, one = matrix["one"]
+    for name, writer, runs in zip(OPTIMIZERS, one, resumed["on2"][3:]):
+        _check_resumed(writer, runs, 24, stateful=name != "sgd")
+    _, fsdp = matrix["fsdp2"]
+    for name, writer, runs in zip(OPTIMIZERS, fsdp, resumed["on1"][3:6]):
+        _check_resumed(writer, runs, 48, stateful=name != "sgd")
+    (_, ddp_async), (fsdp_out, fsdp_async) = matrix["ddp2-async"], matrix["fsdp2-async"]
+    _check_resumed(ddp_async, resumed["on1"][6], 48)  # asynchronous checkpoints, written from a host copy
+    _check_resumed(fsdp_async, resumed["on1"][7], 48)
+    assert not os.path.isdir(os.path.join(fsdp_out, "4", f"checkpoint-{CUT}", "state.pt"))  # one file, gathered
 
 
 # -- the pieces, in this process ----------------------------------------------------------------------

@@ -6,7 +6,7 @@ and drops before its layers, so a test can tell exactly which samples each proce
 usage: elastic.py --results DIR --output DIR [--strategy auto|ddp|fsdp] [--devices N] [--num-nodes N]
                   [--sharding full|hybrid] [--full-checkpoint] [--batch-size B] [--save-steps K]
                   [--max-steps K] [--resume CHECKPOINT ...] [--init-seed S] [--optimizer adam|sgd|momentum]
-                  [--async]
+                  [--async] [--runs JSON]
 """
 
 import argparse
@@ -82,28 +82,38 @@ OPTIMIZERS = {"adam": "adam", "sgd": lambda params: torch.optim.SGD(params, lr=1
               "momentum": lambda params: torch.optim.SGD(params, lr=1e-2, momentum=0.9)}
 
 
-def main(opts):
-    """One fit, or one fit per `--resume` checkpoint (in turn, on the same processes); with several
-    `--optimizer` names, one fit per name (each resuming the `--resume` of its place, if given)."""
-    x, y = data()
-    net = Net(opts.init_seed)
+def plan(opts):
+    """The fits to make in turn, on the same processes, each a dict of `optimizer`, `resume`,
+    `max_steps`, `save_async` and `batch_size`: `--runs` (a JSON list of such dicts, the rest
+    taken from the options; each run compiles afresh), else one fit per `--resume` checkpoint,
+    or per `--optimizer` name (each resuming the `--resume` of its place, if given)."""
+    base = {"optimizer": "adam", "resume": None, "max_steps": opts.max_steps, "save_async": opts.save_async,
+            "batch_size": opts.batch_size, "fresh": True}
+    if opts.runs:
+        return [{**base, **run} for run in json.loads(opts.runs)]
     names = opts.optimizer.split(",")
     resumes = opts.resume or [None] * len(names)
     names = names * len(resumes) if len(names) == 1 else names
+    return [{**base, "optimizer": name, "resume": resume, "fresh": False} for name, resume in zip(names, resumes)]
+
+
+def main(opts):
+    x, y = data()
+    net = Net(opts.init_seed)
     model, compiled = Model(net), None
-    for run, (name, resume) in enumerate(zip(names, resumes)):
-        if name != compiled:  # a fresh optimizer (the module goes on from the weights it has)
-            compiled = name
-            model.compile(OPTIMIZERS[name], "cross_entropy", learning_rate=1e-2, strategy=opts.strategy,
+    for run, spec in enumerate(plan(opts)):
+        if spec["fresh"] or spec["optimizer"] != compiled:  # a fresh optimizer (the module keeps its weights)
+            compiled = spec["optimizer"]
+            model.compile(OPTIMIZERS[compiled], "cross_entropy", learning_rate=1e-2, strategy=opts.strategy,
                           devices=opts.devices, num_nodes=opts.num_nodes, accelerator="cpu",
                           fsdp_full_checkpoint=opts.full_checkpoint, fsdp_sharding=opts.sharding)
         track = Track()
-        options = {"resume_from_checkpoint": resume} if resume else {}
-        if opts.max_steps:
-            options["max_steps"] = opts.max_steps
-        model.fit(x, y, epochs=2, batch_size=opts.batch_size, seed=SEED, verbose=0,
+        options = {"resume_from_checkpoint": spec["resume"]} if spec["resume"] else {}
+        if spec["max_steps"]:
+            options["max_steps"] = spec["max_steps"]
+        model.fit(x, y, epochs=2, batch_size=spec["batch_size"], seed=SEED, verbose=0,
                   output_dir=os.path.join(opts.output, str(run)), save_strategy="steps", save_steps=opts.save_steps,
-                  callbacks=[track], save_async=opts.save_async, **options)
+                  callbacks=[track], save_async=spec["save_async"], **options)
         report(opts, run, model, track)
 
 
@@ -140,6 +150,7 @@ if __name__ == "__main__":
     parser.add_argument("--optimizer", default="adam", help="adam, sgd or momentum; several, comma-separated: "
                         "one run each")
     parser.add_argument("--async", dest="save_async", action="store_true", help="save_async=True")
+    parser.add_argument("--runs", default=None, help="a JSON list of per-run options (see `plan`)")
     opts = parser.parse_args()
     torch.set_num_threads(1)
     main(opts)
