@@ -14,6 +14,7 @@ import torch
 from helpers import stress_only
 
 from fitkit import Model, TrainingArguments
+from fitkit.engine.hf_columns import drop_unused_columns
 
 transformers = pytest.importorskip("transformers")
 datasets = pytest.importorskip("datasets")
@@ -116,6 +117,58 @@ def test_keys_of_per_sample_dicts_are_dropped_for_a_plain_module():
     model = Model(Net()).compile("adam", "cross_entropy")
     model.fit(rows, batch_size=4, verbose=0)
     assert model.state.global_step == 4
+
+
+def test_an_iterable_dataset_loses_the_columns_the_hf_trainer_drops(tmp_path):
+    theirs = KeyRecorder()
+    trainer = transformers.Trainer(model=tiny_bert(), args=hf_args(tmp_path, max_steps=3),
+                                   train_dataset=tokenized().to_iterable_dataset(), data_collator=theirs)
+    trainer.train()
+    ours = KeyRecorder()
+    model = Model(tiny_bert()).compile("adamw", learning_rate=1e-3)
+    model.fit(tokenized().to_iterable_dataset(), batch_size=8, data_collator=ours, verbose=0)
+    assert ours.seen == theirs.seen == set(tokenized().column_names) - {"text", "idx"}
+    assert model.state.global_step == 6
+    kept = KeyRecorder(keep_only=["input_ids", "attention_mask", "label"])
+    model.fit(tokenized().to_iterable_dataset(), batch_size=8, data_collator=kept, remove_unused_columns=False,
+              verbose=0)
+    assert {"text", "idx"} <= kept.seen
+
+
+def test_a_torch_iterable_dataset_of_dicts_keeps_its_state_and_loses_unused_keys():
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 2)
+
+        def forward(self, features):  # a strict forward: an extra keyword would fail
+            return self.lin(features)
+
+    class Rows(torch.utils.data.IterableDataset):
+        def __init__(self):
+            self.loaded = None
+
+        def __iter__(self):
+            for i in range(16):
+                yield {"features": torch.tensor([float(i), 1.0, -1.0]), "label": i % 2, "note": "x", "id": i}
+
+        def state_dict(self):
+            return {"at": 0}
+
+        def load_state_dict(self, state):
+            self.loaded = state
+
+    from fitkit.engine.sources import stateful_parts
+
+    model = Model(Net()).compile("adam", "cross_entropy")
+    model.fit(Rows(), batch_size=4, verbose=0)
+    assert model.state.global_step == 4
+    wrapped = drop_unused_columns(Rows(), Net(), model.training_arguments())
+    first = next(iter(wrapped))
+    assert list(first) == ["features", "label"] and first["features"].tolist() == [0.0, 1.0, -1.0]
+    assert stateful_parts(torch.utils.data.DataLoader(wrapped, batch_size=4)) == [wrapped]
+    wrapped.load_state_dict({"at": 3})
+    assert wrapped.dataset.loaded == {"at": 3}  # the dataset's own state, reached through the filter
 
 
 def test_no_column_matching_forward_is_an_error_naming_both():

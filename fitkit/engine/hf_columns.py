@@ -9,9 +9,11 @@ Label columns are always kept (`label`, `labels`, `label_ids`, fitkit's other ta
 `args.label_names`), and `sample_weight` too. The names dropped are logged once, at info level,
 on the "fitkit" logger. What is dropped: a `datasets.Dataset`'s columns (`remove_columns`, no
 copy of the data), or the keys of per-sample dicts (a list of dicts, or a map-style torch
-`Dataset` yielding dicts, read through a view). A forward that names no parameter (only
-`*args` / `**kwargs`), an iterable dataset, a `DataLoader` and in-memory tensors are left as
-they are; `remove_unused_columns=False` keeps every column.
+`Dataset` yielding dicts, read through a view), or of the dicts an iterable dataset yields (a
+torch or `datasets` `IterableDataset`, filtered as they are yielded, as HF's
+`RemoveColumnsCollator` does for it; the dataset's own attributes, its `state_dict` among them,
+stay reachable). A forward that names no parameter (only `*args` / `**kwargs`), a `DataLoader`
+and in-memory tensors are left as they are; `remove_unused_columns=False` keeps every column.
 """
 
 from __future__ import annotations
@@ -69,10 +71,65 @@ class KeptColumns(SampleList):
         return {k: sample[k] for k in self.keep if k in sample}
 
 
+class KeySelector:
+    """Which keys of a sample to keep for a forward (`select(keys)`: the kept keys, or None to
+    keep the sample as it is). Holds names only, so it goes with a dataset into worker processes."""
+
+    def __init__(self, module: torch.nn.Module, args: Any, name: str) -> None:
+        self.forward = forward_names(module) or set()
+        self.allowed = self.forward | set(ALWAYS_KEPT) | set(getattr(args, "label_names", None) or ())
+        self.name, self.module = name, type(getattr(module, "_orig_mod", module)).__name__
+        self._known: dict[tuple, list[str] | None] = {}
+
+    def select(self, keys: tuple) -> list[str] | None:
+        if keys not in self._known:
+            keep = [k for k in keys if k in self.allowed]
+            dropped = [k for k in keys if k not in self.allowed]
+            if dropped and not any(k in self.forward for k in keep):
+                raise _nothing_kept(self.name, list(keys), self.module, self.forward)
+            if dropped:
+                _log_once(self.name, self.module, dropped)
+            self._known[keys] = keep if dropped else None
+        return self._known[keys]
+
+
+class KeptKeys(IterableDataset):
+    """An iterable dataset whose dict samples keep only the keys `selector` keeps. Every other
+    attribute is the dataset's (`state_dict`, `load_state_dict`, `set_epoch`, ...)."""
+
+    def __init__(self, dataset: IterableDataset, selector: KeySelector) -> None:
+        self.dataset, self.selector = dataset, selector
+
+    def __iter__(self):
+        for sample in self.dataset:
+            if isinstance(sample, Mapping):
+                keep = self.selector.select(tuple(sample))
+                if keep is not None:
+                    sample = {k: sample[k] for k in keep}
+            yield sample
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("dataset", "selector"):  # unpickling: not set yet
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+
+class SizedKeptKeys(KeptKeys):
+    """`KeptKeys` of an iterable dataset that knows its length."""
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+
 def drop_unused_columns(x: Any, module: torch.nn.Module, args: Any, name: str = "x") -> Any:
     """`x` without the columns `module.forward` does not take (see the module docstring)."""
-    if not getattr(args, "remove_unused_columns", True) or isinstance(x, (DataLoader, IterableDataset, torch.Tensor)):
+    if not getattr(args, "remove_unused_columns", True) or isinstance(x, (DataLoader, torch.Tensor)):
         return x
+    if isinstance(x, IterableDataset):
+        if forward_names(module) is None:
+            return x
+        wrapper = SizedKeptKeys if hasattr(x, "__len__") else KeptKeys
+        return wrapper(x, KeySelector(module, args, name))
     columns = _columns(x)
     if not columns:
         return x
@@ -81,14 +138,18 @@ def drop_unused_columns(x: Any, module: torch.nn.Module, args: Any, name: str = 
         return x
     dropped = [c for c in columns if c not in keep]
     if not any(c in forward_names(module) for c in keep):
-        raise ValueError(
-            f"no column of `{name}` ({', '.join(columns)}) is an argument of {type(module).__name__}.forward "
-            f"({', '.join(sorted(forward_names(module)))}), so every input would be dropped: rename the columns to "
-            "the forward's arguments, or pass remove_unused_columns=False to keep them")
-    _log_once(name, module, dropped)
+        raise _nothing_kept(name, columns, type(module).__name__, forward_names(module))
+    _log_once(name, type(getattr(module, "_orig_mod", module)).__name__, dropped)
     if hasattr(x, "remove_columns") and hasattr(x, "column_names"):  # a datasets.Dataset
         return x.remove_columns(dropped)
     return KeptColumns(x, keep)
+
+
+def _nothing_kept(name: str, columns: list[str], module: str, forward: set[str]) -> ValueError:
+    return ValueError(
+        f"no column of `{name}` ({', '.join(columns)}) is an argument of {module}.forward "
+        f"({', '.join(sorted(forward))}), so every input would be dropped: rename the columns to "
+        "the forward's arguments, or pass remove_unused_columns=False to keep them")
 
 
 def _columns(x: Any) -> list[str] | None:
@@ -105,10 +166,9 @@ def _columns(x: Any) -> list[str] | None:
     return list(first) if isinstance(first, Mapping) else None
 
 
-def _log_once(name: str, module: torch.nn.Module, dropped: list[str]) -> None:
-    key = (name, type(module).__name__, tuple(dropped))
+def _log_once(name: str, module: str, dropped: list[str]) -> None:
+    key = (name, module, tuple(dropped))
     if key not in _logged:
         _logged.add(key)
         logger.info("the columns %s of `%s` are not arguments of %s.forward: dropped before collation "
-                    "(remove_unused_columns=True; pass False to keep them)", ", ".join(dropped), name,
-                    type(getattr(module, "_orig_mod", module)).__name__)
+                    "(remove_unused_columns=True; pass False to keep them)", ", ".join(dropped), name, module)
