@@ -171,6 +171,35 @@ def test_a_torch_iterable_dataset_of_dicts_keeps_its_state_and_loses_unused_keys
     assert wrapped.dataset.loaded == {"at": 3}  # the dataset's own state, reached through the filter
 
 
+def test_an_iterable_dataset_of_dicts_is_batched_as_the_hf_trainer_batches_it(tmp_path):
+    class Net(torch.nn.Module):
+        """Returns its loss, as an HF model does; records what each training forward receives."""
+
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.lin, self.seen = torch.nn.Linear(3, 2), []
+
+        def forward(self, features, labels=None):
+            if self.training:
+                self.seen.append({"features": (tuple(features.shape), str(features.dtype)),
+                                  "labels": (tuple(labels.shape), str(labels.dtype))})
+            logits = self.lin(features)
+            return {"loss": torch.nn.functional.cross_entropy(logits, labels), "logits": logits}
+
+    class Rows(torch.utils.data.IterableDataset):  # lists and ints, as a tokenizer's output is
+        def __iter__(self):
+            for i in range(16):
+                yield {"features": [float(i % 5), 1.0, -1.0], "label": i % 2, "note": "x"}
+
+    theirs = Net()
+    transformers.Trainer(model=theirs, args=hf_args(tmp_path, max_steps=4, per_device_train_batch_size=4),
+                         train_dataset=Rows()).train()
+    ours = Net()
+    Model(ours).compile("sgd", learning_rate=1e-2).fit(Rows(), batch_size=4, verbose=0)
+    assert ours.seen == theirs.seen == [{"features": ((4, 3), "torch.float32"), "labels": ((4,), "torch.int64")}] * 4
+
+
 def test_no_column_matching_forward_is_an_error_naming_both():
     class Net(torch.nn.Module):
         def __init__(self):

@@ -7,8 +7,8 @@ one per sample, batched with HF's default collation::
 
 `loader_options(args, dataset)` is what the `DataLoader` fitkit builds over a Dataset gets from
 the run's arguments: `data_collator` (default: HF's `DataCollatorWithPadding` for a
-`processing_class` tokenizer, else the collation above for dict samples),
-`dataloader_num_workers` and `dataloader_pin_memory`.
+`processing_class` tokenizer, else the collation above for dict samples, an iterable dataset's
+included), `dataloader_num_workers` and `dataloader_pin_memory`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
 
 def _is_batched(value: Any) -> bool:
@@ -89,6 +89,15 @@ def default_data_collator(features: Sequence[Mapping[str, Any]]) -> dict[str, to
     return batch
 
 
+def collate_samples(features: Sequence[Any]) -> Any:
+    """The collation of an iterable dataset fitkit batches (its samples are only seen as they
+    come): dict samples as HF's default collation (`default_data_collator`, as the Trainer
+    batches any dataset), others as torch's `default_collate`."""
+    if features and isinstance(features[0], Mapping):
+        return default_data_collator(features)
+    return default_collate(features)
+
+
 def loader_options(args: Any, dataset: Any) -> dict[str, Any]:
     """`DataLoader` keyword arguments for a loader fitkit builds over `dataset` under `args`."""
     from fitkit.hf_processing import default_collator
@@ -99,6 +108,8 @@ def loader_options(args: Any, dataset: Any) -> dict[str, Any]:
         options["collate_fn"] = collator
     elif isinstance(dataset, SampleList) or _first_is_a_dict(dataset):
         options["collate_fn"] = default_data_collator
+    elif isinstance(dataset, IterableDataset):
+        options["collate_fn"] = collate_samples
     workers = getattr(args, "dataloader_num_workers", 0) or 0
     if workers:
         options["num_workers"] = workers
