@@ -127,14 +127,19 @@ def test_the_loop_goes_on_while_the_write_runs_and_on_save_sees_a_committed_chec
     assert not [n for n in os.listdir(tmp_path) if n.startswith(ckpt.TMP_PREFIX)]
 
 
-def test_fit_returns_only_after_the_last_commit(tmp_path, monkeypatch):
+def _slow_commits(monkeypatch, seconds):
+    """Each background commit (JSON files, manifest, rename) starts `seconds` late."""
     commit = ckpt.commit
 
     def slow_commit(*args, **kwargs):
-        time.sleep(0.5)
+        time.sleep(seconds)
         return commit(*args, **kwargs)
 
     monkeypatch.setattr(ckpt, "commit", slow_commit)
+
+
+def test_fit_returns_only_after_the_last_commit(tmp_path, monkeypatch):
+    _slow_commits(monkeypatch, 0.5)
     model, record = _fit(tmp_path, max_steps=8)
     assert [os.path.basename(p) for p in ckpt.list_checkpoints(str(tmp_path))] == ["checkpoint-4", "checkpoint-8"]
     assert model.last_checkpoint == str(tmp_path / "checkpoint-8")
@@ -142,13 +147,7 @@ def test_fit_returns_only_after_the_last_commit(tmp_path, monkeypatch):
 
 
 def test_rotation_never_deletes_the_newest_committed_or_the_best_while_a_write_runs(tmp_path, monkeypatch):
-    commit = ckpt.commit
-
-    def slow_commit(*args, **kwargs):
-        time.sleep(0.2)
-        return commit(*args, **kwargs)
-
-    monkeypatch.setattr(ckpt, "commit", slow_commit)
+    _slow_commits(monkeypatch, 0.2)
     g = torch.Generator().manual_seed(1)
     val = torch.randn(16, 8, generator=g), torch.randint(0, 3, (16,), generator=g)
     model, record = _fit(tmp_path, save_total_limit=1, eval_strategy="steps", eval_steps=4, validation_data=val,

@@ -104,17 +104,20 @@ def test_remove_unused_columns_false_keeps_them():
     assert {"text", "idx"} <= recorder.seen
 
 
+class StrictNet(torch.nn.Module):
+    """Takes `features` only: an extra keyword would fail."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 2)
+
+    def forward(self, features):
+        return self.lin(features)
+
+
 def test_keys_of_per_sample_dicts_are_dropped_for_a_plain_module():
-    class Net(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = torch.nn.Linear(3, 2)
-
-        def forward(self, features):  # a strict forward: an extra keyword would fail
-            return self.lin(features)
-
     rows = [{"features": [float(i), 1.0, -1.0], "label": i % 2, "note": "x", "id": i} for i in range(16)]
-    model = Model(Net()).compile("adam", "cross_entropy")
+    model = Model(StrictNet()).compile("adam", "cross_entropy")
     model.fit(rows, batch_size=4, verbose=0)
     assert model.state.global_step == 4
 
@@ -136,14 +139,6 @@ def test_an_iterable_dataset_loses_the_columns_the_hf_trainer_drops(tmp_path):
 
 
 def test_a_torch_iterable_dataset_of_dicts_keeps_its_state_and_loses_unused_keys():
-    class Net(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = torch.nn.Linear(3, 2)
-
-        def forward(self, features):  # a strict forward: an extra keyword would fail
-            return self.lin(features)
-
     class Rows(torch.utils.data.IterableDataset):
         def __init__(self):
             self.loaded = None
@@ -160,10 +155,10 @@ def test_a_torch_iterable_dataset_of_dicts_keeps_its_state_and_loses_unused_keys
 
     from fitkit.engine.sources import stateful_parts
 
-    model = Model(Net()).compile("adam", "cross_entropy")
+    model = Model(StrictNet()).compile("adam", "cross_entropy")
     model.fit(Rows(), batch_size=4, verbose=0)
     assert model.state.global_step == 4
-    wrapped = drop_unused_columns(Rows(), Net(), model.training_arguments())
+    wrapped = drop_unused_columns(Rows(), StrictNet(), model.training_arguments())
     first = next(iter(wrapped))
     assert list(first) == ["features", "label"] and first["features"].tolist() == [0.0, 1.0, -1.0]
     assert stateful_parts(torch.utils.data.DataLoader(wrapped, batch_size=4)) == [wrapped]

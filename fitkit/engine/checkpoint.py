@@ -82,7 +82,7 @@ def save_checkpoint(fabric, output_dir: str, *, state, args, module, optimizer, 
     final = checkpoint_path(output_dir, state.global_step)
     tmp = os.path.join(output_dir, f"{TMP_PREFIX}{state.global_step}-{token or os.getpid()}")
     zero = fabric.is_global_zero
-    failure = _agree(fabric, _attempt(lambda: _prepare(output_dir, tmp)) if zero else None)
+    failure = agree(fabric, _attempt(lambda: _prepare(output_dir, tmp)) if zero else None)
     if failure is None:
         payload: dict[str, Any] = {"model": module}
         if optimizer is not None:
@@ -100,7 +100,7 @@ def save_checkpoint(fabric, output_dir: str, *, state, args, module, optimizer, 
             failure = _attempt(lambda: export_pretrained(tmp, module, args))
         if failure is None and zero:
             failure = _attempt(lambda: _finish(tmp, final, state, args, optimizer))
-        failure = _agree(fabric, failure)
+        failure = agree(fabric, failure)
     if failure is None:
         return final
     if zero:
@@ -231,7 +231,7 @@ def _attempt(write: Callable[[], Any]) -> Exception | None:
     return None
 
 
-def _agree(fabric: Any, failure: Exception | None) -> Exception | None:
+def agree(fabric: Any, failure: Exception | None) -> Exception | None:
     """Whether a write failed on any process (a collective, standing for a barrier): this
     process's error, else one saying what the global-zero process met."""
     if fabric.world_size == 1:
@@ -249,8 +249,6 @@ def _agree(fabric: Any, failure: Exception | None) -> Exception | None:
     text = f"on the global-zero process: {said[0]}"
     return OSError(text) if said[1] else CheckpointError(f"writing the checkpoint failed {text}")
 
-
-agree = _agree
 
 
 def _storage_error(err: BaseException) -> BaseException:
@@ -301,10 +299,10 @@ def _space_needed(previous: str | None, module: Any, optimizer: Any) -> tuple[in
             pass
     total = 0
     try:
-        def tree(obj: Any) -> Any:  # a module / optimizer, or already its state dict (an asynchronous save)
+        def state_of(obj: Any) -> Any:  # a module / optimizer, or already its state dict (an asynchronous save)
             return obj if isinstance(obj, dict) else obj.state_dict()
 
-        states = [tree(module)] + ([tree(optimizer).get("state", {})] if optimizer is not None else [])
+        states = [state_of(module)] + ([state_of(optimizer).get("state", {})] if optimizer is not None else [])
         for tree in states:
             total += sum(_bytes(v) for v in _leaves(tree))
     except Exception:  # noqa: BLE001 - an estimate only

@@ -256,12 +256,17 @@ class Checkpointer:
                                      optimizer=self.optimizer, scheduler=self.scheduler, extra=extra,
                                      token=self._token)
         if self.fabric.is_global_zero:
-            if own:
-                files.rotate(directory, self.args.save_total_limit, keep=state.best_model_checkpoint)
-            else:
-                files.rotate(directory, limit)
+            self._rotate(directory, own, limit)
         self._committed(own, path)
         return path
+
+    def _rotate(self, directory: str, own: bool, limit: int | None) -> None:
+        """`save_total_limit` in `output_dir`, keeping the best checkpoint (read now: with
+        `save_async` an evaluation may have named it while the write ran); `limit` elsewhere."""
+        if own:
+            files.rotate(directory, self.args.save_total_limit, keep=self.state.best_model_checkpoint)
+        else:
+            files.rotate(directory, limit)
 
     def _committed(self, own: bool, path: str) -> None:
         if own:
@@ -300,10 +305,7 @@ class Checkpointer:
 
         def write() -> None:
             files.write_in_background(directory, step, token, payload, texts, fields)
-            if own:  # the best one read now: an evaluation may have named it while this was written
-                files.rotate(directory, args.save_total_limit, keep=state.best_model_checkpoint)
-            else:
-                files.rotate(directory, limit)
+            self._rotate(directory, own, limit)
 
         if self._writer is None:
             self._writer = BackgroundWriter()

@@ -29,9 +29,10 @@ from fitkit import launch_env
 #: Strategies Lightning starts with its script launcher (re-running the script in each process).
 SCRIPT_STRATEGIES = ("ddp", "fsdp", "ddp_find_unused_parameters_true")
 #: Variables by which Lightning detects a cluster environment (SLURM, torchelastic, Kubeflow, LSF,
-#: MPI) or processes started by someone else: any of them, and Lightning decides alone.
+#: MPI) or processes started by someone else: any of them, and Lightning decides alone. (`fabric
+#: run` and the spawn strategies are left out by the caller, `fabric.build_fabric`.)
 _CLUSTER_MARKERS = ("LOCAL_RANK", "SLURM_NTASKS", "GROUP_RANK", "TORCHELASTIC_RUN_ID", "KUBERNETES_PORT",
-                    "LSB_JOBID", "JSM_NAMESPACE_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "LT_CLI_USED")
+                    "LSB_JOBID", "JSM_NAMESPACE_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
 
 class Started:

@@ -92,16 +92,9 @@ def _gathered(net: torch.nn.Module, opt: Any) -> tuple[dict[str, Any], dict[str,
     model = get_model_state_dict(net, options=options)
     if opt is None:
         return model, None
-    if not opt.state:  # reading an empty state would make one (a zero step): only the settings then
-        return model, {"state": {}, "param_groups": [{**{k: v for k, v in g.items() if k != "params"},
-                                                      "params": list(range(n, n + len(g["params"])))}
-                                                     for g, n in zip(opt.param_groups, _offsets(opt))]}
+    if not opt.state:  # DCP's reading of an empty state would make one (a zero step): the settings then,
+        return model, opt.state_dict()  # keyed by index as one process saves them (packing reads no tensor)
     return model, by_index(get_optimizer_state_dict(net, opt, options=options), net, opt)
-
-
-def _offsets(opt: Any) -> list[int]:
-    sizes = [len(g["params"]) for g in opt.param_groups]
-    return [sum(sizes[:i]) for i in range(len(sizes))]
 
 
 def by_index(saved: dict[str, Any], net: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:

@@ -128,29 +128,25 @@ def build_fabric(args: TrainingArguments):
         import torch
 
         accelerator = "cuda" if torch.cuda.is_available() else "cpu"
-    started = None if _launched_by_cli() or is_spawning(args) else early_start.start(args, accelerator)
+    launched_here = not _launched_by_cli() and not is_spawning(args)
+    started = early_start.start(args, accelerator) if launched_here else None
     try:
         fabric = _fabric(args, accelerator)
+        if launched_here:
+            if started is not None:
+                early_start.adopt(fabric, started)
+            launch_env.share_layout(fabric)  # the processes it starts get RANK (accelerate reads it)
+            fabric.launch()
     except BaseException:
-        if started is not None:
+        if started is not None:  # no process started early outlives a launch that failed
             started.stop()
         raise
     if is_spawning(args):
         fabric.fitkit_quiet = QuietWhenSpawned(args)  # goes with the Fabric into the processes it starts
-    if not _launched_by_cli() and not is_spawning(args):
-        if started is not None:
-            early_start.adopt(fabric, started)
-        launch_env.share_layout(fabric)  # the processes it starts get RANK (accelerate reads it)
-        try:
-            fabric.launch()
-        except BaseException:
-            if started is not None:
-                started.stop()
-            raise
-        if fabric.world_size > 1:
-            _watch_for_crash()
-            _children.extend(getattr(getattr(fabric.strategy, "launcher", None), "procs", None) or ())
-            teardown_at_exit()
+    if launched_here and fabric.world_size > 1:
+        _watch_for_crash()
+        _children.extend(getattr(getattr(fabric.strategy, "launcher", None), "procs", None) or ())
+        teardown_at_exit()
     return fabric
 
 

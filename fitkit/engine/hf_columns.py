@@ -48,17 +48,6 @@ def forward_names(module: torch.nn.Module) -> set[str] | None:
     return names or None
 
 
-def kept_columns(columns: list[str], module: torch.nn.Module, args: Any) -> list[str] | None:
-    """The `columns` to keep (None: keep all of them)."""
-    if not getattr(args, "remove_unused_columns", True):
-        return None
-    names = forward_names(module)
-    if names is None:
-        return None
-    keep = names | set(ALWAYS_KEPT) | set(getattr(args, "label_names", None) or ())
-    return [c for c in columns if c in keep]
-
-
 class KeptColumns(SampleList):
     """Per-sample dicts seen with only some of their keys (a view: nothing is copied)."""
 
@@ -125,23 +114,18 @@ def drop_unused_columns(x: Any, module: torch.nn.Module, args: Any, name: str = 
     """`x` without the columns `module.forward` does not take (see the module docstring)."""
     if not getattr(args, "remove_unused_columns", True) or isinstance(x, (DataLoader, torch.Tensor)):
         return x
+    if forward_names(module) is None:
+        return x
+    selector = KeySelector(module, args, name)
     if isinstance(x, IterableDataset):
-        if forward_names(module) is None:
-            return x
         wrapper = SizedKeptKeys if hasattr(x, "__len__") else KeptKeys
-        return wrapper(x, KeySelector(module, args, name))
+        return wrapper(x, selector)
     columns = _columns(x)
-    if not columns:
+    keep = selector.select(tuple(columns)) if columns else None
+    if keep is None:
         return x
-    keep = kept_columns(columns, module, args)
-    if keep is None or len(keep) == len(columns):
-        return x
-    dropped = [c for c in columns if c not in keep]
-    if not any(c in forward_names(module) for c in keep):
-        raise _nothing_kept(name, columns, type(module).__name__, forward_names(module))
-    _log_once(name, type(getattr(module, "_orig_mod", module)).__name__, dropped)
     if hasattr(x, "remove_columns") and hasattr(x, "column_names"):  # a datasets.Dataset
-        return x.remove_columns(dropped)
+        return x.remove_columns([c for c in columns if c not in keep])
     return KeptColumns(x, keep)
 
 

@@ -98,7 +98,6 @@ class Search:
         return self.fabric.broadcast(best, src=0) if self.distributed else best
 
     def _run_trials(self) -> None:
-
         optimize = dict(self.optimize_kwargs)
         callbacks = list(optimize.pop("optuna_callbacks", None) or ())
         timeout = optimize.pop("timeout", None)

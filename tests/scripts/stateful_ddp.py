@@ -83,9 +83,10 @@ def main(opts):
         runs += [(f"cut-{mode}", cut, {"max_steps": CUT}),
                  (f"resume-{mode}", cut, {"resume_from_checkpoint": os.path.join(cut, f"checkpoint-{CUT}")})]
     for run, (name, output, options) in enumerate(runs):
-        with torch.no_grad():  # every run starts from the same weights (a resume then loads its own)
+        other = torch.Generator().manual_seed(7)  # a resume starts from other weights: only loading gives the same end
+        with torch.no_grad():
             for p, w in zip(net.parameters(), initial):
-                p.copy_(w)
+                p.copy_(torch.randn(w.shape, generator=other) if name.startswith("resume") else w)
         model.compile("adam", "cross_entropy", learning_rate=1e-2, strategy="ddp", devices=2, accelerator="cpu")
         stream = Stream()
         record = Record(stream)
