@@ -138,6 +138,7 @@ class TrainingArguments(metaclass=_TakesOtherNames):
     optim: str | None = None  # an HF optimizer name ("adamw_torch", "sgd", ...): replaces compile's optimizer
     dataloader_num_workers: int = 0  # worker processes of the DataLoader fitkit builds over a Dataset
     dataloader_pin_memory: bool = False  # pinned batches from the DataLoader fitkit builds over a Dataset
+    tune_cpu_allocator: bool = True  # on a CPU: keep glibc malloc from returning freed tensors every step (host_allocator)
     prefetch: bool = True  # a thread reads the next batches of a map-style Dataset during each step (num_workers=0)
     label_names: list[str] | None = None  # the keys of a dict batch that hold the target (None: "labels", "label", ...)
     gradient_checkpointing: bool | None = False  # call module.gradient_checkpointing_enable() at fit

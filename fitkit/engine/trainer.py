@@ -29,6 +29,7 @@ from fitkit.engine.checks import check_data, keeps_float64
 from fitkit.engine.data import adapt
 from fitkit.engine.fabric import release_at_exit
 from fitkit.engine.hf_columns import drop_unused_columns
+from fitkit.engine.host_allocator import keep_freed_memory
 from fitkit.engine.keras_data import class_weight_table, split_validation
 from fitkit.engine.loader_view import eval_loader
 from fitkit.engine.loop import Loop
@@ -72,6 +73,8 @@ class Trainer:
         seed_everything(self.args.seed)
         prepare_module(self.module, self.args)
         fabric, wrapped = self.runtime.setup(self.module, self.args)
+        if self.args.tune_cpu_allocator and fabric.device.type == "cpu":
+            keep_freed_memory()  # steps stop faulting in their gradients afresh
         optimizer = self.runtime.optimizer_for(run_optimizer(self.config.optimizer, self.args), self.args)
         train, val = self._sources(x, y, sample_weight, validation_data, validation_split)
         if class_weight is not None:
