@@ -49,8 +49,9 @@ def _fit(out, model=None, crash_at=None, **options):
     model = model or _model()
     record = _Record(out, crash_at)
     options = {"save_strategy": "steps", "save_steps": 4, "save_async": True, **options}
+    callbacks = [record, *options.pop("callbacks", [])]
     model.fit(x, y, batch_size=8, epochs=2, seed=3, verbose=0, output_dir=str(out), logging_strategy="steps",
-              logging_steps=1, callbacks=[record], **options)
+              logging_steps=1, callbacks=callbacks, **options)
     return model, record
 
 
@@ -94,6 +95,65 @@ def test_the_files_equal_a_synchronous_checkpoints(tmp_path):
     assert sorted(a) == sorted(s)
     _equal(a, s)
     assert ckpt.verified(str(tmp_path / "a" / "checkpoint-4"))
+
+
+def test_the_weights_are_copied_during_the_next_forward_and_before_the_next_optimizer_step(tmp_path, monkeypatch):
+    """On a CPU the weights and optimizer state are copied on the writer thread: the next step's
+    forward runs meanwhile, its optimizer step waits, and the checkpoint still equals a
+    synchronous one (the copy is slowed here, so a step that did not wait would leak into it)."""
+    from fitkit.engine.async_save import PendingCopy
+
+    events = []
+    finish = PendingCopy.finish
+
+    def slow_finish(self):
+        time.sleep(0.4)
+        result = finish(self)
+        events.append(("copied", time.perf_counter()))
+        return result
+
+    monkeypatch.setattr(PendingCopy, "finish", slow_finish)
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    handle = register_optimizer_step_pre_hook(
+        lambda *_: events.append(("optimizer step", time.perf_counter())))
+    model = _model()
+    model.module.register_forward_pre_hook(lambda *_: events.append(("forward", time.perf_counter())))
+    try:
+        _fit(tmp_path / "a", model=model, max_steps=8)
+    finally:
+        handle.remove()
+    _fit(tmp_path / "s", max_steps=8, save_async=False)
+    for step in (4, 8):
+        a = torch.load(tmp_path / "a" / f"checkpoint-{step}" / "state.pt", weights_only=True)
+        s = torch.load(tmp_path / "s" / f"checkpoint-{step}" / "state.pt", weights_only=True)
+        _equal(a, s)
+    names = [name for name, _ in sorted(events, key=lambda e: e[1])]
+    first = names.index("copied")  # step 4's copy: after step 5's forward, before its optimizer step
+    assert names[first - 1] == "forward" and names[first - 2] == "optimizer step"
+    assert names[first + 1] == "optimizer step"
+    assert names.count("optimizer step") == 8
+
+
+def test_a_callback_changing_the_weights_waits_for_the_copy(tmp_path, monkeypatch):
+    """A callback may change the weights before the next optimizer step (here at `on_step_begin`):
+    it runs only once the copy is complete, so the checkpoint does not see the change."""
+    from fitkit.engine.async_save import PendingCopy
+
+    finish = PendingCopy.finish
+    monkeypatch.setattr(PendingCopy, "finish", lambda self: (time.sleep(0.3), finish(self))[1])
+
+    class Nudge(TrainerCallback):
+        def on_step_begin(self, args, state, control, model=None, **kwargs):
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(0.01)
+
+    _fit(tmp_path / "a", max_steps=5, callbacks=[Nudge()])
+    _fit(tmp_path / "s", max_steps=5, callbacks=[Nudge()], save_async=False)
+    a = torch.load(tmp_path / "a" / "checkpoint-4" / "state.pt", weights_only=True)
+    s = torch.load(tmp_path / "s" / "checkpoint-4" / "state.pt", weights_only=True)
+    _equal(a, s)
 
 
 def test_the_loop_goes_on_while_the_write_runs_and_on_save_sees_a_committed_checkpoint(tmp_path, monkeypatch):

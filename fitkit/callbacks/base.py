@@ -24,7 +24,7 @@ import logging
 import sys
 import types
 import warnings
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from fitkit.callbacks.hf_view import HFView, class_from_transformers, from_transformers
 from fitkit.callbacks.state import EVENTS, Order, Stateful, StopTraining, TrainerControl, TrainerState
@@ -279,6 +279,9 @@ class CallbackHandler(TrainerCallback):
         #: callback, set by the facade) and the loop's running averages (`fitkit.engine.batch_logs`).
         self.keras_model: Any = None
         self.running_logs: Any = None
+        #: Called before any listener runs, when set: the engine waits there for an asynchronous
+        #: checkpoint's copy of the weights, which a callback could otherwise change mid-copy.
+        self.before_listeners: Callable[[], None] | None = None
         if not any(_drives_flow(cb) for cb in self.callbacks):
             logger.warning("a run will not log, evaluate or save on schedule without a DefaultFlowCallback among its "
                            "callbacks: add one with handler.add_callback(DefaultFlowCallback). The callbacks are:\n%s",
@@ -354,6 +357,8 @@ class CallbackHandler(TrainerCallback):
             handlers = self.listeners(event)
         if not handlers:
             return control
+        if self.before_listeners is not None:
+            self.before_listeners()
         kwargs = dict(
             model=self.model,
             optimizer=self.optimizer,

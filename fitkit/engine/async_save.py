@@ -15,6 +15,17 @@ checkpoint being written. `BackgroundWriter` then runs the write, the digests an
 
 The copy's buffers are kept and reused by the next save when the state has the same shapes
 (the previous write has ended by then): the host memory cost is one copy of the state.
+
+On a CPU the tensors only the optimizer step changes (parameters, optimizer state) need not be
+copied while the loop waits: `take(tree, defer)` copies the rest at once and leaves those to
+the writer thread (`PendingCopy.finish`), which copies them during the next forward and
+backward; the loop waits for that copy before the next optimizer step, or before a callback
+could run (`PendingCopy.wait`)::
+
+    pending = copy.take(payload, defer=storages_of(parameters, optimizer_state))
+    writer.submit(lambda: write_and_commit(pending.finish()))
+    ...                    # the next forward and backward
+    pending.wait()         # then optimizer.step()
 """
 
 from __future__ import annotations
@@ -33,15 +44,24 @@ class HostCopy:
         self._buffers: list[torch.Tensor] = []
         self._used: list[torch.Tensor] = []
         self._cuda = False
+        self._later: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._defer: set[int] = set()
 
     def of(self, tree: Any) -> Any:
         """`tree` with every tensor copied to host memory (containers copied, plain values kept)."""
-        self._used, self._cuda = [], False
+        return self.take(tree).finish()
+
+    def take(self, tree: Any, defer: set[int] | None = None) -> PendingCopy:
+        """Start copying `tree`: the containers and every tensor now, except the CPU tensors whose
+        storage (`untyped_storage().data_ptr()`) is in `defer`, which `PendingCopy.finish`
+        copies (from another thread, while nothing changes them)."""
+        self._used, self._cuda, self._later, self._defer = [], False, [], defer or set()
         copied = self._copy(tree)
         if self._cuda:  # the device-to-host copies were queued without waiting: wait once, here
             torch.cuda.synchronize()
         self._buffers = self._used
-        return copied
+        later, self._later, self._defer = self._later, [], set()
+        return PendingCopy(copied, later)
 
     def _copy(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor):
@@ -71,10 +91,42 @@ class HostCopy:
         if t.is_cuda:
             self._cuda = True
             buffer.copy_(t, non_blocking=True)
+        elif self._defer and type(t) is torch.Tensor and t.untyped_storage().data_ptr() in self._defer:
+            self._later.append((buffer, t))
         else:
             buffer.copy_(t)
         self._used.append(buffer)
         return buffer
+
+
+class PendingCopy:
+    """A host copy whose deferred tensors are copied by `finish()` (the writer thread); `wait()`
+    blocks another thread until they are, and must come before anything changes them (the
+    next optimizer step)."""
+
+    def __init__(self, tree: Any, later: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        self.tree, self._later = tree, later
+        self._done = threading.Event()
+        if not later:
+            self._done.set()
+
+    @property
+    def deferred(self) -> bool:
+        """True while some tensors are still to be copied."""
+        return not self._done.is_set()
+
+    def finish(self) -> Any:
+        """Copy the deferred tensors (also after an error: `wait` never blocks for ever); the tree."""
+        try:
+            for buffer, source in self._later:
+                buffer.copy_(source)
+        finally:
+            self._later = []
+            self._done.set()
+        return self.tree
+
+    def wait(self) -> None:
+        self._done.wait()
 
 
 class BackgroundWriter:

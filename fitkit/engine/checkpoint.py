@@ -34,6 +34,7 @@ from fitkit.callbacks.state import TrainerState
 from fitkit.engine import run_lock
 from fitkit.engine.elastic import load_state, saved_layout
 from fitkit.engine.hf_export import export_pretrained
+from fitkit.engine.state_file import ALGORITHM, DirectFile, HashingFile, save_state
 from fitkit.options import error_line
 
 STATE_FILE = "trainer_state.json"
@@ -47,7 +48,6 @@ FORMAT_VERSION = 2
 MANIFEST = "fitkit_checkpoint.json"
 #: The digest new manifests record (with SHA-NI, on most x86 and ARM servers, faster than
 #: BLAKE2b: see docs/checkpoints.md). Files can be checked by hand with `sha256sum`.
-ALGORITHM = "sha256"
 _READABLE = frozenset({"sha256", "blake2b"})
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 _FIX_DAMAGED = ("resume from an earlier checkpoint (resume_from_checkpoint=True takes the newest one that verifies) "
@@ -172,15 +172,13 @@ def write_in_background(output_dir: str, global_step: int, token: str, payload: 
     `fields`; commit it (rename) and return its path. Runs on the writer thread of an
     asynchronous save: until the rename nothing of it is a checkpoint. When a write fails the
     temporary directory is removed and `CheckpointWriteError` (the storage) is raised."""
-    import torch
-
     final = checkpoint_path(output_dir, global_step)
     tmp = temporary_path(output_dir, global_step, token)
     try:
         _prepare(output_dir, tmp)
-        with open(os.path.join(tmp, WEIGHTS), "wb") as f:  # written by Python: a full disk is an OSError
+        with DirectFile(os.path.join(tmp, WEIGHTS)) as f:  # written by Python: a full disk is an OSError
             digest = HashingFile(f)
-            torch.save(payload, digest)
+            save_state(payload, digest)
         commit(tmp, final, files, fields, known={WEIGHTS: digest.hexdigest()})
     except Exception as err:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -189,24 +187,6 @@ def write_in_background(output_dir: str, global_step: int, token: str, payload: 
             raise CheckpointWriteError(_unwritten(final, root, payload.get("model"), payload.get("optimizer"))) from root
         raise
     return final
-
-
-class HashingFile:
-    """A binary file being written that digests what goes through it, so the manifest need not
-    read the file back (an asynchronous save: a few hundred MB less to read per checkpoint)."""
-
-    def __init__(self, file: Any, algorithm: str = ALGORITHM) -> None:
-        self.file, self._hash = file, hashlib.new(algorithm)
-
-    def write(self, data: Any) -> int:
-        self._hash.update(data)  # releases the GIL for large blocks, as the write does
-        return self.file.write(data)
-
-    def flush(self) -> None:
-        self.file.flush()
-
-    def hexdigest(self) -> str:
-        return self._hash.hexdigest()
 
 
 def _sync_directory(path: str) -> None:

@@ -28,6 +28,8 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Protocol
 
+import torch
+
 from fitkit.callbacks.state import OffersCheckpoint, TrainerControl, TrainerState
 from fitkit.engine import checkpoint as files
 from fitkit.engine import run_lock
@@ -135,7 +137,7 @@ class Checkpointer:
     checkpoint it resumes or loads is verified first (every file's digest, `checkpoint.verify`)."""
 
     def __init__(self, fabric: Any, args: Any, state: TrainerState, handler: Any, *, module: Any, optimizer: Any,
-                 scheduler: Any = None):
+                 scheduler: Any = None, defer_copy: bool = True):
         self.fabric, self.args, self.state, self.handler = fabric, args, state, handler
         self.module, self.optimizer, self.scheduler = module, optimizer, scheduler
         self.last: str | None = None  # the newest checkpoint written into `output_dir`
@@ -147,6 +149,11 @@ class Checkpointer:
         self._pending: list[tuple[bool, str]] = []  # asynchronous saves not settled yet: (own, path)
         self._announce: list[str] = []  # committed into output_dir, `on_save` not fired yet
         self._warned_sync = False
+        # On a CPU, an asynchronous save copies the weights and optimizer state on the writer
+        # thread during the next forward and backward (`before_update` waits for it); False where
+        # an overridden `train_step` steps the optimizer itself.
+        self._defer_copy = defer_copy
+        self.copying: Any = None  # that copy (`async_save.PendingCopy`) until `before_update`
 
     # -- holding the directories ---------------------------------------------------------------
     @contextlib.contextmanager
@@ -298,19 +305,42 @@ class Checkpointer:
         self._pending.append((own, path))
         if not self.fabric.is_global_zero:
             return path
-        payload = self._copy.of(payload)
+        copy = self._copy.take(payload, self._settled_storages())
         texts = files.texts(state, args)  # rendered now: the loop changes the state while the write runs
         fields = files.manifest_fields(state.global_step, self.optimizer)
         step, token = state.global_step, self._token
 
         def write() -> None:
-            files.write_in_background(directory, step, token, payload, texts, fields)
+            files.write_in_background(directory, step, token, copy.finish(), texts, fields)
             self._rotate(directory, own, limit)
 
         if self._writer is None:
             self._writer = BackgroundWriter()
         self._writer.submit(write)
+        if copy.deferred:
+            self.copying = copy
+            self.handler.before_listeners = self.before_update
         return path
+
+    def _settled_storages(self) -> set[int] | None:
+        """The storages only the optimizer step changes (the parameters, the optimizer's state),
+        whose copy may wait for the writer thread; None where every tensor is copied at once (a
+        GPU: the device-to-host copy is queued; an overridden `train_step`)."""
+        if not self._defer_copy or self.fabric.device.type != "cpu":
+            return None
+        found = {p.untyped_storage().data_ptr() for p in self.module.parameters()}
+        optimizer = getattr(self.optimizer, "optimizer", self.optimizer)  # under Fabric's wrapper
+        for values in getattr(optimizer, "state", {}).values():
+            found.update(v.untyped_storage().data_ptr() for v in values.values() if isinstance(v, torch.Tensor))
+        return found
+
+    def before_update(self) -> None:
+        """Wait until an asynchronous save's copy of the weights and optimizer state is complete:
+        the loop calls it before the optimizer step, the handler before any callback runs."""
+        copy, self.copying = self.copying, None
+        self.handler.before_listeners = None
+        if copy is not None:
+            copy.wait()
 
     @property
     def pending(self) -> bool:
@@ -324,6 +354,7 @@ class Checkpointer:
         every process calls it at the same save, and at the end of training."""
         if not self._pending:
             return
+        self.before_update()
         failure = None
         if self._writer is not None:
             try:

@@ -195,6 +195,8 @@ class Loop:
         """Clip, step the optimizer and the scheduler (HF's event order); an overridden
         `train_step` runs this through `self.optimizer.step()`."""
         args, state, cb, stepper = self.args, self.state, self.handler, self.stepper
+        if self.checkpointer is not None and self.checkpointer.copying is not None:
+            self.checkpointer.before_update()  # an asynchronous save still copying these weights
         stepper.clip(args.max_grad_norm)
         self.control = cb.on_pre_optimizer_step(args, state, self.control)
         stepper.step()

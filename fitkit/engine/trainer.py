@@ -124,7 +124,7 @@ class Trainer:
                                                                               self.args.gradient_accumulation_steps)
         self.control = TrainerControl()
         self.checkpointer = Checkpointer(fabric, self.args, state, handler, module=wrapped, optimizer=optimizer,
-                                         scheduler=scheduler)
+                                         scheduler=scheduler, defer_copy=self.overrides.train_step is None)
         stepper = Stepper(fabric, wrapped, optimizer, self.config.loss_fn, self.overrides.compute_loss)
         loop = Loop(stepper, handler, self.args, state, self.control, metrics=self.config.logged_metrics,
                     scheduler=scheduler, checkpointer=self.checkpointer, directions=directions,

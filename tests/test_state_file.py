@@ -1,0 +1,106 @@
+"""`state.pt` of a background save: written past the page cache (`DirectFile`), digested while
+written (`HashingFile`), without torch's CRC-32 (`save_state`); the file loads as torch.save's."""
+
+import errno
+import hashlib
+import io
+import os
+
+import pytest
+import torch
+
+from fitkit.engine import state_file
+from fitkit.engine.state_file import BLOCK, DirectFile, HashingFile, save_state
+
+
+def _payload():
+    g = torch.Generator().manual_seed(0)
+    return {"model": {"w": torch.randn(300, 301, generator=g), "b": torch.arange(7)},
+            "optimizer": {"state": {0: {"step": torch.tensor(3.0)}}, "param_groups": [{"lr": 0.1, "params": [0]}]},
+            "loop": {"epoch": 1, "name": "x"}}
+
+
+def _equal(a, b):
+    if isinstance(a, torch.Tensor):
+        return a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+@pytest.mark.parametrize("buffer_size", [BLOCK, 3 * BLOCK, 1 << 20])
+def test_the_file_loads_as_torch_saves_and_its_digest_is_the_files(tmp_path, buffer_size):
+    path = str(tmp_path / "state.pt")
+    with DirectFile(path, buffer_size=buffer_size) as raw:
+        out = HashingFile(raw)
+        save_state(_payload(), out)
+    with open(path, "rb") as f:
+        written = f.read()
+    assert len(written) == raw.size and len(written) % BLOCK  # the padded last block was cut off
+    assert hashlib.sha256(written).hexdigest() == out.hexdigest()
+    assert _equal(torch.load(path, weights_only=True), _payload())
+    reference = io.BytesIO()
+    torch.save(_payload(), reference)
+    assert len(written) == len(reference.getvalue())  # the same records; only the CRC-32 fields differ
+
+
+def test_a_filesystem_that_refuses_o_direct_is_written_buffered(tmp_path, monkeypatch):
+    if not hasattr(os, "O_DIRECT"):
+        pytest.skip("no O_DIRECT on this platform")
+    real_open, real_write = os.open, os.write
+    opened = []
+
+    def refusing_open(path, flags, mode=0o777):  # tmpfs on older kernels, some network filesystems
+        opened.append(bool(flags & os.O_DIRECT))
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, mode)
+
+    monkeypatch.setattr(state_file.os, "open", refusing_open)
+    with DirectFile(str(tmp_path / "a.pt"), buffer_size=BLOCK) as raw:
+        save_state(_payload(), raw)
+    assert opened == [True, False] and not raw.direct
+    assert _equal(torch.load(tmp_path / "a.pt", weights_only=True), _payload())
+
+    monkeypatch.setattr(state_file.os, "open", real_open)
+    refused = []
+
+    def refusing_write(fd, data):  # the open took O_DIRECT, the write does not
+        if not refused:
+            refused.append(1)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(state_file.os, "write", refusing_write)
+    with DirectFile(str(tmp_path / "b.pt"), buffer_size=BLOCK) as raw:
+        save_state(_payload(), raw)
+    assert refused and not raw.direct
+    assert _equal(torch.load(tmp_path / "b.pt", weights_only=True), _payload())
+
+
+def test_a_full_disk_is_an_os_error(tmp_path, monkeypatch):
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(state_file.os, "write", full)
+    with pytest.raises(OSError, match="No space"):
+        with DirectFile(str(tmp_path / "c.pt"), buffer_size=BLOCK) as raw:
+            save_state(_payload(), raw)
+
+
+def test_without_this_torchs_writer_it_is_torch_save(monkeypatch):
+    real, calls = torch._C.PyTorchFileWriter, []
+
+    def other_build(*args):  # a torch whose writer takes other arguments: refuses save_state's call
+        calls.append(args)
+        if len(calls) == 1:
+            raise TypeError("incompatible constructor arguments")
+        return real(*args)
+
+    monkeypatch.setattr(torch._C, "PyTorchFileWriter", other_build)
+    buffer = io.BytesIO()
+    save_state(_payload(), buffer)
+    buffer.seek(0)
+    assert len(calls) == 2 and _equal(torch.load(buffer, weights_only=True), _payload())
