@@ -325,13 +325,20 @@ class Checkpointer:
     def _settled_storages(self) -> set[int] | None:
         """The storages only the optimizer step changes (the parameters, the optimizer's state),
         whose copy may wait for the writer thread; None where every tensor is copied at once (a
-        GPU: the device-to-host copy is queued; an overridden `train_step`)."""
-        if not self._defer_copy or self.fabric.device.type != "cpu":
+        GPU: the device-to-host copy is queued; an overridden `train_step`; FSDP, whose saved
+        tensors are gathered copies already)."""
+        if not self._defer_copy or self.fabric.device.type != "cpu" \
+                or "FSDP" in type(getattr(self.fabric, "strategy", None)).__name__:
             return None
-        found = {p.untyped_storage().data_ptr() for p in self.module.parameters()}
         optimizer = getattr(self.optimizer, "optimizer", self.optimizer)  # under Fabric's wrapper
-        for values in getattr(optimizer, "state", {}).values():
-            found.update(v.untyped_storage().data_ptr() for v in values.values() if isinstance(v, torch.Tensor))
+        tensors = [*self.module.parameters(), *(v for values in getattr(optimizer, "state", {}).values()
+                                                for v in values.values() if isinstance(v, torch.Tensor))]
+        found = set()
+        for t in tensors:
+            try:
+                found.add(t.untyped_storage().data_ptr())
+            except RuntimeError:  # a storage freed or swapped by a wrapper: copied at once, as unknown
+                continue
         return found
 
     def before_update(self) -> None:
