@@ -9,11 +9,17 @@ plus the host copy); the runs are interleaved, `--reps` times each, and the medi
 
     python benchmarks/async_checkpoint.py                 # 60 steps, save every 10, 3 reps
     python benchmarks/async_checkpoint.py --steps 30 --reps 1
+    python benchmarks/async_checkpoint.py --reps 9 --sync-reps 3   # the figures in docs/benchmarks.md
+
+The no-save and asynchronous runs alternate in each repetition, and the run-time cost is also
+given as the median of per-repetition ratios (each asynchronous run against the no-save run
+next to it): this machine's speed drifts by several percent from one minute to the next.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -74,30 +80,47 @@ def run(mode: str, steps: int, every: int) -> dict[str, float]:
     return {"wall": wall, "blocked": blocked, "saves": len(timer.times)}
 
 
+def _quartiles(values: list[float]) -> tuple[float, float, float]:
+    q = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else [values[0]] * 3
+    return q[0], statistics.median(values), q[2]
+
+
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--every", type=int, default=10, help="save every N steps")
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--sync-reps", type=int, default=None, help="repetitions of the synchronous runs "
+                        "(default: --reps); the run-time ratio pairs each asynchronous run with its own no-save run")
     parser.add_argument("--threads", type=int, default=1)
     opts = parser.parse_args(argv)
     torch.set_num_threads(opts.threads)
     modes = ("none", "sync", "async")
+    sync_reps = opts.reps if opts.sync_reps is None else opts.sync_reps
     results: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
     run("none", 5, opts.every)  # warm-up: imports, allocator
-    for _ in range(opts.reps):  # interleaved, so drifts of the machine touch every mode alike
-        for mode in modes:
-            results[mode].append(run(mode, opts.steps, opts.every))
+    # No-save and asynchronous runs in pairs (their order alternating), so drifts of the machine
+    # touch both alike; the synchronous runs after them, whose page-cache writeback would
+    # otherwise spill into the next runs. Each run starts with no dirty pages left (`os.sync`).
+    order = [("none", "async") if rep % 2 == 0 else ("async", "none") for rep in range(opts.reps)]
+    for mode in [m for pair in order for m in pair] + ["sync"] * sync_reps:
+        os.sync()
+        results[mode].append(run(mode, opts.steps, opts.every))
     table = {m: {k: statistics.median(r[k] for r in rs) for k in ("wall", "blocked", "saves")}
              for m, rs in results.items()}
     base, sync = table["none"]["wall"], table["sync"]["blocked"]
+    paired = [a["wall"] / n["wall"] - 1 for a, n in zip(results["async"], results["none"])]
     print(f"{opts.steps} steps, a save every {opts.every} ({int(table['sync']['saves'])} saves), "
-          f"{opts.reps} reps, {opts.threads} torch thread(s); medians")
+          f"{opts.reps} reps ({sync_reps} synchronous), {opts.threads} torch thread(s); medians")
     print(f"{'mode':8} {'run (s)':>9} {'vs no saves':>12} {'blocked/save (ms)':>18} {'vs sync':>8}")
     for mode in modes:
         row = table[mode]
         ratio = f"{row['blocked'] / sync:.1%}" if sync and mode != "none" else "-"
         print(f"{mode:8} {row['wall']:9.2f} {row['wall'] / base - 1:+12.1%} {row['blocked'] * 1000:18.1f} {ratio:>8}")
+    low, mid, high = _quartiles(paired)
+    print(f"async run / its paired no-save run - 1: median {mid:+.1%} [quartiles {low:+.1%} .. {high:+.1%}]; "
+          f"per repetition: {', '.join(f'{p:+.1%}' for p in paired)}")
+    table["paired"] = {"median": mid, "low": low, "high": high}
     return table
 
 
