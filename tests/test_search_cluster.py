@@ -66,9 +66,17 @@ def test_three_workers_on_an_empty_database_run_exactly_n_trials(postgres_url, t
         assert rc == 0, out
     study = optuna.load_study(study_name="search", storage=postgres_url)
     done = finished(study)
-    assert len(done) == 6 and len(study.trials) == 6, [(t.number, t.state) for t in study.trials]
+    assert len(done) == 6, [(t.number, t.state) for t in study.trials]
+    # Two workers may take the last slot at the same instant (likelier on a busy machine): the later
+    # trial yields at once, recorded as FAIL with `fitkit_surplus`, before any training (docs/search.md).
+    others = [t for t in study.trials if t not in done]
+    assert all(t.state == optuna.trial.TrialState.FAIL and t.user_attrs.get("fitkit_surplus")
+               and "output_dir" not in t.user_attrs for t in others), [(t.number, t.state, t.user_attrs) for t in others]
+    assert len(others) <= 2  # at most one per other worker
     assert len({t.params["learning_rate"] for t in done}) == 6  # each parameter set ran once
     assert sum("BEGIN" in out for _, out in results) >= 2  # the workers shared the trials
+    begun = [line.split()[1] for _, out in results for line in out.splitlines() if line.startswith("BEGIN")]
+    assert len(begun) == 6, begun  # a surplus trial trained nothing
 
 
 def test_a_preempted_then_killed_trial_resumes_from_its_checkpoints(postgres_url, tmp_path):
