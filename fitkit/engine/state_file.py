@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import mmap
 import os
@@ -152,6 +151,8 @@ class DirectFile:
                 if err.errno != errno.EINVAL or not self.direct:
                     raise
                 # The open accepted O_DIRECT but the filesystem refuses the write: buffered from here.
+                import fcntl  # POSIX only, as O_DIRECT is
+
                 fcntl.fcntl(self._fd, fcntl.F_SETFL, fcntl.fcntl(self._fd, fcntl.F_GETFL) & ~os.O_DIRECT)
                 self.direct = False
                 continue
