@@ -236,10 +236,10 @@ def test_rotate_ignores_a_checkpoint_being_written(tmp_path):
 def test_host_copy_is_a_copy_and_reuses_its_buffers():
     w = torch.ones(3)
     copy = HostCopy()
-    first = copy.of({"w": w, "n": 1, "l": [w]})
+    first = copy.take({"w": w, "n": 1, "l": [w]}).finish()
     w.add_(1)  # the next optimizer step
     assert first["w"].tolist() == [1.0, 1.0, 1.0] and first["n"] == 1 and first["l"][0].tolist() == [1.0] * 3
-    second = copy.of({"w": w, "n": 1, "l": [w]})
+    second = copy.take({"w": w, "n": 1, "l": [w]}).finish()
     assert second["w"].data_ptr() == first["w"].data_ptr() and second["w"].tolist() == [2.0] * 3
 
 

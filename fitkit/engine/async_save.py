@@ -8,7 +8,7 @@ checkpoint being written. `BackgroundWriter` then runs the write, the digests an
 
     copy = HostCopy()
     writer = BackgroundWriter()
-    payload = copy.of({"model": module.state_dict(), "optimizer": optimizer.state_dict()})
+    payload = copy.take({"model": module.state_dict(), "optimizer": optimizer.state_dict()}).finish()
     writer.submit(lambda: write_and_commit(payload))   # waits for the write before it first
     writer.done()      # True once the write in flight (if any) has ended
     writer.wait()      # the last write's error raised here (None when it committed)
@@ -47,14 +47,11 @@ class HostCopy:
         self._later: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._defer: set[int] = set()
 
-    def of(self, tree: Any) -> Any:
-        """`tree` with every tensor copied to host memory (containers copied, plain values kept)."""
-        return self.take(tree).finish()
-
     def take(self, tree: Any, defer: set[int] | None = None) -> PendingCopy:
-        """Start copying `tree`: the containers and every tensor now, except the CPU tensors whose
-        storage (`untyped_storage().data_ptr()`) is in `defer`, which `PendingCopy.finish`
-        copies (from another thread, while nothing changes them)."""
+        """Start copying `tree` to host memory (containers copied, plain values kept): every
+        tensor now, except the CPU tensors whose storage (`untyped_storage().data_ptr()`) is in
+        `defer`, which `PendingCopy.finish` copies (from another thread, while nothing changes
+        them)."""
         self._used, self._cuda, self._later, self._defer = [], False, [], defer or set()
         copied = self._copy(tree)
         if self._cuda:  # the device-to-host copies were queued without waiting: wait once, here

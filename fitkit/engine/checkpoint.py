@@ -46,8 +46,7 @@ REQUIRED = (WEIGHTS, STATE_FILE)
 TMP_PREFIX = ".tmp-checkpoint-"
 FORMAT_VERSION = 2
 MANIFEST = "fitkit_checkpoint.json"
-#: The digest new manifests record (with SHA-NI, on most x86 and ARM servers, faster than
-#: BLAKE2b: see docs/checkpoints.md). Files can be checked by hand with `sha256sum`.
+#: The digests a manifest may name (new ones record `state_file.ALGORITHM`).
 _READABLE = frozenset({"sha256", "blake2b"})
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 _FIX_DAMAGED = ("resume from an earlier checkpoint (resume_from_checkpoint=True takes the newest one that verifies) "
