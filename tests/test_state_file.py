@@ -104,3 +104,49 @@ def test_without_this_torchs_writer_it_is_torch_save(monkeypatch):
     save_state(_payload(), buffer)
     buffer.seek(0)
     assert len(calls) == 2 and _equal(torch.load(buffer, weights_only=True), _payload())
+
+
+def _host_copy():
+    from fitkit.engine.async_save import HostCopy
+
+    g = torch.Generator().manual_seed(1)
+    tree = {"model": {"big": torch.randn(1000, 1000, generator=g), "odd": torch.randn(300_001, generator=g),
+                      "small": torch.randn(10, generator=g)},
+            "optimizer": {"state": {0: {"exp_avg": torch.randn(600, 600, generator=g), "step": torch.tensor(2.0)}}}}
+    pending = HostCopy().take(tree)
+    return tree, pending.finish(), pending.aligned
+
+
+def test_the_host_copys_large_buffers_are_page_aligned_and_go_to_the_device_from_where_they_lie(tmp_path):
+    tree, payload, aligned = _host_copy()
+    large = [payload["model"]["big"], payload["model"]["odd"], payload["optimizer"]["state"][0]["exp_avg"]]
+    assert aligned == {t.data_ptr() for t in large} and all(p % BLOCK == 0 for p in aligned)
+    path = str(tmp_path / "state.pt")
+    with DirectFile(path, buffer_size=1 << 20, in_place=aligned) as raw:
+        out = HashingFile(raw)
+        save_state(payload, out, alignment=BLOCK)
+    if not raw.direct:
+        pytest.skip("this filesystem refuses O_DIRECT: every write is buffered")
+    whole = sum(t.numel() * t.element_size() // BLOCK * BLOCK for t in large)
+    assert raw.written_in_place == whole  # all but the last partial block of the odd-sized tensor
+    with open(path, "rb") as f:
+        written = f.read()
+    assert hashlib.sha256(written).hexdigest() == out.hexdigest()
+    assert _equal(torch.load(path, weights_only=True), tree)
+
+
+def test_a_failed_write_from_the_callers_memory_is_raised_and_later_writes_are_skipped(tmp_path, monkeypatch):
+    tree, payload, aligned = _host_copy()
+    real_write, sizes = os.write, []
+
+    def full_after_the_first(fd, data):
+        sizes.append(len(data))
+        if len(sizes) > 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(state_file.os, "write", full_after_the_first)
+    with pytest.raises(OSError, match="No space"):
+        with DirectFile(str(tmp_path / "d.pt"), buffer_size=1 << 20, in_place=aligned) as raw:
+            save_state(payload, raw, alignment=BLOCK)
+    assert len(sizes) == 2  # the queued writes after the failed one never reached the file

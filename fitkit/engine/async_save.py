@@ -14,7 +14,9 @@ checkpoint being written. `BackgroundWriter` then runs the write, the digests an
     writer.wait()      # the last write's error raised here (None when it committed)
 
 The copy's buffers are kept and reused by the next save when the state has the same shapes
-(the previous write has ended by then): the host memory cost is one copy of the state.
+(the previous write has ended by then): the host memory cost is one copy of the state. On a
+CPU, buffers of 1 MiB and more are anonymous maps of their own, page-aligned: the writer sends
+them to the device from where they lie (`PendingCopy.aligned`, `state_file.DirectFile`).
 
 On a CPU the tensors only the optimizer step changes (parameters, optimizer state) need not be
 copied while the loop waits: `take(tree, defer)` copies the rest at once and leaves those to
@@ -30,6 +32,7 @@ could run (`PendingCopy.wait`)::
 
 from __future__ import annotations
 
+import mmap
 import threading
 from typing import Any, Callable
 
@@ -58,7 +61,7 @@ class HostCopy:
             torch.cuda.synchronize()
         self._buffers = self._used
         later, self._later, self._defer = self._later, [], set()
-        return PendingCopy(copied, later)
+        return PendingCopy(copied, later, {b.data_ptr() for b in self._used if b.data_ptr() % PAGE == 0})
 
     def _copy(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor):
@@ -84,7 +87,7 @@ class HostCopy:
             self._used.append(buffer)
             return buffer
         else:
-            buffer = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda and torch.cuda.is_available())
+            buffer = _empty(t, pinned=t.is_cuda and torch.cuda.is_available())
         if t.is_cuda:
             self._cuda = True
             buffer.copy_(t, non_blocking=True)
@@ -96,13 +99,34 @@ class HostCopy:
         return buffer
 
 
+PAGE = mmap.PAGESIZE
+_PAGE_ALIGNED_FROM = 1 << 20  # bytes from which a CPU buffer gets pages of its own
+
+
+def _empty(like: torch.Tensor, pinned: bool) -> torch.Tensor:
+    """An uninitialised host buffer shaped as `like`: pinned for a GPU's copies; from 1 MiB,
+    an anonymous map of its own (page-aligned, so `state_file.DirectFile` can write it to the
+    device without copying it again; unmapped with the tensor)."""
+    nbytes = like.numel() * like.element_size()
+    if not pinned and nbytes >= _PAGE_ALIGNED_FROM:
+        memory = mmap.mmap(-1, nbytes)
+        try:
+            return torch.frombuffer(memory, dtype=like.dtype, count=like.numel()).view(like.shape)
+        except (TypeError, ValueError, RuntimeError):  # a dtype frombuffer does not take
+            memory.close()
+    return torch.empty(like.shape, dtype=like.dtype, pin_memory=pinned)
+
+
 class PendingCopy:
     """A host copy whose deferred tensors are copied by `finish()` (the writer thread); `wait()`
     blocks another thread until they are, and must come before anything changes them (the
     next optimizer step)."""
 
-    def __init__(self, tree: Any, later: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def __init__(self, tree: Any, later: list[tuple[torch.Tensor, torch.Tensor]],
+                 aligned: set[int] | None = None) -> None:
         self.tree, self._later = tree, later
+        #: the page-aligned buffers' addresses: a direct write may send them from where they lie
+        self.aligned = aligned or set()
         self._done = threading.Event()
         if not later:
             self._done.set()

@@ -34,7 +34,7 @@ from fitkit.callbacks.state import TrainerState
 from fitkit.engine import run_lock
 from fitkit.engine.elastic import load_state, saved_layout
 from fitkit.engine.hf_export import export_pretrained
-from fitkit.engine.state_file import ALGORITHM, DirectFile, HashingFile, save_state
+from fitkit.engine.state_file import ALGORITHM, BLOCK, DirectFile, HashingFile, save_state
 from fitkit.options import error_line
 
 STATE_FILE = "trainer_state.json"
@@ -165,7 +165,7 @@ def temporary_path(output_dir: str, global_step: int, token: str) -> str:
 
 
 def write_in_background(output_dir: str, global_step: int, token: str, payload: dict[str, Any],
-                        files: dict[str, str], fields: dict[str, Any]) -> str:
+                        files: dict[str, str], fields: dict[str, Any], in_place: Iterable[int] = ()) -> str:
     """Write a checkpoint from `payload`, a host copy of the state (model and optimizer state
     dicts and the rest, as one process saves them), with `files` (`texts`) and the manifest
     `fields`; commit it (rename) and return its path. Runs on the writer thread of an
@@ -175,9 +175,9 @@ def write_in_background(output_dir: str, global_step: int, token: str, payload: 
     tmp = temporary_path(output_dir, global_step, token)
     try:
         _prepare(output_dir, tmp)
-        with DirectFile(os.path.join(tmp, WEIGHTS)) as f:  # written by Python: a full disk is an OSError
+        with DirectFile(os.path.join(tmp, WEIGHTS), in_place=in_place) as f:  # a full disk: an OSError
             digest = HashingFile(f)
-            save_state(payload, digest)
+            save_state(payload, digest, alignment=BLOCK if f.direct and in_place else None)
         commit(tmp, final, files, fields, known={WEIGHTS: digest.hexdigest()})
     except Exception as err:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -311,7 +311,7 @@ class Checkpointer:
         step, token = state.global_step, self._token
 
         def write() -> None:
-            files.write_in_background(directory, step, token, copy.finish(), texts, fields)
+            files.write_in_background(directory, step, token, copy.finish(), texts, fields, copy.aligned)
             self._rotate(directory, own, limit)
 
         if self._writer is None:
