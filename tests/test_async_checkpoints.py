@@ -135,6 +135,39 @@ def test_the_weights_are_copied_during_the_next_forward_and_before_the_next_opti
     assert names.count("optimizer step") == 8
 
 
+def test_the_host_copys_buffers_are_reserved_on_the_writer_thread_after_the_first_step(tmp_path, monkeypatch):
+    """Fresh memory is slow to fault in: after the first optimizer step the writer thread
+    allocates the buffers the first save then copies into (the same ones), and the checkpoints
+    stay equal to synchronous ones. A run that saves nothing reserves nothing."""
+    seen = []
+    reserve, take = HostCopy.reserve, HostCopy.take
+
+    def spy_reserve(self, tree):
+        seen.append(("reserve", threading.current_thread().name))
+        reserve(self, tree)
+
+    def spy_take(self, tree, defer=None):
+        before = [b.data_ptr() for b in self._buffers]
+        pending = take(self, tree, defer)
+        seen.append(("take", before, [b.data_ptr() for b in self._buffers]))
+        return pending
+
+    monkeypatch.setattr(HostCopy, "reserve", spy_reserve)
+    monkeypatch.setattr(HostCopy, "take", spy_take)
+    _fit(tmp_path / "a", max_steps=8)
+    assert seen[0] == ("reserve", "fitkit-checkpoint-writer") and [e[0] for e in seen] == ["reserve", "take", "take"]
+    _, before, after = seen[1]
+    n_state = 4 + 3 * 4  # the module's 4 tensors; Adam's step and 2 moments for each of its 4 parameters
+    assert len(before) >= n_state and after[:len(before)] == before  # the reserved buffers, reused
+    _fit(tmp_path / "s", max_steps=8, save_async=False)
+    for step in (4, 8):
+        _equal(torch.load(tmp_path / "a" / f"checkpoint-{step}" / "state.pt", weights_only=True),
+               torch.load(tmp_path / "s" / f"checkpoint-{step}" / "state.pt", weights_only=True))
+    seen.clear()
+    _fit(tmp_path / "n", max_steps=8, save_strategy="no")
+    assert seen == []
+
+
 def test_a_callback_changing_the_weights_waits_for_the_copy(tmp_path, monkeypatch):
     """A callback may change the weights before the next optimizer step (here at `on_step_begin`):
     it runs only once the copy is complete, so the checkpoint does not see the change."""

@@ -49,6 +49,7 @@ class HostCopy:
         self._cuda = False
         self._later: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._defer: set[int] = set()
+        self._reserving = False
 
     def take(self, tree: Any, defer: set[int] | None = None) -> PendingCopy:
         """Start copying `tree` to host memory (containers copied, plain values kept): every
@@ -62,6 +63,19 @@ class HostCopy:
         self._buffers = self._used
         later, self._later, self._defer = self._later, [], set()
         return PendingCopy(copied, later, {b.data_ptr() for b in self._used if b.data_ptr() % PAGE == 0})
+
+    def reserve(self, tree: Any) -> None:
+        """Allocate and touch (zero) buffers for `tree`'s CPU tensors, for the next `take` to copy
+        into (a thread of its own may run this, as long as no `take` runs meanwhile). An error
+        leaves the buffers as they were: the next `take` allocates its own."""
+        self._used, self._reserving = [], True
+        try:
+            self._copy(tree)
+        except Exception:  # noqa: BLE001 - only an optimisation: `take` allocates what is missing
+            return
+        finally:
+            self._reserving = False
+        self._buffers = self._used
 
     def _copy(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor):
@@ -83,12 +97,14 @@ class HostCopy:
                 and t.layout == torch.strided:
             buffer = old
         elif t.layout != torch.strided:  # sparse and other layouts: a fresh copy
-            buffer = t.to("cpu", copy=True)
+            buffer = torch.empty(0) if self._reserving else t.to("cpu", copy=True)
             self._used.append(buffer)
             return buffer
         else:
             buffer = _empty(t, pinned=t.is_cuda and torch.cuda.is_available())
-        if t.is_cuda:
+        if self._reserving:
+            buffer.zero_()  # faults the pages in, without reading `t`, which training changes meanwhile
+        elif t.is_cuda:
             self._cuda = True
             buffer.copy_(t, non_blocking=True)
         elif self._defer and type(t) is torch.Tensor and t.untyped_storage().data_ptr() in self._defer:

@@ -154,6 +154,10 @@ class Checkpointer:
         # an overridden `train_step` steps the optimizer itself.
         self._defer_copy = defer_copy
         self.copying: Any = None  # that copy (`async_save.PendingCopy`) until `before_update`
+        # After the first step of a run that saves asynchronously, the writer thread allocates the
+        # host copy's buffers (`reserve_buffers`): fresh memory is slow to fault in, and the first
+        # save's copy would otherwise make the loop wait for it.
+        self._reserve_due = bool(getattr(args, "save_async", False)) and args.save_strategy != "no"
 
     # -- holding the directories ---------------------------------------------------------------
     @contextlib.contextmanager
@@ -305,6 +309,8 @@ class Checkpointer:
         self._pending.append((own, path))
         if not self.fabric.is_global_zero:
             return path
+        if self._writer is not None:  # the buffers' reservation, if still running (nothing else is)
+            self._writer.wait()
         copy = self._copy.take(payload, self._settled_storages())
         texts = files.texts(state, args)  # rendered now: the loop changes the state while the write runs
         fields = files.manifest_fields(state.global_step, self.optimizer)
@@ -351,8 +357,25 @@ class Checkpointer:
 
     @property
     def pending(self) -> bool:
-        """True while an asynchronous checkpoint was handed to the writer and not yet settled."""
-        return bool(self._pending)
+        """True while an asynchronous checkpoint was handed to the writer and not yet settled,
+        or the host copy's buffers are still to be reserved (`poll` does both)."""
+        return bool(self._pending) or self._reserve_due
+
+    def reserve_buffers(self) -> None:
+        """Have the writer thread allocate and touch the host copy's buffers, shaped as the state
+        is now (after the first optimizer step: the optimizer's state exists), so the first
+        asynchronous save copies into memory already faulted in. On a CPU, on the global-zero
+        process, once; a save that comes first waits for it (it would have faulted the memory in
+        itself)."""
+        self._reserve_due = False
+        if not self.fabric.is_global_zero or self._pending or self._writer is not None \
+                or not self._asynchronous() or self._settled_storages() is None:
+            return
+        from fitkit.engine.async_save import BackgroundWriter
+
+        payload = full_payload(self.fabric, self.module, self.optimizer, self.scheduler, {})
+        self._writer = BackgroundWriter()
+        self._writer.submit(lambda: self._copy.reserve(payload))
 
     def settle(self) -> None:
         """Wait for the checkpoint being written in the background (if any) to commit; then it is
@@ -388,11 +411,15 @@ class Checkpointer:
         if self._pending and self.fabric.world_size == 1 and self._writer is not None and self._writer.done():
             self.settle()
             self.announce(loop)
+        if self._reserve_due:
+            self.reserve_buffers()
 
     def finish(self, loop: TrainingLoop) -> None:
         """At the end of training: the last background write committed, its `on_save` fired."""
         self.settle()
         self.announce(loop)
+        if self._writer is not None and not self._pending:  # a reservation no save has waited for
+            self._writer.wait()
 
     def announce(self, loop: Any) -> None:
         """Fire `on_save` for every checkpoint committed into `output_dir` since the last call,
