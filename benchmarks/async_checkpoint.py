@@ -9,7 +9,7 @@ plus the host copy); the runs are interleaved, `--reps` times each, and the medi
 
     python benchmarks/async_checkpoint.py                 # 60 steps, save every 10, 3 reps
     python benchmarks/async_checkpoint.py --steps 30 --reps 1
-    python benchmarks/async_checkpoint.py --reps 9 --sync-reps 3   # the figures in docs/benchmarks.md
+    python benchmarks/async_checkpoint.py --steps 150 --reps 9 --sync-reps 1   # as in docs/benchmarks.md
 
 The no-save and asynchronous runs alternate in each repetition, and the run-time cost is also
 given as the median of per-repetition ratios (each asynchronous run against the no-save run
