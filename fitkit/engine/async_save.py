@@ -62,7 +62,7 @@ class HostCopy:
             torch.cuda.synchronize()
         self._buffers = self._used
         later, self._later, self._defer = self._later, [], set()
-        return PendingCopy(copied, later, {b.data_ptr() for b in self._used if b.data_ptr() % PAGE == 0})
+        return PendingCopy(copied, later, {b.data_ptr() for b in self._used if b.data_ptr() and b.data_ptr() % PAGE == 0})
 
     def reserve(self, tree: Any) -> None:
         """Allocate and touch (zero) buffers for `tree`'s CPU tensors, for the next `take` to copy
