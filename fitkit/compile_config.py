@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -36,6 +37,15 @@ class CompileConfig:
     loss_parts: Any = field(default=None, compare=False, repr=False)
 
     @property
+    def argument_options(self) -> dict[str, Any]:
+        """The options that set `TrainingArguments` fields, as `args` was built from them (Keras'
+        `loss_weights` and `run_eagerly` are compile's own; `run_eagerly=True` is `jit_compile=False`)."""
+        options = {k: v for k, v in self.options.items() if k not in ("loss_weights", "run_eagerly")}
+        if self.options.get("run_eagerly") is True:
+            options["jit_compile"] = False
+        return options
+
+    @property
     def logged_metrics(self) -> list:
         """The metric specs a run logs: the compiled metrics, then the per-output losses
         (`<output>_loss`, a `LossParts`) when the loss turns out to have several outputs."""
@@ -50,6 +60,7 @@ class CompileConfig:
         check_optimizer(optimizer)
         given = dict(options)
         loss_fn = build_loss(loss, options.pop("loss_weights", None))  # kept in `options` for Model.save
+        _run_eagerly(options)
         specs = check_metrics(metrics)
         args = TrainingArguments.from_options(**options)
         check_devices(args)
@@ -77,7 +88,7 @@ class CompileConfig:
         if args is None:
             run = self.args.replace(**given) if given else self.args
         else:  # compile < args= < fit's keywords, conflicts named (fitkit.option_merge)
-            run = merge(self.args, self.options, self.optimizer, args, explicit, given)
+            run = merge(self.args, self.argument_options, self.optimizer, args, explicit, given)
         check_devices(run)
         check_output_dir(run)
         return run
@@ -100,6 +111,22 @@ class CompileConfig:
         if not _names_only(data):
             return None
         return cls.build(data["optimizer"], data["loss"], _metrics_from(data["metrics"]), **data["options"])
+
+
+def _run_eagerly(options: dict[str, Any]) -> None:
+    """Keras' `run_eagerly` (removed from `options`): PyTorch runs eagerly already, as Keras does
+    on its torch backend, so False changes nothing; True turns `jit_compile` off, with Keras'
+    warning when it was asked for."""
+    if "run_eagerly" not in options:
+        return
+    value = options.pop("run_eagerly")
+    if not isinstance(value, bool):
+        raise TypeError(f"`run_eagerly` must be True or False, got {value!r}")
+    if value:
+        if options.get("jit_compile", "auto") not in ("auto", False, None):
+            warnings.warn("`run_eagerly=True` turns `jit_compile` off (as Keras does): the module is not compiled",
+                          UserWarning, stacklevel=4)
+        options["jit_compile"] = False
 
 
 def _spec(value: Any) -> Any:

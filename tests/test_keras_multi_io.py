@@ -197,3 +197,20 @@ def test_model_checkpoint_names_may_use_the_loss_logged_at_that_step(tmp_path):
             logged.setdefault(record["step"], record)
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == sorted(f"m-{s}-{logged[s]['loss']:.2f}.pt" for s in (2, 4, 6))
+
+
+def test_loss_weights_stay_with_a_fit_given_args():
+    """compile's `loss_weights` is compile's own, not a `TrainingArguments` field: a fit given
+    `args=` trains as the same fit given keywords (it raised "unknown option" before)."""
+    from fitkit import TrainingArguments
+
+    xa, xb, ys, yc = _data()
+    runs = []
+    for given in ({"batch_size": BATCH, "epochs": 2}, {"args": TrainingArguments(per_device_train_batch_size=BATCH,
+                                                                                   num_train_epochs=2)}):
+        torch.manual_seed(0)
+        model = Model(TwoHeads()).compile("sgd", {"score": "mse", "cls": "sparse_categorical_crossentropy"},
+                                          loss_weights={"score": 1.0, "cls": 0.5}, learning_rate=0.1)
+        history = model.fit([xa, xb], {"score": ys, "cls": yc}, shuffle=False, verbose=0, **given)
+        runs.append(history.history)
+    assert runs[0] == runs[1] and len(runs[0]["loss"]) == 2

@@ -13,7 +13,7 @@ import pytest
 import torch
 from helpers import Recorder, blobs, mlp
 
-from fitkit import Model, TrainerCallback, unpack_data
+from fitkit import Model, TrainerCallback, TrainingArguments, unpack_data
 from fitkit.callbacks import LambdaCallback
 
 
@@ -246,6 +246,39 @@ def test_keras_only_data_options_name_the_fitkit_way():
         model.fit(x, y, workers=4, verbose=0)
     with pytest.raises(TypeError, match="`use_multiprocessing`.*num_workers"):
         model.fit(x, y, use_multiprocessing=True, verbose=0)
+
+
+@pytest.mark.parametrize("name, value, hint", [("weighted_metrics", ["accuracy"], "sample_weight"),
+                                               ("steps_per_execution", 4, "every step"),
+                                               ("auto_scale_loss", True, "16-mixed")])
+def test_keras_only_compile_options_name_the_fitkit_way(name, value, hint):
+    with pytest.raises(TypeError, match=f"`{name}` is a Keras option.*{hint}") as raised:
+        Model(mlp()).compile("sgd", "cross_entropy", **{name: value})
+    assert "did you mean" not in str(raised.value)
+
+
+def test_run_eagerly_turns_jit_compile_off_as_keras_does(tmp_path):
+    """Keras 3 on torch: `run_eagerly=True` disables `jit_compile`, with a warning when it was
+    asked for; `run_eagerly=False` changes nothing (torch runs eagerly). fitkit the same, kept
+    through `args=` and a save and load."""
+    from keras_real import real_keras
+
+    keras = real_keras()
+    kmodel = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    with pytest.warns(UserWarning, match="run_eagerly"):
+        kmodel.compile("sgd", "mse", run_eagerly=True, jit_compile=True)
+    with pytest.warns(UserWarning, match="run_eagerly"):
+        model = Model(mlp()).compile("sgd", "cross_entropy", run_eagerly=True, jit_compile=True)
+    assert kmodel.jit_compile is False and model.config.args.jit_compile is False
+    assert model.training_arguments(TrainingArguments(per_device_train_batch_size=4)).jit_compile is False
+    model.save(tmp_path / "m.pt")
+    with pytest.warns(UserWarning, match="run_eagerly"):
+        assert Model.load(tmp_path / "m.pt", mlp()).config.args.jit_compile is False
+    kmodel.compile("sgd", "mse", run_eagerly=False, jit_compile=True)
+    assert kmodel.jit_compile is True
+    assert Model(mlp()).compile("sgd", "cross_entropy", run_eagerly=False, jit_compile=True).config.args.jit_compile is True
+    with pytest.raises(TypeError, match="`run_eagerly` must be True or False"):
+        Model(mlp()).compile("sgd", "cross_entropy", run_eagerly="yes")
 
 
 # -- weights, counts, names, calling ------------------------------------------------------------------
