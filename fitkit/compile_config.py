@@ -35,15 +35,9 @@ class CompileConfig:
     loss_fn: Any = field(default=None, compare=False, repr=False)
     args: TrainingArguments = field(default_factory=TrainingArguments, compare=False, repr=False)
     loss_parts: Any = field(default=None, compare=False, repr=False)
-
-    @property
-    def argument_options(self) -> dict[str, Any]:
-        """The options that set `TrainingArguments` fields, as `args` was built from them (Keras'
-        `loss_weights` and `run_eagerly` are compile's own; `run_eagerly=True` is `jit_compile=False`)."""
-        options = {k: v for k, v in self.options.items() if k not in ("loss_weights", "run_eagerly")}
-        if self.options.get("run_eagerly") is True:
-            options["jit_compile"] = False
-        return options
+    #: the options `args` was built from: `options` without compile's own `loss_weights` and
+    #: `run_eagerly` (`run_eagerly=True` as `jit_compile=False`)
+    argument_options: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def logged_metrics(self) -> list:
@@ -65,7 +59,7 @@ class CompileConfig:
         args = TrainingArguments.from_options(**options)
         check_devices(args)
         parts = LossParts(loss_fn) if loss_fn is not None else None
-        return cls(optimizer, loss, specs, given, loss_fn, args, parts)
+        return cls(optimizer, loss, specs, given, loss_fn, args, parts, options)
 
     def arguments(self, args: TrainingArguments | None = None, **options: Any) -> TrainingArguments:
         """The arguments of a fit: compile's options, `args` over them and the options given over

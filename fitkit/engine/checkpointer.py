@@ -309,8 +309,6 @@ class Checkpointer:
         self._pending.append((own, path))
         if not self.fabric.is_global_zero:
             return path
-        if self._writer is not None:  # the buffers' reservation, if still running (nothing else is)
-            self._writer.wait()
         copy = self._copy.take(payload, self._settled_storages())
         texts = files.texts(state, args)  # rendered now: the loop changes the state while the write runs
         fields = files.manifest_fields(state.global_step, self.optimizer)
@@ -368,8 +366,8 @@ class Checkpointer:
         process, once; a save that comes first waits for it (it would have faulted the memory in
         itself)."""
         self._reserve_due = False
-        if not self.fabric.is_global_zero or self._pending or self._writer is not None \
-                or not self._asynchronous() or self._settled_storages() is None:
+        if not self.fabric.is_global_zero or self._writer is not None or not self._asynchronous() \
+                or self._settled_storages() is None:
             return
         from fitkit.engine.async_save import BackgroundWriter
 
@@ -381,8 +379,11 @@ class Checkpointer:
         """Wait for the checkpoint being written in the background (if any) to commit; then it is
         `last` and its `on_save` is due (`announce`). Its write error is raised here, on every
         process (a `CheckpointWriteError` for the storage). A collective under several processes:
-        every process calls it at the same save, and at the end of training."""
+        every process calls it at the same save, and at the end of training. With nothing pending,
+        it waits for the host copy's reservation (`reserve_buffers`) if that still runs."""
         if not self._pending:
+            if self._writer is not None:
+                self._writer.wait()
             return
         self.before_update()
         failure = None
@@ -418,8 +419,6 @@ class Checkpointer:
         """At the end of training: the last background write committed, its `on_save` fired."""
         self.settle()
         self.announce(loop)
-        if self._writer is not None and not self._pending:  # a reservation no save has waited for
-            self._writer.wait()
 
     def announce(self, loop: Any) -> None:
         """Fire `on_save` for every checkpoint committed into `output_dir` since the last call,
