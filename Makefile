@@ -28,10 +28,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check fitkit tests benchmarks examples
+	$(PY) -m mypy
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
 	$(PY) -m ruff check fitkit tests benchmarks examples
+	$(PY) -m mypy
 
 # The long repetition loops (forty 2-process runs, many-trial searches) in full; `make test`
 # runs a short version of each.

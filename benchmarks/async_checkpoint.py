@@ -27,7 +27,7 @@ import time
 import torch
 
 from fitkit import Model
-from fitkit.engine import checkpointer as checkpointer_module
+from fitkit.engine.checkpoint import checkpointer as checkpointer_module
 
 WIDTH, LAYERS, BATCH = 2048, 4, 64
 
@@ -47,7 +47,7 @@ class _BlockedTimer:
         self.times: list[float] = []
         self._save = checkpointer_module.Checkpointer.save
 
-    def __enter__(self) -> "_BlockedTimer":
+    def __enter__(self) -> _BlockedTimer:
         save, times = self._save, self.times
 
         def timed(*args, **kwargs):

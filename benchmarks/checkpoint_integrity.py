@@ -20,8 +20,8 @@ import time
 import torch
 
 from fitkit import Model, TrainerCallback
-from fitkit.engine import checkpoint as ckpt
-from fitkit.engine.checkpoint import describe
+from fitkit.engine.checkpoint import files as ckpt
+from fitkit.engine.checkpoint.files import describe
 
 
 def digest_seconds_per_gib(algorithm: str, repeats: int = 3) -> float:

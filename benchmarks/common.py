@@ -21,18 +21,19 @@ if "torch" not in sys.modules:
     for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ.setdefault(_var, "1")
 
-import contextlib  # noqa: E402
-import dataclasses  # noqa: E402
-import datetime  # noqa: E402
-import gc  # noqa: E402
-import logging  # noqa: E402
-import platform  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
-import warnings  # noqa: E402
-from typing import Any, Callable, Iterable  # noqa: E402
+import contextlib
+import dataclasses
+import datetime
+import gc
+import logging
+import platform
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any
 
-import torch  # noqa: E402
+import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -166,7 +167,7 @@ class StepCounter:
     def _hook(self, optimizer, args, kwargs) -> None:
         self.count += 1
 
-    def __enter__(self) -> "StepCounter":
+    def __enter__(self) -> StepCounter:
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         self._handle = register_optimizer_step_post_hook(self._hook)
@@ -315,7 +316,7 @@ def compare(
             skipped[name] = str(why)
             log(f"  {label}: skipping {name}: {why}")
             continue
-        except Exception as err:  # noqa: BLE001 - a peer's API moved: report and go on
+        except Exception as err:
             if name in required:
                 raise
             skipped[name] = f"failed: {type(err).__name__}: {err}"

@@ -22,7 +22,7 @@ import sys
 if __package__ in (None, ""):  # run as a script: make the checkout's `benchmarks` package importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.run import main as run_main  # noqa: E402
+from benchmarks.run import main as run_main
 
 
 def main(argv: list[str] | None = None) -> int:

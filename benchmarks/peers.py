@@ -31,7 +31,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F

@@ -136,7 +136,7 @@ def display(w: Workload, *, val_batches: int = 2, clock: str = "wall", log=lambd
 def _noop_callbacks(kind: str, n: int = 10) -> list:
     """`n` callbacks of distinct classes (fitkit warns about two of one class)."""
     from fitkit import TrainerCallback
-    from fitkit.callbacks.base import EVENTS
+    from fitkit.events.handler import EVENTS
 
     def empty(self, args, state, control, **kwargs):
         return None
@@ -242,8 +242,8 @@ def dataloader(w: Workload = LOADER_WORKLOAD, *, workers: tuple[int, ...] = (0, 
         builders, expected = {}, {}
         for k in kinds:
             kind = "raw" if k == "raw (again)" else k
-            builders[k] = lambda kind=kind: _loader_contender(kind, copy.deepcopy(initial), ds, w, n)
-            builders[f"{k}@1"] = lambda kind=kind: _loader_contender(kind, copy.deepcopy(initial), one, w, n)
+            builders[k] = lambda kind=kind, n=n: _loader_contender(kind, copy.deepcopy(initial), ds, w, n)
+            builders[f"{k}@1"] = lambda kind=kind, n=n: _loader_contender(kind, copy.deepcopy(initial), one, w, n)
             expected[f"{k}@1"] = 1
         r = compare(builders, steps=w.steps, reps=w.reps, clock=clock, log=log, expected=expected,
                     label=f"dataloader (num_workers={n})")
@@ -276,7 +276,7 @@ PREFETCH_IMAGES = dict(channels=3, size=32)
 
 def prefetch_default() -> object:
     """fitkit's default for the `prefetch` fit option, or None when this fitkit has no such option."""
-    from fitkit.arguments import TrainingArguments
+    from fitkit.config.arguments import TrainingArguments
 
     return getattr(TrainingArguments(), "prefetch", None)
 

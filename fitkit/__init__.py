@@ -14,32 +14,32 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-from fitkit import launch_env as _launch_env  # noqa: E402
+from fitkit.common import launch_env as _launch_env
 
 _launch_env.complete()  # a process fitkit's launcher started: RANK set before the script reads it
 
 _EXPORTS = {
     "Model": "fitkit.model",
-    "TrainingArguments": "fitkit.arguments",
-    "TrainerCallback": "fitkit.callbacks.base",
-    "TrainerState": "fitkit.callbacks.base",
-    "TrainerControl": "fitkit.callbacks.base",
-    "CallbackHandler": "fitkit.callbacks.base",
-    "StopTraining": "fitkit.callbacks.base",
+    "TrainingArguments": "fitkit.config.arguments",
+    "TrainerCallback": "fitkit.events.handler",
+    "TrainerState": "fitkit.events.state",
+    "TrainerControl": "fitkit.events.state",
+    "CallbackHandler": "fitkit.events.handler",
+    "StopTraining": "fitkit.events.state",
     "History": "fitkit.callbacks.history",
     "BestRun": "fitkit.search",
-    "unpack_data": "fitkit.steps",
+    "unpack_data": "fitkit.facade.steps",
 }
 
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fitkit.arguments import TrainingArguments
-    from fitkit.callbacks.base import CallbackHandler, StopTraining, TrainerCallback, TrainerControl, TrainerState
     from fitkit.callbacks.history import History
+    from fitkit.config.arguments import TrainingArguments
+    from fitkit.events.handler import CallbackHandler, StopTraining, TrainerCallback, TrainerControl, TrainerState
+    from fitkit.facade.steps import unpack_data
     from fitkit.model import Model
     from fitkit.search import BestRun
-    from fitkit.steps import unpack_data
 
 
 def __getattr__(name: str) -> Any:

@@ -15,35 +15,36 @@ call is run by an engine `Trainer` (`fitkit.engine.trainer`), which never calls 
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
 from fitkit.adapters.optimizers import optimizer_note
-from fitkit.arguments import TrainingArguments
-from fitkit.callback_list import CallbackOwner
-from fitkit.callbacks.base import CallbackHandler, TrainerCallback, TrainerControl, TrainerState, callback_list
-from fitkit.callbacks.defaults import defaults_for
-from fitkit.callbacks.evaluation_line import evaluation_line_for
+from fitkit.callbacks.display.evaluation_line import evaluation_line_for
 from fitkit.callbacks.flow import DefaultFlowCallback
 from fitkit.callbacks.history import History
-from fitkit.callbacks.keras_model_view import ModelView
-from fitkit.compile_config import CompileConfig
+from fitkit.callbacks.keras.model_view import ModelView
+from fitkit.config.arguments import TrainingArguments
+from fitkit.config.compile_config import CompileConfig
+from fitkit.config.jit_compile import jit_note
+from fitkit.config.option_merge import in_force
 from fitkit.engine.overrides import StepOverrides
 from fitkit.engine.runtime import Runtime, pack_result, unpack_result
 from fitkit.engine.trainer import Trainer
-from fitkit.hf_model import HFMethods
-from fitkit.jit_compile import jit_note
-from fitkit.keras_api import KerasMethods, as_list
-from fitkit.option_merge import in_force
-from fitkit.saving import Saving
-from fitkit.steps import Steps
-from fitkit.summary import summarize
+from fitkit.events.handler import CallbackHandler, TrainerCallback, TrainerControl, TrainerState, callback_list
+from fitkit.facade.callback_list import CallbackOwner
+from fitkit.facade.defaults import defaults_for
+from fitkit.facade.hf_methods import HFMethods
+from fitkit.facade.keras_api import KerasMethods, as_list
+from fitkit.facade.saving import Saving
+from fitkit.facade.steps import Steps
+from fitkit.facade.summary import summarize
 
 
 class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods):
     """Wrap an `nn.Module` (or a `model_init` factory) with Keras' training API. Subclass it to
-    override `train_step`, `test_step`, `predict_step` or `compute_loss` (`fitkit.steps`)."""
+    override `train_step`, `test_step`, `predict_step` or `compute_loss` (`fitkit.facade.steps`)."""
 
     def __init__(self, module: torch.nn.Module | None = None, *, model_init: Callable | None = None):
         if (module is None) == (model_init is None):
@@ -107,7 +108,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods):
 
     # -- compile ------------------------------------------------------------------------------
     def compile(self, optimizer: Any = "adam", loss: Any = None, metrics: Sequence | None = None,
-                **options: Any) -> "Model":
+                **options: Any) -> Model:
         """Configure training; returns `self` so calls chain.
 
         `optimizer`: "adam", "adamw", "sgd", "rmsprop", "adagrad", an Optimizer subclass or
@@ -193,7 +194,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods):
         """Loss and metrics over `x` (exact averages over the data, or its first `steps`
         batches), unprefixed: `{"loss": ..., "accuracy": ...}`; with `return_dict=False`,
         Keras' list in `metrics_names` order. `verbose` 1, 2 or "auto" prints Keras' line.
-        Data options (`data_collator`, `compute_metrics`, ...: `fitkit.hf_model`) as in the last fit."""
+        Data options (`data_collator`, `compute_metrics`, ...: `fitkit.facade.hf_methods`) as in the last fit."""
         args = self._evaluation_arguments("evaluate", data_options)
         if self._runtime.must_spawn(args):
             return self._spawned("evaluate", args, dict(x=x, y=y, batch_size=batch_size, verbose=verbose,
@@ -249,7 +250,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods):
         return run_search(self, x, y, hp_space=hp_space, compute_objective=compute_objective, n_trials=n_trials,
                           direction=direction, hp_name=hp_name, backend=backend, **options)
 
-    def for_trial(self, trial: Any, hp_name: Callable | None = None) -> "Model":
+    def for_trial(self, trial: Any, hp_name: Callable | None = None) -> Model:
         """A model for one search trial: a fresh module from `model_init(trial)`, this model's
         compile configuration and callbacks, the same (already launched) Fabric, and its state
         marked as a search's (`trial_name` from `hp_name(trial)`, `trial.params`)."""
@@ -265,7 +266,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods):
         self._runtime.release()
         self._module = None
 
-    # -- summary (save and load: `fitkit.saving.Saving`) ---------------------------------------------
+    # -- summary (save and load: `fitkit.facade.saving.Saving`) ---------------------------------------------
     def summary(self, example_input: Any = None) -> str:
         """A table of layers, output shapes (when an example input is known) and parameter counts.
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fitkit import TrainerCallback
-from fitkit.callbacks.base import EVENTS
+from fitkit.events.handler import EVENTS
 
 
 def mlp(d_in=8, d_out=3, hidden=16, seed=0):

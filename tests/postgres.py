@@ -46,7 +46,7 @@ class PostgresServer:
         self._names = itertools.count()
 
     @classmethod
-    def start(cls) -> "PostgresServer":
+    def start(cls) -> PostgresServer:
         bin_dir = find_binaries()
         if bin_dir is None:
             raise FileNotFoundError("no PostgreSQL server binaries (initdb, pg_ctl, postgres) found in "

@@ -2,7 +2,8 @@
 
 - no import cycle among fitkit's modules, counting imports inside functions too, nor among
   its packages (importing `a.b.c` runs `a/__init__` and `a/b/__init__` first);
-- the engine imports neither the facade nor a concrete callback: only the callbacks' contract;
+- the packages are layers: each imports only its own modules and the packages below it
+  (`LAYERS`), no folder holds more than 16 modules and `fitkit/` itself at most 12;
 - no module but `fitkit/model.py` touches a private member of `Model`;
 - `fitkit/model.py` stays a facade (at most 300 lines) and no function anywhere in the package
   is longer than 60 lines;
@@ -126,32 +127,75 @@ def test_no_import_cycle_among_fitkit_modules():
 
 def test_no_import_cycle_counting_the_packages_an_import_runs():
     # the checker sees a package's __init__ run by an import of a module inside it
-    assert "fitkit.callbacks" in _imports("fitkit.engine.loop", packages=True)
+    assert "fitkit.events" in _imports("fitkit.engine.loop", packages=True)
     assert "fitkit.engine" not in _imports("fitkit.engine.loop", packages=True)  # its own: being imported
     graph = {name: _imports(name, packages=True) for name in MODULES}
     assert _cycles(graph) == []
 
 
-#: The callbacks' contract: what the engine may import from `fitkit/callbacks/`, and the handler's
-#: dispatch (`keras_bridge`, `keras_names`: which Keras method an event calls), no built-in callback.
-CONTRACT = {"fitkit.callbacks", "fitkit.callbacks.state", "fitkit.callbacks.base", "fitkit.callbacks.hf_view",
-            "fitkit.callbacks.keras_bridge", "fitkit.callbacks.keras_names"}
+#: The layers, top to bottom: each package imports only packages below it (its own modules aside).
+#: A subpackage is a layer of its own (`fitkit.engine.data` sits below the loop in `fitkit.engine`).
+LAYERS = [
+    "fitkit",                    # the public names and the Model facade (model.py)
+    "fitkit.facade",             # Model's mixins: steps, Keras and HF methods, saving, summary, default callbacks
+    "fitkit.search",             # hyperparameter_search (optuna imported on use)
+    "fitkit.integrations",       # trackers (imported on use)
+    "fitkit.callbacks.keras",    # Keras-style callbacks, adapted onto the event set
+    "fitkit.callbacks",          # one built-in callback a module
+    "fitkit.callbacks.display",  # progress bar, epoch lines, printer
+    "fitkit.engine",             # the loop, the step, inference
+    "fitkit.engine.checkpoint",  # what a checkpoint holds, writing, verifying, loading
+    "fitkit.engine.data",        # inputs -> batches, the epoch iterator
+    "fitkit.engine.devices",     # Fabric, the one-device path, strategies, launching
+    "fitkit.events",             # the callback contract: state, control, handler
+    "fitkit.config",             # TrainingArguments, names, checks, compile configuration
+    "fitkit.adapters",           # optimizers, losses, metrics, outputs: names -> objects
+    "fitkit.common",             # helpers that import nothing of fitkit's other packages
+]
 
 
-def test_the_engine_never_imports_the_facade_the_search_or_a_concrete_callback():
-    for name in MODULES:
-        if name.startswith("fitkit.engine"):
-            found = _imports(name, packages=True)
-            assert not found & {"fitkit.model", "fitkit.search"}, name
-            concrete = {m for m in found if m.startswith("fitkit.callbacks") and m not in CONTRACT}
-            assert concrete == set(), f"{name} imports concrete callbacks: {sorted(concrete)}"
+def _package(name: str) -> str:
+    return name if _is_package(name) else name.rsplit(".", 1)[0]
 
 
-def test_the_callbacks_contract_loads_no_built_in_callback():
-    # importing the contract must not run the package's built-in callbacks (the old package cycle)
-    for name in CONTRACT - {"fitkit.callbacks"}:
-        assert {m for m in _imports(name, packages=True) if m.startswith("fitkit.callbacks")} <= CONTRACT, name
-    assert _imports("fitkit.callbacks") == set()  # the package names its callbacks lazily
+def test_every_package_is_a_layer():
+    assert sorted({_package(n) for n in MODULES}) == sorted(LAYERS)
+
+
+def _upward(name: str) -> list[str]:
+    here = LAYERS.index(_package(name))
+    return sorted(t for t in _imports(name, packages=True)
+                  if _package(t) != _package(name) and LAYERS.index(_package(t)) < here)
+
+
+def test_the_layer_check_sees_an_upward_import():
+    assert "fitkit.engine.checkpoint.files" in _imports("fitkit.callbacks.backup_and_restore")  # downward: allowed
+    assert _upward("fitkit.callbacks.backup_and_restore") == []
+    assert LAYERS.index("fitkit.engine") < LAYERS.index("fitkit.events")  # the engine fires the contract's events
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_each_module_imports_only_its_own_package_and_the_layers_below(name):
+    assert _upward(name) == [], f"{name} ({_package(name)}) imports layers above it"
+
+
+def test_no_folder_holds_more_than_16_modules_and_fitkit_itself_at_most_12():
+    folders: dict[str, int] = {}
+    for path in MODULES.values():
+        folders[str(path.parent.relative_to(ROOT))] = folders.get(str(path.parent.relative_to(ROOT)), 0) + 1
+    assert {f: n for f, n in folders.items() if n > 16} == {}
+    assert folders["fitkit"] <= 12, sorted(p.name for p in PACKAGE.glob("*.py"))
+
+
+def test_the_public_import_paths_hold():
+    import fitkit.callbacks.base
+    import fitkit.engine.checkpoint
+    from fitkit.events.handler import TrainerCallback
+
+    assert fitkit.callbacks.base.TrainerCallback is TrainerCallback is fitkit.TrainerCallback
+    assert {"verified", "is_complete", "CheckpointError"} <= set(dir(fitkit.engine.checkpoint)) | set(
+        fitkit.engine.checkpoint.__all__)
+    from fitkit.engine.checkpoint import CheckpointError, is_complete, verified  # noqa: F401
 
 
 def _model_privates() -> set[str]:
@@ -223,7 +267,7 @@ def _defined(path: pathlib.Path) -> set[str]:
 
 def test_the_checkpoint_story_modules_hold_what_the_docs_say():
     rows = _story_table()
-    assert {"fitkit/engine/checkpointer.py", "fitkit/engine/checkpoint.py"} <= set(rows)  # the two modules
+    assert {"fitkit/engine/checkpoint/checkpointer.py", "fitkit/engine/checkpoint/files.py"} <= set(rows)  # the two modules
     for module, names in rows.items():
         path = ROOT / module
         assert path.is_file(), f"docs/concepts.md names {module}, which does not exist"
@@ -233,5 +277,5 @@ def test_the_checkpoint_story_modules_hold_what_the_docs_say():
 
 
 def test_checkpoint_error_is_defined_where_it_is_raised():
-    assert "CheckpointError" in _defined(PACKAGE / "engine" / "checkpoint.py")
-    assert not any("CheckpointError" in _defined(p) for n, p in MODULES.items() if n != "fitkit.engine.checkpoint")
+    assert "CheckpointError" in _defined(PACKAGE / "engine" / "checkpoint" / "files.py")
+    assert not any("CheckpointError" in _defined(p) for n, p in MODULES.items() if n != "fitkit.engine.checkpoint.files")

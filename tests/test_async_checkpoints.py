@@ -15,8 +15,8 @@ import torch
 from helpers import STRESS, Crash, training_records
 
 from fitkit import Model, TrainerCallback
-from fitkit.engine import checkpoint as ckpt
-from fitkit.engine.async_save import BackgroundWriter, HostCopy
+from fitkit.engine.checkpoint import files as ckpt
+from fitkit.engine.checkpoint.async_save import BackgroundWriter, HostCopy
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "integrity_run.py")
 
@@ -101,7 +101,7 @@ def test_the_weights_are_copied_during_the_next_forward_and_before_the_next_opti
     """On a CPU the weights and optimizer state are copied on the writer thread: the next step's
     forward runs meanwhile, its optimizer step waits, and the checkpoint still equals a
     synchronous one (the copy is slowed here, so a step that did not wait would leak into it)."""
-    from fitkit.engine.async_save import PendingCopy
+    from fitkit.engine.checkpoint.async_save import PendingCopy
 
     events = []
     finish = PendingCopy.finish
@@ -171,7 +171,7 @@ def test_the_host_copys_buffers_are_reserved_on_the_writer_thread_after_the_firs
 def test_a_callback_changing_the_weights_waits_for_the_copy(tmp_path, monkeypatch):
     """A callback may change the weights before the next optimizer step (here at `on_step_begin`):
     it runs only once the copy is complete, so the checkpoint does not see the change."""
-    from fitkit.engine.async_save import PendingCopy
+    from fitkit.engine.checkpoint.async_save import PendingCopy
 
     finish = PendingCopy.finish
     monkeypatch.setattr(PendingCopy, "finish", lambda self: (time.sleep(0.3), finish(self))[1])
@@ -314,7 +314,7 @@ def test_a_full_disk_during_a_background_write_is_a_clear_error_and_leaves_nothi
     stdout, stderr = _run(out, "--fsize-after-first-save", "4000").communicate(timeout=300)
     saved = [line for line in stdout.splitlines() if line.startswith("SAVE ")]
     error = stderr.strip().splitlines()[-1]
-    assert error.startswith("fitkit.engine.checkpoint.CheckpointWriteError: could not write the checkpoint")
+    assert error.startswith("fitkit.engine.checkpoint.files.CheckpointWriteError: could not write the checkpoint")
     listed = sorted(os.listdir(out), key=lambda n: int(n.rsplit("-", 1)[1]))  # no temporary directory, no lock
     assert len(saved) == len(listed) >= 1 and all(n.startswith("checkpoint-") for n in listed)  # on_save: committed
     for part in ("File too large", "its incomplete files were removed", f"{listed[-1]}', is intact",

@@ -14,7 +14,7 @@ from helpers import mlp
 
 from fitkit import Model, TrainerControl, TrainerState, TrainingArguments
 from fitkit.callbacks import CallbackHandler, CSVLogger, LambdaCallback, TerminateOnNaN
-from fitkit.callbacks.base import EVENTS
+from fitkit.events.handler import EVENTS
 
 
 def compiled(metrics=("accuracy",)):

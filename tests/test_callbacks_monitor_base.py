@@ -1,5 +1,5 @@
 """The shared base of the monitors (`MonitorCallback`), the directions of logged values
-(`metric_directions`, `fitkit.logs.direction`), `fitkit.logs.as_number`, `Order` and
+(`metric_directions`, `fitkit.common.logs.direction`), `fitkit.common.logs.as_number`, `Order` and
 `Stateful`."""
 
 import math
@@ -30,7 +30,15 @@ from fitkit.callbacks import (
     Stateful,
 )
 from fitkit.callbacks._monitor import MonitorCallback
-from fitkit.logs import BOOKKEEPING, LEARNING_RATE, NOT_VALUES, POSITION, as_number, direction, direction_from_name
+from fitkit.common.logs import (
+    BOOKKEEPING,
+    LEARNING_RATE,
+    NOT_VALUES,
+    POSITION,
+    as_number,
+    direction,
+    direction_from_name,
+)
 
 MONITORS = (EarlyStopping, ReduceLROnPlateau, ModelCheckpoint, EarlyStoppingCallback)
 

@@ -17,10 +17,10 @@ import torch
 from helpers import Crash, training_records
 
 from fitkit import Model, TrainerCallback
-from fitkit.callbacks.base import CallbackHandler, TrainerControl
-from fitkit.engine import checkpoint as ckpt
-from fitkit.engine import run_lock
-from fitkit.engine.checkpoint import CheckpointError, file_digest
+from fitkit.engine.checkpoint import files as ckpt
+from fitkit.engine.checkpoint import run_lock
+from fitkit.engine.checkpoint.files import CheckpointError, file_digest
+from fitkit.events.handler import CallbackHandler, TrainerControl
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "integrity_run.py")
 
@@ -144,8 +144,8 @@ def test_manifest_paths_outside_the_checkpoint_are_refused_unread(runs, tmp_path
         (path / ckpt.MANIFEST).write_text(json.dumps(manifest))
         touched = []
         real_open, real_stat = builtins.open, os.stat
-        monkeypatch.setattr(builtins, "open", lambda f, *a, **k: touched.append(str(f)) or real_open(f, *a, **k))
-        monkeypatch.setattr(os, "stat", lambda f, *a, **k: touched.append(str(f)) or real_stat(f, *a, **k))
+        monkeypatch.setattr(builtins, "open", lambda f, *a, touched=touched, real_open=real_open, **k: touched.append(str(f)) or real_open(f, *a, **k))
+        monkeypatch.setattr(os, "stat", lambda f, *a, touched=touched, real_stat=real_stat, **k: touched.append(str(f)) or real_stat(f, *a, **k))
         try:
             complete = ckpt.is_complete(str(path))
             with pytest.raises(CheckpointError, match=r"outside the checkpoint directory: refused") as info:
@@ -393,7 +393,7 @@ def test_a_full_disk_loses_nothing_and_the_run_resumes_exactly(tmp_path, referen
     stdout, stderr = full.communicate(timeout=300)
     assert full.returncode != 0 and "SAVE 4" in stdout and "SAVE 8" not in stdout
     error = stderr.strip().splitlines()[-1]
-    assert error.startswith("fitkit.engine.checkpoint.CheckpointWriteError: could not write the checkpoint")
+    assert error.startswith("fitkit.engine.checkpoint.files.CheckpointWriteError: could not write the checkpoint")
     for part in ("checkpoint-8", "File too large", "its incomplete files were removed", "needs about",
                  "(the size of checkpoint-4)", "checkpoint-4', is intact", "resume_from_checkpoint=True"):
         assert part in error, part

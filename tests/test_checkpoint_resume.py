@@ -8,8 +8,8 @@ import torch
 from helpers import Crash, Pairs, training_records
 
 from fitkit import Model, TrainerCallback
-from fitkit.engine import checkpoint as ckpt
-from fitkit.engine.checkpoint import file_digest
+from fitkit.engine.checkpoint import files as ckpt
+from fitkit.engine.checkpoint.files import file_digest
 
 
 def _net(seed):

@@ -1,5 +1,7 @@
 """DESIGN section 7: every misuse fails early with an error naming the argument and the fix."""
 
+import dataclasses
+
 import pytest
 import torch
 from helpers import mlp
@@ -110,7 +112,7 @@ def test_missing_targets_for_training():
 
 def test_training_arguments_are_frozen_and_json():
     args = TrainingArguments(num_train_epochs=3, lr_scheduler=lambda opt, n: None)
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         args.num_train_epochs = 4
     d = args.to_dict()
     assert d["num_train_epochs"] == 3 and isinstance(d["lr_scheduler"], str)

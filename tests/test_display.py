@@ -15,8 +15,8 @@ from helpers import blobs, mlp
 
 from fitkit import Model, TrainerCallback
 from fitkit.callbacks import ProgressBar
-from fitkit.callbacks import progress as progress_module
-from fitkit.callbacks.progress import epoch_line
+from fitkit.callbacks.display import progress as progress_module
+from fitkit.callbacks.display.progress import epoch_line
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
@@ -161,7 +161,7 @@ class _FakeTerminal:
     def __init__(self, monkeypatch):
         from rich.console import Console
 
-        from fitkit.callbacks._bar import TerminalBars
+        from fitkit.callbacks.display.bar import TerminalBars
 
         self.buffer = io.StringIO()
         self.refreshes = 0
@@ -259,7 +259,7 @@ def test_summary_draws_in_colour_on_a_rich_console():
 
 
 def test_a_display_left_open_by_a_failed_run_is_closed_by_the_next(monkeypatch):
-    from fitkit.callbacks._bar import _Above as FileProxy
+    from fitkit.callbacks.display.bar import _Above as FileProxy
 
     terminal = _FakeTerminal(monkeypatch)
 
@@ -288,8 +288,8 @@ def test_bar_frame_layout(monkeypatch):
 
     from rich.console import Console
 
-    from fitkit.callbacks import _bar
-    from fitkit.callbacks._bar import BAR_WIDTH, TerminalBars
+    from fitkit.callbacks.display import bar as _bar
+    from fitkit.callbacks.display.bar import BAR_WIDTH, TerminalBars
 
     clock = [1000.0]  # the bars' clock, set by the test: the rate is exact, however busy the machine
     monkeypatch.setattr(_bar, "time", SimpleNamespace(monotonic=lambda: clock[0]))
@@ -317,7 +317,7 @@ def test_bar_frame_layout(monkeypatch):
 def test_lines_printed_while_the_bars_are_up_go_above_them():
     from rich.console import Console
 
-    from fitkit.callbacks._bar import TerminalBars
+    from fitkit.callbacks.display.bar import TerminalBars
 
     buffer = io.StringIO()
     console = Console(file=buffer, force_terminal=True, width=120, color_system=None)
@@ -348,8 +348,8 @@ def test_lines_printed_while_the_bars_are_up_go_above_them():
 
 
 def test_bars_shrink_to_fit_a_narrow_terminal():
-    from fitkit.callbacks._bar import BAR_WIDTH, frame
-    from fitkit.callbacks._bar import Row as BarRow
+    from fitkit.callbacks.display.bar import BAR_WIDTH, frame
+    from fitkit.callbacks.display.bar import Row as BarRow
 
     row = BarRow("Epoch 13/20", total=45)
     row.update(completed=20)

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from fitkit import TrainingArguments
-from fitkit.engine import early_start
-from fitkit.engine import fabric as fabric_module
+from fitkit.engine.devices import early_start
+from fitkit.engine.devices import fabric as fabric_module
 
 
 def _args(**options):

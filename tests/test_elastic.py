@@ -19,10 +19,10 @@ import sys
 import pytest
 import torch
 
-from fitkit.engine.checkpointer import LoopSnapshot
-from fitkit.engine.data import adapt
-from fitkit.engine.sampling import epoch_permutation
-from fitkit.engine.sources import TensorSource
+from fitkit.engine.checkpoint.checkpointer import LoopSnapshot
+from fitkit.engine.data.adapt import adapt
+from fitkit.engine.data.sampling import epoch_permutation
+from fitkit.engine.data.sources import TensorSource
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "elastic.py")
 sys.path.insert(0, os.path.dirname(SCRIPT))
@@ -260,7 +260,7 @@ def test_fitkit_deals_an_epoch_as_distributed_sampler_does(world):
     the processes exactly as Fabric's wrapper around it did: runs from the start are unchanged."""
     from torch.utils.data import DistributedSampler
 
-    from fitkit.engine.sampling import deal
+    from fitkit.engine.data.sampling import deal
 
     order = epoch_permutation(163, 1, 0)
     for rank in range(world):
@@ -310,7 +310,7 @@ def test_fsdp_sharding_is_checked(options, message):
 def test_sharded_metadata_holding_code_is_refused_before_it_runs(tmp_path):
     import torch.distributed.checkpoint as dcp
 
-    from fitkit.engine.elastic import saved_layout
+    from fitkit.engine.checkpoint.elastic import saved_layout
 
     net = torch.nn.Linear(3, 2)
     path = tmp_path / "state.pt"

@@ -12,7 +12,7 @@ import torch
 
 from fitkit import Model
 from fitkit.adapters.optimizers import FASTEST, implementation
-from fitkit.engine import checkpoint as ckpt
+from fitkit.engine.checkpoint import files as ckpt
 
 
 def _net(seed=0, embedding=False):

@@ -11,7 +11,7 @@ import torch
 from helpers import blobs, mlp
 
 from fitkit import Model, TrainingArguments
-from fitkit.engine.collate import default_data_collator, is_sample_list
+from fitkit.engine.data.collate import default_data_collator, is_sample_list
 from fitkit.engine.eval_prediction import EvalPrediction
 
 transformers = pytest.importorskip("transformers")

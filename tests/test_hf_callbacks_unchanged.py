@@ -14,7 +14,7 @@ from helpers import blobs, mlp
 
 from fitkit import Model
 from fitkit.callbacks import CallbackHandler, TrainerCallback
-from fitkit.callbacks.hf_view import from_transformers
+from fitkit.events.hf_view import from_transformers
 
 transformers = pytest.importorskip("transformers")
 

@@ -14,7 +14,7 @@ import torch
 from helpers import stress_only
 
 from fitkit import Model, TrainingArguments
-from fitkit.engine.hf_columns import drop_unused_columns
+from fitkit.engine.data.hf_columns import drop_unused_columns
 
 transformers = pytest.importorskip("transformers")
 datasets = pytest.importorskip("datasets")
@@ -153,7 +153,7 @@ def test_a_torch_iterable_dataset_of_dicts_keeps_its_state_and_loses_unused_keys
         def load_state_dict(self, state):
             self.loaded = state
 
-    from fitkit.engine.sources import stateful_parts
+    from fitkit.engine.data.sources import stateful_parts
 
     model = Model(StrictNet()).compile("adam", "cross_entropy")
     model.fit(Rows(), batch_size=4, verbose=0)
@@ -303,7 +303,7 @@ def test_hf_decay_groups_equal_the_trainers(tmp_path):
 
 
 def test_exclude_from_weight_decay_switch():
-    from fitkit.engine.weight_decay import parameter_groups
+    from fitkit.adapters.weight_decay import parameter_groups
 
     net = tiny_bert()
     names = {id(p): n for n, p in net.named_parameters()}
@@ -383,7 +383,7 @@ def test_logged_loss_of_an_hf_bert_is_the_windows_mean(tmp_path):
 
 # -- checkpoints hold what from_pretrained reads --------------------------------------------------------------
 def test_checkpoints_open_with_from_pretrained_and_still_resume(tmp_path):
-    from fitkit.engine.checkpoint import verify
+    from fitkit.engine.checkpoint.files import verify
 
     net = tiny_bert()
     model = Model(net).compile()
@@ -437,7 +437,7 @@ def test_the_benchmark_scenario_runs():
 
 
 def test_processes_of_the_script_launcher_get_rank():
-    from fitkit.launch_env import MARKER, complete
+    from fitkit.common.launch_env import MARKER, complete
 
     env = {MARKER: "2", "LOCAL_RANK": "1", "NODE_RANK": "1", "WORLD_SIZE": "4"}
     complete(env)

@@ -15,8 +15,8 @@ import torch
 
 from fitkit import Model, TrainerCallback
 from fitkit.callbacks import CallbackHandler, DefaultFlowCallback, EarlyStoppingCallback, ProgressCallback
-from fitkit.callbacks.base import TrainerControl, TrainerState
-from fitkit.schedule import interval_steps
+from fitkit.common.schedule import interval_steps
+from fitkit.events.handler import TrainerControl, TrainerState
 
 N, BATCH = 64, 8  # HF's RegressionDataset(length=64), per_device_train_batch_size=8: 8 steps per epoch
 

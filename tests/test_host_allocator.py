@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from fitkit.engine import host_allocator
+from fitkit.engine.devices import host_allocator
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -8,8 +8,8 @@ from helpers import mlp
 
 pytest.importorskip("codecarbon")
 
-from fitkit import Model  # noqa: E402
-from fitkit.integrations import CodeCarbonCallback  # noqa: E402
+from fitkit import Model
+from fitkit.integrations import CodeCarbonCallback
 
 
 @pytest.fixture(autouse=True)

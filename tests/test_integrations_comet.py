@@ -10,8 +10,8 @@ from helpers import mlp
 
 pytest.importorskip("comet_ml")
 
-from fitkit import Model, TrainingArguments  # noqa: E402
-from fitkit.integrations._common import MASK  # noqa: E402
+from fitkit import Model, TrainingArguments
+from fitkit.integrations._common import MASK
 
 
 def read_archive(path):

@@ -8,11 +8,11 @@ import torch
 from helpers import mlp
 
 pytest.importorskip("mlflow")
-from mlflow.tracking import MlflowClient  # noqa: E402
+from mlflow.tracking import MlflowClient
 
-from fitkit import Model, TrainingArguments  # noqa: E402
-from fitkit.integrations._common import MASK, run_params  # noqa: E402
-from fitkit.integrations.mlflow import _limits, default_tracking_uri  # noqa: E402
+from fitkit import Model, TrainingArguments
+from fitkit.integrations._common import MASK, run_params
+from fitkit.integrations.mlflow import _limits, default_tracking_uri
 
 
 @pytest.fixture(autouse=True)

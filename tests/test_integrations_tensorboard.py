@@ -3,6 +3,7 @@
 import csv
 import dataclasses
 import os
+import pathlib
 import warnings
 
 import pytest
@@ -10,12 +11,12 @@ import torch
 from helpers import mlp
 
 pytest.importorskip("tensorboard")
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
-from tensorboard.plugins.hparams import plugin_data_pb2  # noqa: E402
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams import plugin_data_pb2
 
-from fitkit import Model, TrainerCallback, TrainerControl, TrainerState, TrainingArguments  # noqa: E402
-from fitkit.integrations import TensorBoardCallback  # noqa: E402
-from fitkit.integrations._common import MASK  # noqa: E402
+from fitkit import Model, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from fitkit.integrations import TensorBoardCallback
+from fitkit.integrations._common import MASK
 
 
 def _events(log_dir):
@@ -82,7 +83,7 @@ def test_hparams_hold_the_arguments_and_final_metrics(tmp_path, blobs):
     # the dashboard reads each metric's last value from its scalar series
     assert _series(acc, "val_loss")[-1][1] == pytest.approx(model.state.log_history[-2]["val_loss"], rel=1e-6)
     assert _series(acc, "train_loss")[-1][1] == pytest.approx(model.state.log_history[-1]["train_loss"], rel=1e-6)
-    raw = b"".join(open(os.path.join(tmp_path, "runs", f), "rb").read() for f in os.listdir(tmp_path / "runs"))
+    raw = b"".join(pathlib.Path(tmp_path, "runs", f).read_bytes() for f in os.listdir(tmp_path / "runs"))
     assert b"hf_TOPSECRET" not in raw
 
 

@@ -10,23 +10,24 @@ import dataclasses
 import glob
 import json
 import os
+import pathlib
 import struct
 
 import pytest
 from helpers import mlp
 
 pytest.importorskip("wandb")
-from wandb.proto import wandb_internal_pb2  # noqa: E402
+from wandb.proto import wandb_internal_pb2
 
-from fitkit import Model, TrainerCallback, TrainingArguments  # noqa: E402
-from fitkit.integrations._common import MASK  # noqa: E402
+from fitkit import Model, TrainerCallback, TrainingArguments
+from fitkit.integrations._common import MASK
 
 BLOCK = 32 * 1024
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 
 
 def _records(path):
-    data = open(path, "rb").read()
+    data = pathlib.Path(path).read_bytes()
     assert data[:4] == b":W&B", data[:7]
     pos, pending = 7, b""
     while pos + 7 <= len(data):
@@ -129,7 +130,7 @@ def test_offline_run_holds_config_history_and_summary(tmp_path, blobs):
     final["loss"] = [r for r in history if "loss" in r][-1]["loss"]
     for key, value in final.items():
         assert run["summary"][key] == pytest.approx(value, rel=1e-12), key
-    raw = b"".join(open(f, "rb").read() for f in glob.glob(os.path.join(run_dirs[0], "**", "*"), recursive=True)
+    raw = b"".join(pathlib.Path(f).read_bytes() for f in glob.glob(os.path.join(run_dirs[0], "**", "*"), recursive=True)
                    if os.path.isfile(f))
     assert b"0123456789abcdef" not in raw
 

@@ -16,10 +16,10 @@ import torch
 from torch._dynamo.eval_frame import OptimizedModule
 
 sys.path.insert(0, os.path.dirname(__file__))
-from helpers import blobs, mlp  # noqa: E402
+from helpers import blobs, mlp
 
-from fitkit import Model, TrainingArguments  # noqa: E402
-from fitkit.jit_compile import compile_keywords, jit_kwargs  # noqa: E402
+from fitkit import Model, TrainingArguments
+from fitkit.config.jit_compile import compile_keywords, jit_kwargs
 
 # torch's own import of a deprecated helper while it compiles (nothing fitkit calls)
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")

@@ -270,7 +270,7 @@ def test_the_model_offers_what_keras_callbacks_use(tmp_path):
     assert seen["lr"] == 0.0 and (tmp_path / "w.pt").exists()
     assert all(g["lr"] == 0.0 for g in model.optimizer.param_groups)
     with pytest.raises(ValueError, match="learning_rate"):
-        from fitkit.callbacks.keras_model_view import OptimizerView
+        from fitkit.callbacks.keras.model_view import OptimizerView
 
         OptimizerView(model.optimizer, None).learning_rate = "fast"
 

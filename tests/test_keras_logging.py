@@ -236,9 +236,9 @@ def test_on_a_gpu_no_device_value_is_read_per_step(monkeypatch):
     for name in ("item", "__float__", "__bool__", "tolist", "cpu", "numpy"):
         original = getattr(torch.Tensor, name)
 
-        def counting(t, *a, _original=original, **k):
+        def counting(t, *a, _original=original, _name=name, **k):
             if t.is_cuda:
-                reads.append(name)
+                reads.append(_name)
             return _original(t, *a, **k)
 
         monkeypatch.setattr(torch.Tensor, name, counting)

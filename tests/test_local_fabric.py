@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from fitkit import Model, TrainerCallback, TrainingArguments
-from fitkit.engine.local import LocalFabric, LocalOptimizer, local_device
+from fitkit.engine.devices.local import LocalFabric, LocalOptimizer, local_device
 from tests.helpers import blobs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

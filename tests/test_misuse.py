@@ -14,17 +14,18 @@ import pathlib
 import re
 import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from helpers import Pairs, blobs, mlp  # noqa: E402
+from helpers import Pairs, blobs, mlp
 
-from fitkit import Model, TrainerCallback, TrainingArguments  # noqa: E402
-from fitkit.callbacks import (  # noqa: E402
+from fitkit import Model, TrainerCallback, TrainingArguments
+from fitkit.callbacks import (
     BackupAndRestore,
     CSVLogger,
     EarlyStopping,

@@ -13,8 +13,8 @@ from helpers import blobs, mlp
 
 from fitkit import Model, TrainerCallback, TrainingArguments
 from fitkit.callbacks import EarlyStopping, LambdaCallback
-from fitkit.compile_config import CompileConfig
-from fitkit.options import check_output_dir, did_you_mean, parse_number
+from fitkit.common.options import check_output_dir, did_you_mean, parse_number
+from fitkit.config.compile_config import CompileConfig
 
 
 class Run:
@@ -216,7 +216,7 @@ def test_compile_shuffle_and_max_steps_are_fit_defaults():
 
 # -- 4. args= and options together are merged -----------------------------------------------------
 def test_args_and_options_are_merged_options_win(tmp_path):
-    run = Run(tmp_path, epochs=5)  # compile < args= < fit's keywords (fitkit.option_merge)
+    run = Run(tmp_path, epochs=5)  # compile < args= < fit's keywords (fitkit.config.option_merge)
     args = TrainingArguments(num_train_epochs=1, per_device_train_batch_size=16, verbose=0, output_dir=str(run.out))
     history = run.model.fit(run.x, run.y, args=args, epochs=3)
     assert len(history.epoch) == 3 and run.model.state.global_step == 3 * 3  # args' batch size kept
@@ -393,7 +393,7 @@ def test_compile_config_arguments_merges_in_order():
     assert config.arguments(epochs=None).num_train_epochs == 3
     assert config.arguments(epochs=2).num_train_epochs == 2
     with pytest.warns(UserWarning, match=r"compile\(seed=1\) and args.seed=5 -> args= is used"):
-        merged = config.arguments(TrainingArguments(seed=5))  # compile < args= < fit (fitkit.option_merge)
+        merged = config.arguments(TrainingArguments(seed=5))  # compile < args= < fit (fitkit.config.option_merge)
     assert merged.num_train_epochs == 3 and merged.seed == 5  # args= does not set epochs: compile's kept
     with pytest.warns(UserWarning, match="seed"):
         assert config.arguments(TrainingArguments(seed=5), epochs=4).seed == 5

@@ -17,7 +17,7 @@ from helpers import blobs, mlp, reserved_port
 
 from fitkit import Model, TrainerCallback, TrainingArguments
 from fitkit.callbacks import ProgressBar
-from fitkit.callbacks import progress as progress_module
+from fitkit.callbacks.display import progress as progress_module
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "quiet_output.py")
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -54,7 +54,7 @@ def test_log_level_info_brings_lightning_s_banner_back():
 
 
 def test_lightning_s_logger_follows_log_level():
-    from fitkit.engine.quiet import LIGHTNING_LOGGER, quiet_lightning
+    from fitkit.engine.devices.quiet import LIGHTNING_LOGGER, quiet_lightning
 
     logger = logging.getLogger(LIGHTNING_LOGGER + ".utilities.distributed")  # where the banner is logged
     before = logging.getLogger(LIGHTNING_LOGGER).level
@@ -129,7 +129,7 @@ def test_a_validation_dataloader_gives_its_own_length(monkeypatch):
 def test_values_stay_readable_at_80_columns():
     from rich.console import Console
 
-    from fitkit.callbacks._bar import TerminalBars
+    from fitkit.callbacks.display.bar import TerminalBars
 
     buffer = io.StringIO()
     bars = TerminalBars(Console(file=buffer, force_terminal=True, width=80, color_system=None))

@@ -85,7 +85,7 @@ def test_sigkill_at_random_moments_always_resumes(tmp_path, reference):
         extra = ("--expect-resume", "--init-seed", str(100 + attempt)) if last else ("--resume",)
         proc = _start(tmp_path, "--sleep", "0.02", *extra)
         target = min(last + rng.randint(2, 8), TOTAL_STEPS - 2)
-        _wait_for(proc, lambda line: line.startswith("STEP ") and int(line.split()[1]) >= target)
+        _wait_for(proc, lambda line, target=target: line.startswith("STEP ") and int(line.split()[1]) >= target)
         proc.kill()  # SIGKILL: no handler, no cleanup, possibly in the middle of a save
         proc.wait(timeout=30)
     assert _newest(tmp_path) > 0

@@ -17,8 +17,8 @@ import torch
 from helpers import Crash, Pairs, blobs, training_records
 
 from fitkit import Model, TrainerCallback, TrainingArguments
-from fitkit.engine import checkpoint as ckpt
-from fitkit.engine.prefetch import MIN_READ_S
+from fitkit.engine.checkpoint import files as ckpt
+from fitkit.engine.data.prefetch import MIN_READ_S
 
 assert 8 * 0.0002 > MIN_READ_S  # the batches of `Seen` are worth reading ahead
 
@@ -232,7 +232,7 @@ def test_hugging_face_collators_are_read_on_the_training_thread():
     transformers = pytest.importorskip("transformers")
     from torch.utils.data import DataLoader
 
-    from fitkit.engine.prefetch import can_prefetch
+    from fitkit.engine.data.prefetch import can_prefetch
 
     data = [{"input_ids": [1, 2, 3], "labels": 0}] * 4
     hf = transformers.DataCollatorWithPadding.__new__(transformers.DataCollatorWithPadding)

@@ -6,8 +6,8 @@ import torch
 from helpers import Crash, CrashAt, training_records
 
 from fitkit import Model, TrainerCallback
-from fitkit.engine import checkpoint as ckpt
 from fitkit.engine import running_loss
+from fitkit.engine.checkpoint import files as ckpt
 from fitkit.engine.running_loss import RunningLoss
 
 STEPS_PER_EPOCH = 25  # 196 samples in batches of 8: 24 full ones and a short one of 4

@@ -205,7 +205,7 @@ def test_two_processes_share_one_storage(tmp_path):
     procs = [subprocess.Popen([sys.executable, str(script), url, str(tmp_path / "started")], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=240) for p in procs]
-    for p, (out, err) in zip(procs, outs):
+    for p, (_out, err) in zip(procs, outs):
         assert p.returncode == 0, err
     ran = [[int(l.split()[1]) for l in out.splitlines() if l.startswith("TRIAL")] for out, _ in outs]
     assert all(ran), ran  # both did some of the work

@@ -9,8 +9,8 @@ import os
 import pytest
 import torch
 
-from fitkit.engine import state_file
-from fitkit.engine.state_file import BLOCK, DirectFile, HashingFile, save_state
+from fitkit.engine.checkpoint import state_file
+from fitkit.engine.checkpoint.state_file import BLOCK, DirectFile, HashingFile, save_state
 
 
 def _payload():
@@ -107,7 +107,7 @@ def test_without_this_torchs_writer_it_is_torch_save(monkeypatch):
 
 
 def _host_copy():
-    from fitkit.engine.async_save import HostCopy
+    from fitkit.engine.checkpoint.async_save import HostCopy
 
     g = torch.Generator().manual_seed(1)
     tree = {"model": {"big": torch.randn(1000, 1000, generator=g), "odd": torch.randn(300_001, generator=g),

@@ -14,7 +14,7 @@ from helpers import Crash, CrashAt, reserved_port
 from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
 from fitkit import Model, TrainerCallback
-from fitkit.engine import checkpoint as ckpt
+from fitkit.engine.checkpoint import files as ckpt
 
 N, BATCH = 40, 4  # 10 batches an epoch, 2 epochs: 20 steps
 
@@ -89,7 +89,7 @@ class Items(Recording, Dataset):
 
 
 class SlowItems(Items):
-    """Reads slow enough that batches would be read ahead on a thread (`fitkit.engine.prefetch`)."""
+    """Reads slow enough that batches would be read ahead on a thread (`fitkit.engine.data.prefetch`)."""
 
     def item(self, i):
         time.sleep(0.002)

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import copy
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from fitkit.adapters.outputs import OutputLosses, is_structure, single_output
-from fitkit.options import did_you_mean
+from fitkit.common.options import did_you_mean
 
 
 def _binary_ce(outputs: torch.Tensor, targets: torch.Tensor, reduction: str) -> torch.Tensor:

@@ -8,12 +8,13 @@ the device; nothing is read back to the host until `compute()` (once per epoch o
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from fitkit.adapters.outputs import PREDICTION_KEYS, LossParts, OutputMetric, is_structure, single_output
-from fitkit.options import did_you_mean
+from fitkit.common.options import did_you_mean
 
 NAMES = ("accuracy", "mae", "mse", "f1", "precision", "recall", "auroc")
 #: Keras 3's metric names: the metric each computes. Keras settles the task by the name, not by
@@ -110,7 +111,7 @@ def _higher_is_better(spec: Any) -> bool | None:
     """`higher_is_better` of a metric spec without building it: a named metric's torchmetrics
     class, a metric object's own; None for a callable (nothing says)."""
     if isinstance(spec, str):
-        from fitkit.quiet_import import quiet_import
+        from fitkit.common.quiet_import import quiet_import
 
         module, cls = _NAME_CLASSES[_ALIASES.get(spec.lower(), spec.lower())]
         return getattr(getattr(quiet_import(module), cls), "higher_is_better", None)
@@ -211,7 +212,7 @@ def _keras_task(name: str, preds: torch.Tensor, target: torch.Tensor) -> tuple[s
 
 
 def _construct(key: str, kind: str, classes: int):
-    from fitkit.quiet_import import quiet_import
+    from fitkit.common.quiet_import import quiet_import
 
     C = quiet_import("torchmetrics.classification")
     R = quiet_import("torchmetrics.regression")

@@ -10,12 +10,13 @@ an HF `optim` name (`TorchDefaults`, from `TrainingArguments(optim=...)`) keeps 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
-from fitkit.options import did_you_mean
+from fitkit.common.options import did_you_mean
 
 #: name -> (class, Keras default learning rate)
 OPTIMIZERS: dict[str, tuple[type, float]] = {
@@ -111,7 +112,7 @@ def build_optimizer(
     return optimizer
 
 
-def named_keywords(spec: "str | TorchDefaults", learning_rate: float | None,
+def named_keywords(spec: str | TorchDefaults, learning_rate: float | None,
                    weight_decay: float | None = None) -> dict[str, Any]:
     """The keywords a named optimizer is built with: Keras 3's defaults for a name (a
     `TorchDefaults` name: torch's, with Keras' learning rate unless `learning_rate` is given),
@@ -133,7 +134,7 @@ def named_keywords(spec: "str | TorchDefaults", learning_rate: float | None,
     return kwargs
 
 
-def _named(spec: "str | TorchDefaults", params: list, learning_rate: float | None, given: dict[str, Any],
+def _named(spec: str | TorchDefaults, params: list, learning_rate: float | None, given: dict[str, Any],
            precision: str | None, module: torch.nn.Module | None) -> torch.optim.Optimizer:
     """A named optimizer in the fastest exact implementation for the parameters' device."""
     name = spec.name if isinstance(spec, TorchDefaults) else spec.lower()

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from fitkit.callbacks._run import EpochRecords, EpochRecordsCallback, RunStateCallback, epoch_index
-from fitkit.callbacks.base import Order
-from fitkit.logs import MAX, MIN, as_number, direction_from_name
+from fitkit.common.logs import MAX, MIN, as_number, direction_from_name
+from fitkit.events.handler import Order
 
 __all__ = [
     "EpochRecords", "EpochRecordsCallback", "MonitorCallback", "RunStateCallback", "available_names", "epoch_index",

@@ -11,8 +11,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from fitkit.callbacks.base import TrainerCallback
-from fitkit.logs import BOOKKEEPING
+from fitkit.common import schedule
+from fitkit.common.logs import BOOKKEEPING
+from fitkit.events.handler import TrainerCallback
 
 
 def epoch_index(state) -> int:
@@ -29,9 +30,10 @@ def epoch_steps(args, state, train_dataloader: Any = None, steps_per_epoch: int 
     if state.max_steps and state.num_train_epochs and getattr(args, "max_steps", -1) <= 0:
         return max(1, state.max_steps // state.num_train_epochs)  # the engine planned epochs x steps
     try:
-        return steps_per_epoch(len(train_dataloader), getattr(args, "gradient_accumulation_steps", 1))
-    except TypeError:  # no loader, or one without a length
+        batches = len(train_dataloader)
+    except TypeError:  # no loader, or one without a length (an iterable dataset's)
         return None
+    return schedule.steps_per_epoch(batches, getattr(args, "gradient_accumulation_steps", 1) or 1)
 
 
 def rate_varies(lr_scheduler: Any, callbacks: Any) -> bool:
@@ -87,7 +89,7 @@ class EpochRecords:
     after the callbacks that set those switches (`DefaultFlowCallback` always runs first). As a
     safety net a record still open is completed at the next `on_epoch_begin` or `on_train_end`.
     Each method returns the completed record (a dict) when it completes one, else None.
-    Bookkeeping keys (`fitkit.logs.BOOKKEEPING`) are left out of the records.
+    Bookkeeping keys (`fitkit.common.logs.BOOKKEEPING`) are left out of the records.
     """
 
     def __init__(self) -> None:

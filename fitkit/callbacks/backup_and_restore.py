@@ -7,7 +7,7 @@ import os
 import re
 import shutil
 
-from fitkit.callbacks.base import TrainerCallback
+from fitkit.events.handler import TrainerCallback
 
 logger = logging.getLogger("fitkit")
 _BACKUP = re.compile(r"^checkpoint-(\d+)$")
@@ -60,7 +60,7 @@ class BackupAndRestore(TrainerCallback):
         """The newest backup, verified, which `fit` resumes from (a fitkit protocol); None when
         there is none. A damaged newest one raises `CheckpointError`, or with
         `double_checkpoint` gives way to the one before it."""
-        from fitkit.engine.checkpoint import CheckpointError, verified
+        from fitkit.engine.checkpoint.files import CheckpointError, verified
 
         found = self._backups()
         if not found:

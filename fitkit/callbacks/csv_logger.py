@@ -7,8 +7,8 @@ import os
 from typing import Any
 
 from fitkit.callbacks._run import EpochRecordsCallback, epoch_index, rate_varies
-from fitkit.callbacks.base import Order
-from fitkit.logs import LEARNING_RATE, as_number
+from fitkit.common.logs import LEARNING_RATE, as_number
+from fitkit.events.handler import Order
 
 
 class CSVLogger(EpochRecordsCallback):
@@ -99,7 +99,7 @@ class CSVLogger(EpochRecordsCallback):
         else:
             mode = "a" if self.append else "w"  # the columns and row count were read at on_train_begin
         self._continue_file = False
-        self._file = open(self.filename, mode, newline="", encoding="utf-8")
+        self._file = open(self.filename, mode, newline="", encoding="utf-8")  # noqa: SIM115 - open for the run, closed by _close
         self._writer = csv.writer(self._file, delimiter=self.sep)
 
     def _close(self) -> None:

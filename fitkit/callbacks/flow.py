@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fitkit.callbacks.base import Order, TrainerCallback
+from fitkit.events.handler import Order, TrainerCallback
 
 
 class DefaultFlowCallback(TrainerCallback):

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import logging
 import operator
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from fitkit.callbacks._monitor import MonitorCallback
-from fitkit.callbacks.progress import ProgressBar
-from fitkit.logs import MAX, MIN, as_number
+from fitkit.callbacks.display.progress import ProgressBar
+from fitkit.common.logs import MAX, MIN, as_number
 
 #: HF's name for the progress display.
 ProgressCallback = ProgressBar

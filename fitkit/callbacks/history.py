@@ -8,8 +8,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from fitkit.callbacks._run import epoch_steps, rate_varies
-from fitkit.callbacks.base import TrainerCallback
-from fitkit.logs import BOOKKEEPING, NOT_VALUES
+from fitkit.common.logs import BOOKKEEPING, NOT_VALUES
+from fitkit.events.handler import TrainerCallback
 
 
 class History(TrainerCallback):
@@ -82,7 +82,7 @@ class History(TrainerCallback):
             path: file to write (parent folders are created); `None` draws only.
             metrics: names to draw (`"loss"`, `"accuracy"`, ...); default: all logged ones.
         """
-        from fitkit.plotting import plot_history
+        from fitkit.common.plotting import plot_history
 
         return plot_history(self.history, self.epoch, path=path, metrics=metrics)
 

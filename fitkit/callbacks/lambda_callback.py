@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from fitkit.callbacks.base import EVENTS, TrainerCallback
-from fitkit.callbacks.keras_names import EVENT_OF, KERAS_ONLY_NAMES, MOMENTS, keras_signature
-from fitkit.options import closest, did_you_mean
+from fitkit.common.options import closest, did_you_mean
+from fitkit.events.handler import EVENTS, TrainerCallback
+from fitkit.events.keras_names import EVENT_OF, KERAS_ONLY_NAMES, MOMENTS, keras_signature
 
 #: What an HF-style function given under a Keras-only name should be given as.
 KERAS_EVENTS: dict[str, str] = {name: EVENT_OF[name] for name in KERAS_ONLY_NAMES}

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Callable
+from collections.abc import Callable
 
 from fitkit.callbacks._monitor import rate_text, set_learning_rates
-from fitkit.callbacks.base import TrainerCallback
+from fitkit.events.handler import TrainerCallback
 
 
 def _takes_lr(schedule: Callable) -> bool:

@@ -9,8 +9,8 @@ from typing import Any
 
 from fitkit.callbacks._monitor import MonitorCallback, available_names, epoch_index, improves
 from fitkit.callbacks._run import epoch_steps
-from fitkit.io import atomic_torch_save
-from fitkit.logs import as_number
+from fitkit.common.io import atomic_torch_save
+from fitkit.common.logs import as_number
 
 
 class ModelCheckpoint(MonitorCallback):
@@ -200,7 +200,7 @@ class ModelCheckpoint(MonitorCallback):
         if self.save_weights_only:
             atomic_torch_save({k: v.detach().cpu() for k, v in model.state_dict().items()}, path)
         else:
-            from fitkit.saving import write_model_file  # the format of Model.save / Model.load
+            from fitkit.engine.checkpoint.model_file import write_model_file  # the format of Model.save / Model.load
 
             write_model_file(path, model, optimizer=optimizer, scheduler=scheduler)  # the whole model, as Keras'
 

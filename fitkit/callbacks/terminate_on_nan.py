@@ -6,8 +6,8 @@ import logging
 import math
 from typing import Any
 
-from fitkit.callbacks.base import TrainerCallback
-from fitkit.logs import as_number
+from fitkit.common.logs import as_number
+from fitkit.events.handler import TrainerCallback
 
 logger = logging.getLogger("fitkit")
 
@@ -98,7 +98,7 @@ class TerminateOnNaN(TrainerCallback):
             return None
         return self._stop(control, state, state.global_step, loss)
 
-    def _watch_for(self, loss: Any) -> "LossWatch":
+    def _watch_for(self, loss: Any) -> LossWatch:
         if self._watch is None:
             self._watch = LossWatch(loss.device)
         return self._watch

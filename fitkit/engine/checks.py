@@ -53,11 +53,11 @@ from fitkit.adapters.outputs import (
     pick,
     single_output,
 )
-from fitkit.engine.batch import Batch
-from fitkit.engine.sources import DataSource, TensorSource
+from fitkit.common.options import error_line
+from fitkit.common.tensors import tensors_of
+from fitkit.engine.data.batch import Batch
+from fitkit.engine.data.sources import DataSource, TensorSource
 from fitkit.engine.step import Stepper, scalar_loss
-from fitkit.options import error_line
-from fitkit.tensors import tensors_of
 
 IGNORE_INDEX = -100  # a class label that F.cross_entropy and F.nll_loss skip
 _INDEX_DTYPES = (torch.int64, torch.uint8)  # the class index dtypes F.cross_entropy takes
@@ -158,7 +158,7 @@ class _Names:
         self.s = "s" if name == "x" else ""  # `x` holds, the inputs of `validation_data` hold
         self.ys = "s" if self.y == "`y`" else ""
 
-    def for_output(self, output: str) -> "_Names":
+    def for_output(self, output: str) -> _Names:
         """The names for one output's targets: "the targets of output 'cls' in `y`"."""
         names = _Names(self.name, False)
         names.x, names.s = self.x, self.s
@@ -262,7 +262,7 @@ class FirstStep:
         self.infer: _Pending | None = None
 
     @classmethod
-    def of(cls, stepper: Stepper) -> "FirstStep":
+    def of(cls, stepper: Stepper) -> FirstStep:
         found = stepper.__dict__.get("_first_step")
         if found is None:
             found = stepper.__dict__["_first_step"] = cls(stepper)
@@ -319,7 +319,7 @@ class _Recorder:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
             return self.module(*args, **kwargs)
-        except Exception as err:  # noqa: BLE001 - re-raised with the context, chained
+        except Exception as err:
             raise _module_error(self.pending, self.own_loss, err) from err
 
     def __getattr__(self, name: str) -> Any:
@@ -423,7 +423,7 @@ def _call_loss(loss: Any, outputs: Any, targets: Any, sample_weight: Any, pendin
     names = pending.names
     try:
         return loss(outputs, targets, sample_weight)
-    except Exception as err:  # noqa: BLE001 - re-raised with the context, chained
+    except Exception as err:
         if isinstance(err, ValueError) and "sample_weight" in str(err):
             raise  # a loss that cannot weight samples says so itself
         order = ("called in Keras' order, loss(y_true, y_pred)" if getattr(loss, "keras_order", False) else
@@ -605,7 +605,7 @@ def _check_metric(spec: Any, preds: Any, target: Any, names: _Names) -> None:
     name = metric_name(spec)
     try:
         value = spec(preds, target)
-    except Exception as err:  # noqa: BLE001 - re-raised with the context, chained
+    except Exception as err:
         raise ValueError(
             f"metric `{name}` in `metrics` raised on the first batch of `{names.name}`: predictions "
             f"{_describe(preds)}, {names.y} {_describe(target)}; likely fix: make it take (predictions, targets) "

@@ -15,7 +15,8 @@ Nothing here runs during training steps: only evaluations with `compute_metrics`
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -93,7 +94,7 @@ class PredictionCollector:
         self.labels: list = []
 
     @classmethod
-    def of(cls, args: Any) -> "PredictionCollector | None":
+    def of(cls, args: Any) -> PredictionCollector | None:
         """A collector for `args.compute_metrics`, or None when it is not set."""
         fn = getattr(args, "compute_metrics", None)
         return None if fn is None else cls(fn)

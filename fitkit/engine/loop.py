@@ -2,7 +2,7 @@
 
 The order of events per optimizer step is Hugging Face's. What one step does to the module
 and optimizer is `fitkit.engine.step`; what a checkpoint holds, and saving and resuming one, is
-`fitkit.engine.checkpointer` (the loop decides when); SIGTERM is `fitkit.engine.preemption`.
+`fitkit.engine.checkpoint.checkpointer` (the loop decides when); SIGTERM is `fitkit.engine.preemption`.
 Losses are accumulated on the device and read back only when logged: the loop never calls
 `.item()` per step.
 """
@@ -11,29 +11,30 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 
 from fitkit.adapters.metrics import MetricSet
 from fitkit.adapters.optimizers import is_plateau
-from fitkit.arguments import TrainingArguments
-from fitkit.callbacks.base import CallbackHandler
-from fitkit.callbacks.state import StopTraining, TrainerControl, TrainerState
-from fitkit.engine.batch import Batch
+from fitkit.common.logs import best_metric_key
+from fitkit.common.tensors import map_tensors, tensors_of, to_cpu
+from fitkit.config.arguments import TrainingArguments
 from fitkit.engine.batch_logs import RunningLogs, epoch_values
-from fitkit.engine.checkpoint import checkpoint_path
-from fitkit.engine.checkpointer import Checkpointer, LoopSnapshot
+from fitkit.engine.checkpoint.checkpointer import Checkpointer, LoopSnapshot
+from fitkit.engine.checkpoint.files import checkpoint_path
+from fitkit.engine.data.batch import Batch, as_data
+from fitkit.engine.data.prefetch import stopping
+from fitkit.engine.data.sources import DataSource
 from fitkit.engine.eval_prediction import PredictionCollector
-from fitkit.engine.overrides import StepMeans, StepOverrides, StepTools, as_data
+from fitkit.engine.overrides import StepMeans, StepOverrides, StepTools
 from fitkit.engine.preemption import Preemption
-from fitkit.engine.prefetch import stopping
 from fitkit.engine.run_metrics import RunMetrics
 from fitkit.engine.running_loss import EpochLoss
-from fitkit.engine.sources import DataSource
 from fitkit.engine.step import Stepper
-from fitkit.logs import best_metric_key
-from fitkit.tensors import map_tensors, tensors_of, to_cpu
+from fitkit.events.handler import CallbackHandler
+from fitkit.events.state import StopTraining, TrainerControl, TrainerState
 
 logger = logging.getLogger("fitkit")
 

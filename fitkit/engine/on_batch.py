@@ -14,11 +14,11 @@ from typing import Any
 import torch
 
 from fitkit.adapters.metrics import MetricSet
-from fitkit.engine.batch import Batch
 from fitkit.engine.checks import keeps_float64
-from fitkit.engine.data import adapt
-from fitkit.engine.keras_data import class_weight_table
-from fitkit.engine.overrides import StepOverrides, StepTools, as_data, step_values
+from fitkit.engine.data.adapt import adapt
+from fitkit.engine.data.batch import Batch, as_data
+from fitkit.engine.data.keras_data import class_weight_table
+from fitkit.engine.overrides import StepOverrides, StepTools, step_values
 from fitkit.engine.step import Stepper
 
 
@@ -115,7 +115,7 @@ def test(runtime: Any, module: torch.nn.Module, config: Any, args: Any, override
 def predict(runtime: Any, module: torch.nn.Module, config: Any, args: Any, overrides: StepOverrides,
             x: Any) -> Any:
     """The outputs for `x` (one batch), on CPU."""
-    from fitkit.tensors import to_cpu
+    from fitkit.common.tensors import to_cpu
 
     stepper = _stepper(runtime, module, config, args, overrides)
     batch = _batch(runtime, module, x, None, None, None)

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
-
-from fitkit.engine.batch import Batch
 
 STEP_NAMES = ("train_step", "test_step", "predict_step", "compute_loss")
 
@@ -37,7 +36,7 @@ class StepOverrides:
         return any(getattr(self, name) is not None for name in STEP_NAMES)
 
     @classmethod
-    def of(cls, obj: Any, base: type) -> "StepOverrides":
+    def of(cls, obj: Any, base: type) -> StepOverrides:
         """The methods of `obj` whose class overrides `base`'s definition of them."""
         names = _overridden(type(obj), base)
         if not names:
@@ -52,31 +51,6 @@ def _overridden(owner: type, base: type) -> tuple[str, ...]:
 
 
 _NOTHING = StepOverrides()
-
-
-def keras_x(inputs: tuple | dict) -> Any:
-    """The `x` of a batch as Keras hands it to a step: the tensor itself for one input."""
-    if isinstance(inputs, tuple) and len(inputs) == 1:
-        return inputs[0]
-    return inputs
-
-
-def as_data(batch: Batch) -> Any:
-    """A batch as the data yields it: `(x, y)`, `(x, y, sample_weight)`, `(x,)` or a dict
-    (targets under "labels", weights under "sample_weight")."""
-    if isinstance(batch.inputs, dict):
-        data = dict(batch.inputs)
-        if batch.target is not None:
-            data["labels"] = batch.target
-        if batch.sample_weight is not None:
-            data["sample_weight"] = batch.sample_weight
-        return data
-    x = keras_x(batch.inputs)
-    if batch.target is None:
-        return (x,)
-    if batch.sample_weight is None:
-        return (x, batch.target)
-    return (x, batch.target, batch.sample_weight)
 
 
 def step_values(result: Any, step: str) -> dict[str, Any]:

@@ -19,7 +19,8 @@ import contextlib
 import logging
 import signal
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 

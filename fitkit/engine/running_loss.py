@@ -14,7 +14,8 @@ losses back from the checkpoint) the same bits as an uninterrupted one.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 

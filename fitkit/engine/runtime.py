@@ -12,18 +12,19 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
 from fitkit.adapters.optimizers import build_optimizer
-from fitkit.arguments import TrainingArguments
+from fitkit.adapters.weight_decay import parameter_groups
+from fitkit.common.tensors import to_cpu
+from fitkit.config.arguments import TrainingArguments
+from fitkit.config.jit_compile import jit_kwargs
 from fitkit.engine.checks import CheckMemo
-from fitkit.engine.sampling import BlockSampler
-from fitkit.engine.sources import DataSource, TensorSource, evaluation_shard
-from fitkit.engine.weight_decay import parameter_groups
-from fitkit.jit_compile import jit_kwargs
-from fitkit.tensors import to_cpu
+from fitkit.engine.data.sampling import BlockSampler
+from fitkit.engine.data.sources import DataSource, TensorSource, evaluation_shard
 
 _DEVICE_KEYS = ("accelerator", "devices", "strategy", "precision", "num_nodes")
 
@@ -69,7 +70,7 @@ class Runtime:
     # -- Fabric, module, optimizer ------------------------------------------------------------
     def launch(self, args: TrainingArguments) -> Any:
         """The Fabric for these device options, created (and launched) once."""
-        from fitkit.engine.fabric import build_fabric
+        from fitkit.engine.devices.fabric import build_fabric
 
         key = device_key(args)
         if self.fabric is None or key != self.key:
@@ -116,7 +117,7 @@ class Runtime:
         """Compiling again starts a fresh optimizer (Keras)."""
         self.optimizer = self.restore_optimizer = self.scheduler = None
 
-    def shared(self) -> "Runtime":
+    def shared(self) -> Runtime:
         """A runtime on the same (already launched) Fabric, with nothing else: a search trial's."""
         other = Runtime()
         other.fabric, other.key = self.fabric, self.key
@@ -154,20 +155,20 @@ class Runtime:
     # -- spawn and fork strategies ----------------------------------------------------------------
     def must_spawn(self, args: TrainingArguments) -> bool:
         """True when `args` name a spawn/fork strategy and this is not one of its processes."""
-        from fitkit.engine.fabric import is_spawning
+        from fitkit.engine.devices.fabric import is_spawning
 
         return is_spawning(args) and not self.in_child
 
     def spawn(self, args: TrainingArguments, child: Callable[..., dict], *payload: Any) -> dict:
         """Run `child(fabric, key, *payload)` in the processes the strategy starts (a module-level
         function, so it pickles); rank 0's return value comes back."""
-        from fitkit.engine.fabric import build_fabric, run_guarded
+        from fitkit.engine.devices.fabric import build_fabric, run_guarded
 
         return build_fabric(args).launch(run_guarded, child, device_key(args), *payload)
 
     def adopt(self, fabric: Any, key: tuple) -> None:
         """In a spawned process: run on the Fabric that started it."""
-        from fitkit.engine.fabric import teardown_at_exit
+        from fitkit.engine.devices.fabric import teardown_at_exit
 
         self.fabric, self.key, self.wrapped, self.in_child = fabric, key, None, True
         if fabric.world_size > 1:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from fitkit.adapters.losses import Loss
-from fitkit.engine.batch import Batch
+from fitkit.engine.data.batch import Batch
 
 
 class Stepper:
@@ -220,19 +221,10 @@ def grad_clearer(optimizer: Any, direct: bool) -> Callable[[], None]:
     return clear
 
 
-def set_loader_epoch(loader: Any, epoch: int) -> None:
-    """Tell a loader which epoch comes (a distributed sampler shuffles by it). Fabric's loader
-    wrapper sets its sampler's epoch from its own count of iterations, so that count is set."""
-    if hasattr(loader, "_num_iter_calls"):
-        loader._num_iter_calls = epoch
-    elif hasattr(getattr(loader, "sampler", None), "set_epoch"):
-        loader.sampler.set_epoch(epoch)
-
-
 def plain_single_device(fabric: Any) -> bool:
     """One device, full precision, no Fabric callbacks: nothing for Fabric's wrappers to do
     (always so on a `LocalFabric`, which then needs no Lightning import here)."""
-    from fitkit.engine.local import LocalFabric
+    from fitkit.engine.devices.local import LocalFabric
 
     if isinstance(fabric, LocalFabric):
         return True

@@ -20,26 +20,26 @@ import torch
 
 from fitkit.adapters.metrics import metric_directions
 from fitkit.adapters.optimizers import build_scheduler
-from fitkit.arguments import TrainingArguments
-from fitkit.callbacks.base import CallbackHandler
-from fitkit.callbacks.state import TrainerControl, TrainerState
-from fitkit.compile_config import CompileConfig
-from fitkit.engine.checkpointer import Checkpointer
+from fitkit.common.schedule import epoch_batches, interval_steps, plan, steps_per_epoch
+from fitkit.config.arguments import TrainingArguments
+from fitkit.config.compile_config import CompileConfig
+from fitkit.config.hf_arguments import prepare_module, run_optimizer
+from fitkit.engine.checkpoint.checkpointer import Checkpointer
 from fitkit.engine.checks import check_data, keeps_float64
-from fitkit.engine.data import adapt
-from fitkit.engine.fabric import release_at_exit
-from fitkit.engine.hf_columns import drop_unused_columns
-from fitkit.engine.host_allocator import keep_freed_memory
-from fitkit.engine.keras_data import class_weight_table, split_validation
-from fitkit.engine.loader_view import eval_loader
+from fitkit.engine.data.adapt import adapt
+from fitkit.engine.data.hf_columns import drop_unused_columns
+from fitkit.engine.data.keras_data import class_weight_table, split_validation
+from fitkit.engine.data.loader_view import eval_loader
+from fitkit.engine.data.rng import seed_everything
+from fitkit.engine.data.sources import DataSource
+from fitkit.engine.devices.fabric import release_at_exit
+from fitkit.engine.devices.host_allocator import keep_freed_memory
 from fitkit.engine.loop import Loop
 from fitkit.engine.overrides import StepOverrides
-from fitkit.engine.rng import seed_everything
 from fitkit.engine.runtime import Runtime
-from fitkit.engine.sources import DataSource
 from fitkit.engine.step import Stepper
-from fitkit.hf_arguments import prepare_module, run_optimizer
-from fitkit.schedule import epoch_batches, interval_steps, plan, steps_per_epoch
+from fitkit.events.handler import CallbackHandler
+from fitkit.events.state import TrainerControl, TrainerState
 
 logger = logging.getLogger("fitkit")
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from fitkit.common.options import did_you_mean
 from fitkit.integrations._common import (
     INTEGRATIONS,
     MissingIntegrationError,
@@ -25,7 +26,6 @@ from fitkit.integrations._common import (
     mask_secrets,
     require,
 )
-from fitkit.options import did_you_mean
 
 __all__ = [
     "CSVStepLogger",

@@ -14,9 +14,9 @@ import re
 import warnings
 from typing import Any, NamedTuple
 
-from fitkit import logs as _logs
-from fitkit.callbacks.base import Order, TrainerCallback
-from fitkit.logs import POSITION
+from fitkit.common import logs as _logs
+from fitkit.common.logs import POSITION
+from fitkit.events.handler import Order, TrainerCallback
 
 
 class Integration(NamedTuple):
@@ -118,7 +118,7 @@ def run_params(args: Any, state: Any = None) -> dict[str, Any]:
 # -- values -----------------------------------------------------------------------------------
 
 
-#: A logged value as the trackers record it: `fitkit.logs.as_number` (the one rule) with the
+#: A logged value as the trackers record it: `fitkit.common.logs.as_number` (the one rule) with the
 #: trackers' switches: ints stay ints and bools count as 1 / 0 (HF's trackers log every `int`
 #: and `float`, and a `bool` is an `int`).
 as_number = functools.partial(_logs.as_number, bools=True, keep_ints=True)

@@ -12,7 +12,7 @@ import os
 import warnings
 from typing import Any
 
-from fitkit.callbacks.base import Order
+from fitkit.events.handler import Order
 from fitkit.integrations._common import TrackingCallback, require, trial_label
 
 DEFAULT_COUNTRY = "USA"

@@ -101,7 +101,7 @@ class MLflowCallback(TrackingCallback):
             return experiment.experiment_id
         try:
             return client.create_experiment(name)
-        except Exception:  # noqa: BLE001 - another process created it meanwhile
+        except Exception:
             experiment = client.get_experiment_by_name(name)
             if experiment is None:
                 raise

@@ -26,7 +26,8 @@ heartbeats), `claims` (counting, re-queueing), `reporter`, `runner`.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from fitkit.search.claims import BEST_CHECKPOINT, METRICS, OUTPUT_DIR, RESUMED_FROM
 from fitkit.search.objective import DIRECTIONS, FIT_OPTIONS, default_compute_objective, default_hp_space, directions

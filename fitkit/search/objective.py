@@ -6,11 +6,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from fitkit.argument_names import ALIASES
-from fitkit.arguments import TrainingArguments
-from fitkit.options import did_you_mean
+from fitkit.common.options import did_you_mean
+from fitkit.config.arguments import TrainingArguments
+from fitkit.config.names import ALIASES
 
 FIT_OPTIONS = ("validation_data", "validation_split", "callbacks", "class_weight", "sample_weight", "batch_size",
                "epochs", "shuffle", "max_steps")

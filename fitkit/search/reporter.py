@@ -11,9 +11,10 @@ epoch number (1, 2, 3, ...); with `eval_strategy="steps"` the thousandths of an 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
-from fitkit.callbacks.base import Order, TrainerCallback
+from fitkit.events.handler import Order, TrainerCallback
 
 #: Steps reported per epoch by evaluations made every so many optimizer steps.
 STEPS_PER_EPOCH = 1000

@@ -17,11 +17,12 @@ import math
 import os
 import time
 import warnings
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
-from fitkit.argument_names import ALIASES
-from fitkit.arguments import TrainingArguments
-from fitkit.engine.rng import seed_everything
+from fitkit.config.arguments import TrainingArguments
+from fitkit.config.names import ALIASES
+from fitkit.engine.data.rng import seed_everything
 from fitkit.search.claims import (
     BEST_CHECKPOINT,
     METRICS,

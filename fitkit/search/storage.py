@@ -17,8 +17,9 @@ import functools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 logger = logging.getLogger("fitkit")
 
@@ -142,7 +143,7 @@ def _retrying_open(open_: Callable[[], Any], options: StorageOptions, storage: A
     while True:
         try:
             return open_()
-        except Exception as error:  # noqa: BLE001 - classified below
+        except Exception as error:
             if not _is_database_error(error):
                 raise
             if not (_is_creation_race(error) or is_transient(error)) or time.monotonic() > deadline:
@@ -247,7 +248,7 @@ class RetryingCalls:
                 result = method(*args, **kwargs)
                 self.down = False
                 return result
-            except Exception as error:  # noqa: BLE001 - classified below
+            except Exception as error:
                 if failed and name == "set_trial_state_values" and _already_done(error):
                     return True  # the first attempt committed; only its answer was lost
                 if not is_transient(error):

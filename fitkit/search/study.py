@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from fitkit.callbacks.base import callback_list
-from fitkit.options import did_you_mean
+from fitkit.common.options import did_you_mean
+from fitkit.events.handler import callback_list
 from fitkit.search.claims import on_stale
 from fitkit.search.objective import fit_option_names
 from fitkit.search.storage import StorageOptions, _retrying_open, open_storage

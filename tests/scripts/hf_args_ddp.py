@@ -14,7 +14,7 @@ import torch
 import transformers
 
 from fitkit import Model, TrainerCallback
-from fitkit.engine.collate import default_data_collator
+from fitkit.engine.data.collate import default_data_collator
 
 CALLS = {"collate": 0}
 

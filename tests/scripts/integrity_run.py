@@ -49,7 +49,7 @@ class Control(TrainerCallback):
 def slow_writes(seconds):
     import time
 
-    from fitkit.engine import checkpoint
+    from fitkit.engine.checkpoint import files as checkpoint
 
     commit, write = checkpoint.commit, checkpoint.write_in_background
 

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch.utils.data import IterableDataset
 
 from fitkit import Model, TrainerCallback
-from fitkit.engine import checkpoint as ckpt
+from fitkit.engine.checkpoint import files as ckpt
 
 N, BATCH, CUT = 48, 4, 4  # per process 24 items (6 batches) an epoch, 2 epochs: 12 steps; cut mid-epoch 0
 

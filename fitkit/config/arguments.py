@@ -1,0 +1,262 @@
+"""`TrainingArguments`: every knob of a run, validated once, frozen, JSON-serialisable.
+
+Names follow Hugging Face's `TrainingArguments` so callbacks written for the HF Trainer read
+the same attributes (`args.output_dir`, `args.logging_steps`, `args.eval_strategy`, ...).
+`Model.compile` and `Model.fit` build one from their keyword options; pass a ready one with
+`fit(..., args=TrainingArguments(...))`::
+
+    args = TrainingArguments(num_train_epochs=3, per_device_train_batch_size=64,
+                             learning_rate=3e-4, eval_strategy="epoch")
+    args.to_json_string()
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fitkit.config.checks import check_and_convert
+from fitkit.config.names import ALIASES, canonical, named_as_given
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if callable(value):
+        return getattr(value, "__qualname__", None) or type(value).__name__
+    return repr(value)
+
+
+def _distributed(getter: str, variable: str, default: int) -> int:
+    """A figure of the process group when one is running, else what the launcher's environment
+    variable says, else `default` (torch is imported only when it already is)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return int(getattr(dist, getter)())
+    return int(os.environ.get(variable, default))
+
+
+_MEMO_SIZE = 32
+
+
+def _memo_key(options: dict[str, Any]) -> tuple | None:
+    """A key telling these options apart by value and type (`True`, `1` and `1.0` differ), or
+    None when a value cannot be hashed (such options are not remembered)."""
+    key = tuple((k, type(v), v) for k, v in sorted(options.items(), key=lambda kv: kv[0]))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+class _TakesOtherNames(type):
+    """Builds `TrainingArguments` from the names users reach for too (`epochs`, `lr`, `fp16`, ...):
+    the keywords go through `argument_names.canonical` before the dataclass constructor sees them."""
+
+    def __call__(cls, *values: Any, **options: Any) -> Any:
+        named = canonical(options, cls.__dataclass_fields__)
+        args = super().__call__(*values, **named)
+        # the fields the caller set, for fitkit.config.option_merge's args= rule (not a field: equality and
+        # JSON ignore it)
+        object.__setattr__(args, "_given", frozenset(named) | frozenset(list(cls.__dataclass_fields__)[:len(values)]))
+        return args
+
+
+@dataclass(frozen=True)
+class TrainingArguments(metaclass=_TakesOtherNames):
+    """The frozen configuration of one run. See the field list for defaults.
+
+    Every field's type and range is checked once, when built (a `ValueError` naming the field and
+    the fix, with the closest name for a misspelt choice); numbers given as text (`"1e-3"`, `"3"`,
+    as HF's command line gives them) are converted, and a path-like `output_dir` becomes a str.
+    """
+
+    output_dir: str = "fitkit_output"
+    # -- schedule of the run
+    num_train_epochs: int | float = 1  # a float trains part of the last epoch (HF)
+    max_steps: int = -1
+    per_device_train_batch_size: int = 32
+    per_device_eval_batch_size: int | None = None
+    shuffle: bool = True
+    steps_per_epoch: int | None = None  # Keras: batches per epoch (None: the whole data)
+    validation_steps: int | None = None  # Keras: batches per evaluation (None: the whole data)
+    validation_freq: int = 1  # Keras: evaluate every this many epochs (eval_strategy="epoch")
+    gradient_accumulation_steps: int = 1
+    # -- optimisation
+    learning_rate: float | None = None
+    weight_decay: float | None = None
+    lr_scheduler: str | Callable = "constant"
+    warmup_steps: int = 0
+    warmup_ratio: float = 0.0
+    max_grad_norm: float | None = None
+    # -- logging, evaluation, saving
+    eval_strategy: str | None = None  # None: "epoch" when there is validation data, else "no"
+    eval_steps: int | float | None = None  # below 1: a fraction of max_steps (HF)
+    eval_delay: float = 0  # epochs (eval_strategy='epoch') or steps to wait before the first evaluation (HF)
+    logging_strategy: str = "epoch"
+    logging_steps: int | float = 500  # below 1: a fraction of max_steps (HF)
+    logging_first_step: bool = False
+    save_strategy: str = "no"
+    save_steps: int | float = 500  # below 1: a fraction of max_steps (HF)
+    save_total_limit: int | None = None
+    load_best_model_at_end: bool = False
+    metric_for_best_model: str = "val_loss"
+    greater_is_better: bool | None = None
+    resume_from_checkpoint: bool | str | None = None
+    save_on_sigterm: bool | None = None  # None: on when a save_strategy is set
+    save_async: bool = False  # True: the loop waits only for a host copy of the state; written in the background
+    skip_memory_metrics: bool = True  # False: train_mem_* figures in the closing record
+    log_level: str = "passive"  # the "fitkit" logger's level on the main process ("passive": leave it)
+    log_level_replica: str = "warning"  # ... on the other processes
+    log_on_each_node: bool = True  # False: only the main node's main process uses `log_level`
+    report_to: str | list[str] = "none"
+    verbose: int | str = "auto"
+    seed: int | None = 42
+    # -- devices (Lightning Fabric)
+    accelerator: str = "auto"
+    devices: int | str | list[int] = "auto"
+    strategy: Any = "auto"
+    precision: str | int | None = None
+    num_nodes: int = 1
+    fsdp_wrap: Any = None  # strategy="fsdp": module classes (or a predicate) to shard as units
+    fsdp_full_checkpoint: bool = False  # strategy="fsdp": one full checkpoint file instead of shards
+    fsdp_sharding: str = "full"  # strategy="fsdp": "full" over every process, "hybrid" within a node, replicated across
+    jit_compile: bool | str | dict = "auto"  # torch.compile the module: True, a mode, a dict of its keywords ("auto": off)
+    # -- Hugging Face fields (fitkit.config.hf_arguments maps `fp16`, `bf16`, `disable_tqdm`, `use_cpu` too)
+    run_name: str | None = None  # the trackers' run name (None: the output_dir's name)
+    logging_dir: str | None = None  # TensorBoard's directory (None: output_dir/runs)
+    optim: str | None = None  # an HF optimizer name ("adamw_torch", "sgd", ...): replaces compile's optimizer
+    dataloader_num_workers: int = 0  # worker processes of the DataLoader fitkit builds over a Dataset
+    dataloader_pin_memory: bool = False  # pinned batches from the DataLoader fitkit builds over a Dataset
+    tune_cpu_allocator: bool = True  # on a CPU: keep glibc malloc from returning freed tensors every step (host_allocator)
+    prefetch: bool = True  # a thread reads the next batches of a map-style Dataset during each step (num_workers=0)
+    label_names: list[str] | None = None  # the keys of a dict batch that hold the target (None: "labels", "label", ...)
+    gradient_checkpointing: bool | None = False  # call module.gradient_checkpointing_enable() at fit
+    compute_metrics: Callable | None = None  # HF's compute_metrics(EvalPrediction) -> dict, over each evaluation
+    data_collator: Callable | None = None  # list of samples -> batch, for the DataLoader fitkit builds
+    # -- HF Trainer habits (checked by fitkit.config.hf_processing.check_habit_fields)
+    remove_unused_columns: bool = True  # drop sample keys the module's forward does not name (labels kept)
+    processing_class: Any = None  # an HF tokenizer/processor: its padding collator by default, saved beside the model
+    exclude_from_weight_decay: Any = None  # None: HF's groups with HF arguments; "hf"; regexes of names; [] or "none"
+
+    def __post_init__(self) -> None:
+        check_and_convert(self)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The memo of `replace` is not pickled: its keys hold the options' types (a function's type
+        # cannot be pickled), and a child process (ddp_spawn) starts its own.
+        state = dict(self.__dict__)
+        state.pop("_replaced", None)
+        return state
+
+    # -- derived values -----------------------------------------------------------------
+    @property
+    def epochs(self) -> int:
+        return self.num_train_epochs
+
+    @property
+    def batch_size(self) -> int:
+        return self.per_device_train_batch_size
+
+    @property
+    def eval_batch_size(self) -> int:
+        return self.per_device_eval_batch_size or self.per_device_train_batch_size
+
+    @property
+    def train_batch_size(self) -> int:
+        return self.per_device_train_batch_size
+
+    @property
+    def lr_scheduler_type(self) -> str:
+        return self.lr_scheduler if isinstance(self.lr_scheduler, str) else "callable"
+
+    @property
+    def evaluation_strategy(self) -> str | None:
+        return self.eval_strategy
+
+    @property
+    def disable_tqdm(self) -> bool:
+        return self.verbose != 1
+
+    @property
+    def process_index(self) -> int:
+        """This process's global rank (HF's name): 0 on one process."""
+        return _distributed("get_rank", "RANK", 0)
+
+    @property
+    def local_process_index(self) -> int:
+        """This process's rank on its machine (HF's name): 0 on one process."""
+        return int(os.environ.get("LOCAL_RANK", 0))
+
+    @property
+    def world_size(self) -> int:
+        """The number of processes of the run (HF's name): 1 on one process."""
+        return _distributed("get_world_size", "WORLD_SIZE", 1)
+
+    def get_process_log_level(self, global_rank: int = 0, local_rank: int = 0) -> int | None:
+        """The level for the "fitkit" logger in this process (HF): `log_level` on the main
+        process (each node's, unless `log_on_each_node=False`), `log_level_replica` elsewhere;
+        None for "passive" (leave the level as the application set it)."""
+        main = (local_rank if self.log_on_each_node else global_rank) == 0
+        name = self.log_level if main else self.log_level_replica
+        return None if name == "passive" else getattr(logging, name.upper())
+
+    # -- construction and serialisation ----------------------------------------------------
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def from_options(cls, **options: Any) -> TrainingArguments:
+        """Build from keyword options, accepting the Keras/HF aliases (`epochs`, `batch_size`, ...).
+
+        An unknown option raises `TypeError` naming it, the closest valid name and the valid
+        ones; a bad value raises `ValueError` naming the option as it was given.
+        """
+        return named_as_given(options, lambda: cls(**options))  # the constructor resolves the names
+
+    def replace(self, **options: Any) -> TrainingArguments:
+        """A copy with some options changed (aliases accepted), validated again.
+
+        The arguments are frozen, so the same change gives the same result: it is remembered
+        (for hashable values), and a fit called again with the same options validates nothing again."""
+        key = _memo_key(options)
+        memo = self.__dict__.get("_replaced")
+        if key is not None and memo is not None and key in memo:
+            return memo[key]
+        new = named_as_given(options, lambda: dataclasses.replace(self, **canonical(options, self.names())))
+        from fitkit.config.hf_names import (
+            HF_ONLY_TARGETS,  # the fields set, for fitkit.config.option_merge's args= rule
+        )
+
+        given = self.__dict__.get("_given", frozenset()) | {HF_ONLY_TARGETS.get(k, ALIASES.get(k, k)) for k in options}
+        object.__setattr__(new, "_given", frozenset(given))
+        if key is not None:
+            if memo is None:
+                memo = {}
+                object.__setattr__(self, "_replaced", memo)  # not a field: equality and JSON ignore it
+            if len(memo) < _MEMO_SIZE:
+                memo[key] = new
+        return new
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict (callables and objects by name)."""
+        return {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    def to_json_string(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    def to_sanitized_dict(self) -> dict[str, Any]:
+        """Values a tracker accepts as hyperparameters (bool, int, float, str)."""
+        return {k: (v if isinstance(v, (bool, int, float, str)) else str(v)) for k, v in self.to_dict().items()}

@@ -1,0 +1,194 @@
+"""The checks of every `TrainingArguments` field, run once when one is built: the tables of
+allowed values and ranges, and the checks that read them. A bad value is a `ValueError` naming
+the field and the fix (with the closest name for a misspelt choice)::
+
+    check_and_convert(args)   # by TrainingArguments.__post_init__; "1e-3" -> 0.001, a Path -> str
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from fitkit.common.options import did_you_mean, parse_number
+from fitkit.config.jit_compile import jit_problem
+
+STRATEGIES = ("no", "steps", "epoch")
+SAVE_STRATEGIES = ("no", "steps", "epoch", "best")
+SCHEDULERS = ("constant", "linear", "cosine")
+PRECISIONS = (
+    "32-true", "32", "bf16-mixed", "bf16-true", "bf16", "16-mixed", "16-true", "16",
+    "64-true", "64", "transformer-engine",
+)
+VERBOSITY = (0, 1, 2, "auto")
+LOG_LEVELS = ("passive", "debug", "info", "warning", "error", "critical")
+FSDP_SHARDING = ("full", "hybrid")
+
+#: Integer fields: the smallest value allowed, and whether None is allowed too.
+_INTS: dict[str, tuple[int, bool]] = {
+    "per_device_train_batch_size": (1, False),
+    "per_device_eval_batch_size": (1, True), "gradient_accumulation_steps": (1, False), "warmup_steps": (0, False),
+    "save_total_limit": (1, True),
+    "num_nodes": (1, False), "steps_per_epoch": (1, True), "validation_steps": (1, True), "validation_freq": (1, False),
+    "dataloader_num_workers": (0, False),
+}
+#: Float fields: the test of the value, what to pass instead, and whether None is allowed too.
+_FLOATS: dict[str, tuple[Callable[[float], bool], str, bool]] = {
+    "learning_rate": (lambda v: v >= 0, "pass a finite number >= 0", True),
+    "weight_decay": (lambda v: v >= 0, "pass a finite number >= 0", True),
+    "max_grad_norm": (lambda v: v > 0, "pass a number > 0, or None to skip clipping", True),
+    "warmup_ratio": (lambda v: 0 <= v < 1, "pass a fraction in [0, 1)", False),
+}
+#: Bool fields, and whether None is allowed too.
+_BOOLS: dict[str, bool] = {
+    "shuffle": False, "logging_first_step": False, "load_best_model_at_end": False, "greater_is_better": True,
+    "save_on_sigterm": True, "save_async": False, "skip_memory_metrics": False, "log_on_each_node": False,
+    "fsdp_full_checkpoint": False, "dataloader_pin_memory": False, "gradient_checkpointing": True, "prefetch": False,
+    "tune_cpu_allocator": False,
+}
+#: String fields taking one of a set of names, and whether None is allowed too.
+_CHOICES: dict[str, tuple[tuple, bool]] = {
+    "eval_strategy": (STRATEGIES, True), "logging_strategy": (STRATEGIES, False),
+    "save_strategy": (SAVE_STRATEGIES, False), "log_level": (LOG_LEVELS, False),
+    "log_level_replica": (LOG_LEVELS, False), "fsdp_sharding": (FSDP_SHARDING, False),
+}
+
+
+def check_and_convert(args: Any) -> None:
+    """Check the type and range of every field; numbers given as text ("1e-3", "3") and paths
+    given as `os.PathLike` are converted (the dataclass is frozen: `object.__setattr__`)."""
+
+    def fail(name: str, fix: str) -> None:
+        raise ValueError(f"`{name}`={getattr(args, name)!r} is invalid: {fix}")
+
+    def set_value(name: str, value: Any) -> None:
+        object.__setattr__(args, name, value)
+
+    for name, (least, optional) in _INTS.items():
+        value = getattr(args, name)
+        if value is None and optional:
+            continue
+        number = parse_number(value, int)
+        if number is None or number < least:
+            fail(name, f"pass an integer {'> 0' if least == 1 else f'>= {least}'}" + (", or None" if optional else ""))
+        set_value(name, number)
+    steps = parse_number(args.max_steps, int)
+    if steps is None or not (steps == -1 or steps > 0):
+        fail("max_steps", "pass a positive number of optimizer steps, or -1 to train by epochs")
+    set_value("max_steps", steps)
+    for name, (test, fix, optional) in _FLOATS.items():
+        value = getattr(args, name)
+        if value is None and optional:
+            continue
+        number = parse_number(value, float)
+        if number is None or not test(number):
+            fail(name, fix)
+        set_value(name, number)
+    for name, optional in _BOOLS.items():
+        value = getattr(args, name)
+        if not (isinstance(value, bool) or (optional and value is None)):
+            fail(name, "pass True or False" + (" (or None for the default)" if optional else ""))
+    for name, (choices, optional) in _CHOICES.items():
+        value = getattr(args, name)
+        if not ((isinstance(value, str) and value in choices) or (optional and value is None)):
+            fail(name, f"{did_you_mean(value, choices)}use one of {list(choices)}")
+    _check_fractions(args, fail, set_value)
+    _check_the_others(args, fail, set_value)
+
+
+def _whole_or_fraction(value: Any, fraction: bool) -> int | float | None:
+    """An int >= 1 as an int (`3.0` too), or (with `fraction`) a float in (0, 1) as is; else None."""
+    number = parse_number(value, float)
+    if number is None or number <= 0:
+        return None
+    if number >= 1:
+        return int(number) if number == int(number) else None
+    return number if fraction else None
+
+
+def _check_fractions(args: Any, fail: Callable, set_value: Callable) -> None:
+    """HF's numbers that may be fractions: `logging_steps` / `eval_steps` / `save_steps` below 1
+    are a share of `max_steps`; `num_train_epochs` may be a float (1.5 epochs); `eval_delay` >= 0."""
+    for name, optional in (("logging_steps", False), ("eval_steps", True), ("save_steps", False)):
+        value = getattr(args, name)
+        if value is None and optional:
+            continue
+        number = _whole_or_fraction(value, fraction=True)
+        if number is None:
+            fail(name, "pass an integer > 0 (steps) or a fraction in (0, 1) of `max_steps`"
+                 + (", or None" if optional else ""))
+        set_value(name, number)
+    epochs = parse_number(args.num_train_epochs, float)
+    if epochs is None or epochs <= 0:
+        fail("num_train_epochs", "pass a number of epochs > 0 (a float such as 1.5 trains part of the last one)")
+    set_value("num_train_epochs", int(epochs) if epochs == int(epochs) else epochs)
+    delay = parse_number(args.eval_delay, float)
+    if delay is None or delay < 0:
+        fail("eval_delay", "pass the epochs (eval_strategy='epoch') or steps ('steps') to wait, a number >= 0")
+    set_value("eval_delay", int(delay) if delay == int(delay) else delay)
+
+
+def _check_the_others(args: Any, fail: Callable, set_value: Callable) -> None:
+    for name in ("output_dir", "resume_from_checkpoint"):  # a path may be a pathlib.Path
+        if isinstance(getattr(args, name), os.PathLike):
+            set_value(name, os.fspath(getattr(args, name)))
+    if not isinstance(args.output_dir, str) or not args.output_dir:
+        fail("output_dir", "pass the path of a folder (a str); it is created when missing")
+    if not (args.resume_from_checkpoint is None or isinstance(args.resume_from_checkpoint, (bool, str))):
+        fail("resume_from_checkpoint", "pass True (the last checkpoint in `output_dir`) or a checkpoint's path")
+    if not isinstance(args.metric_for_best_model, str) or not args.metric_for_best_model:
+        fail("metric_for_best_model", "pass the name of a logged value, e.g. 'val_loss' or 'val_accuracy'")
+    scheduler_object = hasattr(args.lr_scheduler, "optimizer") and callable(getattr(args.lr_scheduler, "step", None))
+    if not (callable(args.lr_scheduler) or scheduler_object
+            or (isinstance(args.lr_scheduler, str) and args.lr_scheduler in SCHEDULERS)):
+        fail("lr_scheduler", f"{did_you_mean(args.lr_scheduler, SCHEDULERS)}use one of {list(SCHEDULERS)} or a "
+             "callable (optimizer, num_training_steps) -> scheduler")
+    if isinstance(args.verbose, bool) or args.verbose not in VERBOSITY:
+        fail("verbose", "use 0 (silent), 1 (progress bar), 2 (a line per epoch) or 'auto'")
+    if args.precision is not None and (isinstance(args.precision, bool) or str(args.precision) not in PRECISIONS):
+        fail("precision", f"{did_you_mean(args.precision, PRECISIONS)}use one of {list(PRECISIONS)}")
+    if args.seed is not None:
+        seed = parse_number(args.seed, int)
+        if seed is None:
+            fail("seed", "pass an integer or None")
+        set_value("seed", seed)
+    report_to = args.report_to
+    if not (report_to is None or isinstance(report_to, (str, list, tuple))):
+        fail("report_to", "pass a tracker's name ('tensorboard', 'mlflow', ...), a list of names, 'all' or 'none'")
+    for item in [] if report_to is None or isinstance(report_to, str) else report_to:
+        if not isinstance(item, str):
+            raise TypeError(f"`report_to` takes names (str), got {item!r}; pass logger callbacks in `callbacks`")
+    if args.accelerator is None or isinstance(args.accelerator, (bool, int, float, list, tuple, dict)):
+        fail("accelerator", "pass a name such as 'cpu', 'cuda' or 'auto', or a lightning Accelerator")
+    problem = jit_problem(args.jit_compile)
+    if problem is not None:
+        fail("jit_compile", problem)
+    if isinstance(args.jit_compile, dict):
+        set_value("jit_compile", dict(args.jit_compile))  # a copy: changing the caller's dict changes no run
+    _check_hf_fields(args, fail)
+
+
+def _check_hf_fields(args: Any, fail: Callable) -> None:
+    """The Hugging Face fields: names, callables and the optimizer name."""
+    for name in ("run_name", "logging_dir"):
+        value = getattr(args, name)
+        if isinstance(value, os.PathLike):
+            object.__setattr__(args, name, os.fspath(value))
+        elif not (value is None or isinstance(value, str)):
+            fail(name, "pass a str, or None for the default")
+    if args.optim is not None:
+        from fitkit.config.hf_names import HF_OPTIMIZERS
+
+        if args.optim not in HF_OPTIMIZERS:
+            fail("optim", f"{did_you_mean(args.optim, HF_OPTIMIZERS)}use one of {list(HF_OPTIMIZERS)}, or pass an "
+                 "optimizer to compile")
+    names = args.label_names
+    if names is not None and (isinstance(names, str) or not all(isinstance(n, str) for n in names) or not names):
+        fail("label_names", "pass a list of the batch keys that hold the target, e.g. ['labels']")
+    for name in ("compute_metrics", "data_collator"):
+        if getattr(args, name) is not None and not callable(getattr(args, name)):
+            fail(name, "pass a function, or None")
+    from fitkit.config.hf_processing import check_habit_fields
+
+    check_habit_fields(args, fail)

@@ -1,0 +1,153 @@
+"""Hugging Face `TrainingArguments` names and objects, mapped onto fitkit's.
+
+`fit(args=transformers.TrainingArguments(...))` is read through `from_hf` (HF field names given
+to `fit`, `compile` or `fitkit.TrainingArguments(...)` go through `fitkit.config.hf_names.hf_options`).
+Whatever fitkit cannot honour is named in one warning, never dropped silently::
+
+    import transformers
+    hf = transformers.TrainingArguments(output_dir="out", per_device_train_batch_size=16,
+                                        learning_rate=3e-4, eval_strategy="epoch", fp16=False)
+    args = from_hf(hf)                       # a fitkit.TrainingArguments
+"""
+
+from __future__ import annotations
+
+import enum
+import warnings
+from typing import Any
+
+from fitkit.config.arguments import TrainingArguments
+from fitkit.config.checks import SCHEDULERS
+from fitkit.config.hf_names import HF_OPTIMIZERS, hf_defaults, hf_options, warn_unhonoured
+
+#: HF fields read by a rule of their own rather than copied under the same name.
+_TRANSLATED = ("fp16", "bf16", "disable_tqdm", "use_cpu", "lr_scheduler_type", "warmup_steps", "max_grad_norm",
+               "metric_for_best_model", "report_to", "num_train_epochs", "optim", "output_dir")
+
+#: HF fields the HF Trainer itself does not act on (scripts read them), or that Fabric settles.
+_NOT_TRAINER_FIELDS = ("do_train", "do_eval", "do_predict", "local_rank", "accelerator_config")
+
+
+def optimizer_spec(optim: str) -> Any:
+    """The optimizer for an HF `optim` name: a fitkit name built with torch's defaults (as HF's
+    Trainer builds it, not Keras'), or torch's class for "adafactor"."""
+    import torch
+
+    from fitkit.adapters.optimizers import TorchDefaults
+
+    name = HF_OPTIMIZERS.get(str(optim))
+    if name is None:
+        raise ValueError(f"`optim`={optim!r} is not available in fitkit; valid names are: {', '.join(HF_OPTIMIZERS)} "
+                         "(or pass an optimizer to compile)")
+    return torch.optim.Adafactor if name == "adafactor" else TorchDefaults(name)
+
+
+def _plain(value: Any) -> Any:
+    return value.value if isinstance(value, enum.Enum) else value
+
+
+def from_hf(hf_args: Any) -> Any:
+    """A fitkit `TrainingArguments` from a `transformers.TrainingArguments`: its values under
+    fitkit's names; fields fitkit cannot honour (a value other than HF's default) named in one
+    warning."""
+    defaults, mine = hf_defaults(), set(TrainingArguments.__dataclass_fields__)
+    values = {name: _plain(getattr(hf_args, name)) for name in defaults if hasattr(hf_args, name)}
+    options: dict[str, Any] = {k: v for k, v in values.items() if k in mine and k not in _TRANSLATED}
+    ignored = [k for k, v in values.items() if k not in mine and k not in _TRANSLATED and k not in _NOT_TRAINER_FIELDS
+               and v != defaults[k] and v not in (None, False, "", [], {})]
+    options["output_dir"] = values.get("output_dir") or "trainer_output"
+    epochs = float(values.get("num_train_epochs", 3.0))
+    options["num_train_epochs"] = int(epochs) if epochs.is_integer() else epochs
+    scheduler = _plain(values.get("lr_scheduler_type", "linear"))
+    if scheduler in SCHEDULERS:
+        options["lr_scheduler"] = scheduler
+    else:
+        ignored.append(f"lr_scheduler_type={scheduler!r}")
+    warmup = values.get("warmup_steps", 0) or 0
+    options["warmup_ratio" if 0 < warmup < 1 else "warmup_steps"] = warmup if 0 < warmup < 1 else int(warmup)
+    options["max_grad_norm"] = values.get("max_grad_norm") or None
+    options["metric_for_best_model"] = _val_name(values.get("metric_for_best_model"))
+    report_to = values.get("report_to") or []
+    options["report_to"] = "none" if report_to in ([], "none", ["none"]) else report_to
+    optim = str(_plain(values.get("optim", "adamw_torch")))
+    if optim in HF_OPTIMIZERS:
+        options["optim"] = optim
+    else:
+        ignored.append(f"optim={optim!r}")
+    translated, _ = hf_options({k: values[k] for k in ("fp16", "bf16", "disable_tqdm", "use_cpu") if k in values}, mine)
+    options.update(translated)
+    warn_unhonoured(ignored, "TrainingArguments fields", stacklevel=5)
+    return TrainingArguments(**options)
+
+
+#: HF fields read under another fitkit name (the others keep theirs).
+_FITKIT_NAME = {"fp16": "precision", "bf16": "precision", "disable_tqdm": "verbose", "use_cpu": "accelerator",
+                "lr_scheduler_type": "lr_scheduler"}
+
+
+def hf_explicit(hf_args: Any) -> set[str]:
+    """The fitkit names of the fields a `transformers.TrainingArguments` sets to something other
+    than HF's defaults (what `fitkit.config.option_merge` counts as given by `args=`)."""
+    defaults, mine = hf_defaults(), set(TrainingArguments.__dataclass_fields__)
+    out = set()
+    for name, default in defaults.items():
+        if not hasattr(hf_args, name):
+            continue
+        value = _plain(getattr(hf_args, name))
+        try:
+            same = value == _plain(default) or (value in (None, [], "none", ["none"]) and _plain(default) in (
+                None, [], "none", ["none"]))
+        except Exception:  # noqa: BLE001 - a value whose == is not a bool
+            same = False
+        if same or (name == "disable_tqdm" and not value) or (name == "run_name" and value == hf_args.output_dir):
+            continue  # filled in by HF's __post_init__, not given
+        if name == "warmup_steps":
+            out.add("warmup_ratio" if 0 < (value or 0) < 1 else "warmup_steps")
+        target = _FITKIT_NAME.get(name, name)
+        if target in mine:
+            out.add(target)
+    return out
+
+
+def _val_name(metric: str | None) -> str:
+    """HF's `metric_for_best_model` always names an evaluation value: fitkit's `val_*` name."""
+    if not metric:
+        return "val_loss"
+    if metric.startswith("eval_"):
+        return "val_" + metric[len("eval_"):]
+    return metric if metric.startswith("val_") else "val_" + metric
+
+
+def is_hf_arguments(args: Any) -> bool:
+    """True for a `transformers.TrainingArguments` (or a subclass of it)."""
+    return any(cls.__module__.startswith("transformers") and cls.__name__ == "TrainingArguments"
+               for cls in type(args).__mro__)
+
+
+def run_optimizer(spec: Any, args: Any) -> Any:
+    """The optimizer a fit builds: `args.optim` (an HF name) when set, else compile's `spec`."""
+    return optimizer_spec(args.optim) if getattr(args, "optim", None) else spec
+
+
+def prepare_module(module: Any, args: Any) -> None:
+    """At the start of a fit: a warning for `label_names` fitkit does not take the target from;
+    `gradient_checkpointing=True`: `module.gradient_checkpointing_enable()` (a Hugging Face
+    model's method); a module without it gets a warning, and trains as it is."""
+    names = getattr(args, "label_names", None)
+    if names:
+        from fitkit.common.options import LABEL_KEYS
+
+        if len(names) > 1 or names[0] not in LABEL_KEYS:
+            warnings.warn(f"`label_names`={names!r} is not honoured: fitkit takes the target from the first of the "
+                          f"keys {list(LABEL_KEYS)} in a dict batch; rename the label key, or pass (inputs, target) "
+                          "batches", UserWarning, stacklevel=3)
+    if not getattr(args, "gradient_checkpointing", False):
+        return
+    enable = getattr(module, "gradient_checkpointing_enable", None)
+    if callable(enable):
+        if not getattr(module, "is_gradient_checkpointing", False):
+            enable()
+    else:
+        warnings.warn(f"`gradient_checkpointing`=True is ignored: {type(module).__name__} has no "
+                      "gradient_checkpointing_enable() method (wrap blocks in torch.utils.checkpoint yourself)",
+                      UserWarning, stacklevel=3)

@@ -1,0 +1,508 @@
+"""What a checkpoint holds, and one run's save / resume / best-model loading.
+
+A checkpoint (`output_dir/checkpoint-{global_step}/`) holds the module, the optimizer, the
+scheduler, the `TrainerState` (with every callback's state in `stateful_callbacks`), the RNG
+states and a `LoopSnapshot`: the data position and the running sums of the epoch under way.
+`Checkpointer` gathers all of these itself when it saves, and puts each back when a run
+resumes; the file work (atomic writes, manifest and digests, listing, rotation, verification,
+loading) is `fitkit.engine.checkpoint.files`. When a save happens is the loop's business
+(`Loop._log_evaluate_save`, from `control.should_save`)::
+
+    checkpointer = Checkpointer(fabric, args, state, handler, module=m, optimizer=o, scheduler=s)
+    with checkpointer.writing():                                          # one writer per output_dir
+        snapshot = checkpointer.resume(checkpointer.resume_path(callbacks))   # or None: a fresh run
+        checkpointer.restore_callbacks(snapshot, control)                      # after on_train_begin
+        start = checkpointer.restore_epoch(loop, snapshot, train)              # the batch to continue at
+        batches = checkpointer.epoch_iterator(train, epoch, start, snapshot)   # with the first run's RNG
+        path = checkpointer.save(loop, control)                                # when control.should_save
+        checkpointer.load_best()                                               # at the end of training
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import secrets
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+if TYPE_CHECKING:
+    from fitkit.engine.running_loss import EpochLoss
+
+from fitkit.common.options import error_line, writes_to_output_dir
+from fitkit.common.schedule import steps_per_epoch, unplanned_steps
+from fitkit.engine.checkpoint import files, run_lock
+from fitkit.engine.checkpoint.async_save import HostCopy
+from fitkit.engine.checkpoint.elastic import full_payload
+from fitkit.engine.data.rng import rng_state, set_rng_state
+from fitkit.events.state import OffersCheckpoint, TrainerControl, TrainerState
+
+logger = logging.getLogger("fitkit")
+
+#: `TrainerState` fields a run sets from its own arguments and processes; a resume restores
+#: every other field (the progress: step, epoch, logs, best model, callback states, ...).
+PLAN_FIELDS = frozenset({
+    "max_steps", "num_train_epochs", "logging_steps", "eval_steps", "save_steps", "train_batch_size",
+    "is_local_process_zero", "is_world_process_zero", "is_hyper_param_search", "trial_name", "trial_params",
+})
+
+#: `LoopSnapshot` fields kept beside the loop's own record in a checkpoint, not inside it.
+_BESIDE = ("rng", "callbacks")
+
+
+@dataclass
+class LoopSnapshot:
+    """The data position and the running sums of the epoch under way.
+
+    The position is `samples`: how many samples of epoch `epoch`'s order all processes together
+    had consumed, so a run with another number of processes or another batch size continues at
+    the same sample (None when the data cannot say, e.g. a list of batches). `batch` counts the
+    micro-batches each of the `world_size` processes had consumed (0 at an epoch boundary; then
+    the sums are zero). `by_rank` holds each process's own `(loss sum, count)` under several
+    processes; `epoch_rng` the RNG state when the epoch's batches were drawn (for loaders that
+    draw their order from the global RNG); `data_state` the saved states of a stateful data
+    source's parts, one list per process (`DataSource.data_state`), which a resume loads instead of
+    re-reading the consumed batches. `rng` is the RNG state when the checkpoint was
+    written and `callbacks` the saved callback states: a resume sets both back.
+
+        snap = LoopSnapshot(epoch=2, batch=5, samples=80)
+        LoopSnapshot.from_payload(snap.to_payload(), rng=rng_state(), callbacks={})
+
+    The payload is plain values and tensors, so it loads with `weights_only=True`.
+    """
+
+    epoch: int = 0
+    batch: int = 0
+    samples: int | None = None
+    world_size: int = 1
+    epoch_loss: float = 0.0
+    epoch_count: int = 0
+    logged_loss: float = 0.0
+    logged_count: int = 0
+    metrics: dict | None = None
+    by_rank: list | None = None
+    epoch_rng: dict | None = None
+    data_state: list | None = None
+    rng: dict | None = None
+    callbacks: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def mid_epoch(self) -> bool:
+        return self.batch > 0
+
+    def steps_to_end(self, global_step: int, start: int, batches: int, epochs: int, accumulation: int) -> int:
+        """`max_steps` of a run by epochs resumed here at `global_step`, in this run's steps: the
+        steps left in the resumed epoch (from batch number `start` of `batches`) and in the
+        epochs after it. Another number of processes or batch size makes other steps than the
+        run that wrote the checkpoint; on the same ones this is the plan of that run."""
+        per_epoch = steps_per_epoch(batches, accumulation)
+        left = steps_per_epoch(batches - start, accumulation) if self.mid_epoch else per_epoch
+        return global_step + left + (epochs - self.epoch - 1) * per_epoch
+
+    def to_payload(self) -> dict[str, Any]:
+        """The loop's record for a checkpoint (`rng` and `callbacks` are stored beside it)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in _BESIDE}
+
+    @classmethod
+    def from_payload(cls, record: dict[str, Any], *, rng: dict | None, callbacks: dict | None) -> LoopSnapshot:
+        """Read a loop record back (keys this version does not know are ignored)."""
+        known = {f.name for f in dataclasses.fields(cls)} - set(_BESIDE)
+        return cls(**{k: v for k, v in record.items() if k in known}, rng=rng, callbacks=dict(callbacks or {}))
+
+
+class TrainingLoop(Protocol):
+    """What the checkpointer reads from the training loop (`fitkit.engine.loop.Loop`)."""
+
+    #: `(epoch, micro-batches consumed in it)`: where a checkpoint written now resumes.
+    position: tuple[int, int]
+    #: The training data (a `DataSource`): it counts the samples a position stands for.
+    source: Any
+    #: Micro-batches in an epoch of it (None: unknown).
+    epoch_length: int | None
+    #: The epoch's running loss sums.
+    loss: EpochLoss
+    #: The training metrics (a `MetricSet`), whose states a mid-epoch checkpoint keeps.
+    train_metrics: Any
+
+
+class Checkpointer:
+    """One run's checkpoints: writes them (into `output_dir`, or another directory for a
+    callback such as `BackupAndRestore`), rotates them without losing the best one, resumes
+    from one and loads the best model at the end when asked.
+
+    Inside `writing()` the run holds its directories (one writer each, see `run_lock`); every
+    checkpoint it resumes or loads is verified first (every file's digest, `checkpoint.verify`)."""
+
+    def __init__(self, fabric: Any, args: Any, state: TrainerState, handler: Any, *, module: Any, optimizer: Any,
+                 scheduler: Any = None, defer_copy: bool = True):
+        self.fabric, self.args, self.state, self.handler = fabric, args, state, handler
+        self.module, self.optimizer, self.scheduler = module, optimizer, scheduler
+        self.last: str | None = None  # the newest checkpoint written into `output_dir`
+        self.epoch_rng: dict | None = None  # RNG at epoch start, for loaders that draw from it
+        self._locks: dict[str, Any] | None = None  # by real path, while `writing()` runs
+        self._token: str | None = None  # this run's part of temporary names, the same on every process
+        self._writer: Any = None  # `async_save.BackgroundWriter`, from the first asynchronous save
+        self._copy = HostCopy()  # the host copy of the state an asynchronous save writes from
+        self._pending: list[tuple[bool, str]] = []  # asynchronous saves not settled yet: (own, path)
+        self._announce: list[str] = []  # committed into output_dir, `on_save` not fired yet
+        self._warned_sync = False
+        # On a CPU, an asynchronous save copies the weights and optimizer state on the writer
+        # thread during the next forward and backward (`before_update` waits for it); False where
+        # an overridden `train_step` steps the optimizer itself.
+        self._defer_copy = defer_copy
+        self.copying: Any = None  # that copy (`async_save.PendingCopy`) until `before_update`
+        # After the first step of a run that saves asynchronously, the writer thread allocates the
+        # host copy's buffers (`reserve_buffers`): fresh memory is slow to fault in, and the first
+        # save's copy would otherwise make the loop wait for it.
+        self._reserve_due = bool(getattr(args, "save_async", False)) and args.save_strategy != "no"
+
+    # -- holding the directories ---------------------------------------------------------------
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """Hold `output_dir` for the block when this run writes there (and, from its first save,
+        any other directory a save writes into): a second run on one of them is refused with a
+        `run_lock.DirectoryInUseError` naming the holder. Released at the end, also on an error."""
+        self._locks = {}
+        try:
+            if writes_to_output_dir(self.args):
+                self._hold(self.args.output_dir, "`output_dir`")
+            yield
+        finally:
+            self._drain()
+            locks, self._locks = self._locks, None
+            for lock in locks.values():
+                if lock is not None:
+                    lock.release()
+
+    def _drain(self) -> None:
+        """Let a background write end before the directories are released (an error that ends
+        the run early leaves that write to commit, or to clean up after itself)."""
+        if self._writer is not None:
+            try:
+                self._writer.wait()
+            except Exception as err:  # noqa: BLE001 - the run is ending on another error
+                logger.warning("the checkpoint written in the background failed: %s", error_line(err))
+
+    def _hold(self, directory: str, argument: str) -> None:
+        key = os.path.realpath(directory)
+        if self._locks is not None and key not in self._locks:
+            self._locks[key] = self._on_zero(lambda: files.hold(directory, argument), share=False)
+
+    def _on_zero(self, fn: Callable[[], Any], share: bool = True) -> Any:
+        """`fn()` run on the global-zero process alone; every process returns its result (with
+        `share`) or raises its error, so no process waits for one that failed."""
+        result, problem = None, None
+        if self.fabric.is_global_zero:
+            try:
+                result = fn()
+            except Exception as err:  # noqa: BLE001 - raised again below, on every process
+                problem = err
+        if self.fabric.world_size > 1:
+            sent = problem if problem is None or isinstance(problem, (files.CheckpointError,
+                                                                      run_lock.DirectoryInUseError)) \
+                else RuntimeError(f"on the global-zero process: {error_line(problem)}")
+            shared, received = self.fabric.broadcast((result if share else None, sent))
+            if not self.fabric.is_global_zero:
+                result, problem = shared, received
+        if problem is not None:
+            raise problem
+        return result
+
+    # -- saving ------------------------------------------------------------------------------------
+    def snapshot(self, loop: TrainingLoop) -> LoopSnapshot:
+        """Where `loop` is, for a checkpoint: data position and the epoch's running sums."""
+        epoch, batch = loop.position
+        world_size = self.fabric.world_size
+        if not batch:
+            return LoopSnapshot(epoch=epoch, batch=0, samples=0, world_size=world_size)
+        sums = loop.loss.export()  # over all processes: before the metric states, as every process does
+        return LoopSnapshot(epoch=epoch, batch=batch, samples=loop.source.consumed(epoch, batch), world_size=world_size,
+                            **sums, metrics=loop.train_metrics.export_state(), epoch_rng=self.epoch_rng,
+                            data_state=self._data_state(loop.source))
+
+    def _data_state(self, source: Any) -> list | None:
+        """Every process's `source.data_state()` (in rank order), None when the data has none.
+        Taken now, at the save: the source is read on the training thread (no prefetch), so
+        it stands for exactly the batches consumed."""
+        state = source.data_state()
+        if state is None:  # every process has the same kind of source: all skip the gather alike
+            return None
+        if self.fabric.world_size == 1:
+            return [state]
+        import torch.distributed as dist
+
+        gathered: list[Any] = [None] * self.fabric.world_size
+        dist.all_gather_object(gathered, state)
+        return gathered
+
+    def save(self, loop: TrainingLoop, control: TrainerControl, directory: str | None = None,
+             limit: int | None = None) -> str:
+        """Write a resumable checkpoint of `loop`'s run into `directory` (default `output_dir`)
+        and rotate: `save_total_limit` in `output_dir` (never the best one), `limit` elsewhere.
+        With `save_async` this returns once a host copy of the state is taken: the path is a
+        checkpoint once the background write commits it (`settle`)."""
+        own = directory is None
+        directory = self.args.output_dir if own else directory
+        background = self._asynchronous()
+        if background:
+            self.settle()  # at most one write in flight: the one before commits first
+        snapshot = self.snapshot(loop)
+        self._hold(directory, "`output_dir`" if own else "directory")
+        if self._token is None:
+            self._token = self._on_zero(lambda: secrets.token_hex(4))
+        state = self.state
+        state.stateful_callbacks = self.handler.export_states(control)
+        best = files.checkpoint_path(directory, state.best_global_step) if state.best_global_step else None
+        # This checkpoint holds the best model, or an earlier one does (saved at the step an
+        # evaluation later found best, as HF records it): kept by rotation either way.
+        if own and best and (state.best_global_step == state.global_step or os.path.isdir(best)):
+            state.best_model_checkpoint = best
+        extra = {"rng": rng_state(), "loop": snapshot.to_payload()}
+        if background:
+            return self._save_in_background(directory, own, limit, extra)
+        path = files.save_checkpoint(self.fabric, directory, state=state, args=self.args, module=self.module,
+                                     optimizer=self.optimizer, scheduler=self.scheduler, extra=extra,
+                                     token=self._token)
+        if self.fabric.is_global_zero:
+            self._rotate(directory, own, limit)
+        self._committed(own, path)
+        return path
+
+    def _rotate(self, directory: str, own: bool, limit: int | None) -> None:
+        """`save_total_limit` in `output_dir`, keeping the best checkpoint (read now: with
+        `save_async` an evaluation may have named it while the write ran); `limit` elsewhere."""
+        if own:
+            files.rotate(directory, self.args.save_total_limit, keep=self.state.best_model_checkpoint)
+        else:
+            files.rotate(directory, limit)
+
+    def _committed(self, own: bool, path: str) -> None:
+        if own:
+            self.last = path
+            self._announce.append(path)
+
+    # -- asynchronous saves (`save_async`) -----------------------------------------------------------
+    def _asynchronous(self) -> bool:
+        """`save_async`, where the strategy allows it (DeepSpeed writes its own files: synchronous)."""
+        if not getattr(self.args, "save_async", False):
+            return False
+        strategy = type(getattr(self.fabric, "strategy", None)).__name__
+        if "DeepSpeed" in strategy:
+            if not self._warned_sync:
+                logger.warning("save_async=True is not supported with %s: checkpoints are written synchronously",
+                               strategy)
+                self._warned_sync = True
+            return False
+        return True
+
+    def _save_in_background(self, directory: str, own: bool, limit: int | None, extra: dict[str, Any]) -> str:
+        """Take the host copy (the loop's only wait), then hand the write, digests, commit and
+        rotation to the writer thread of the global-zero process."""
+        from fitkit.engine.checkpoint.async_save import BackgroundWriter
+
+        state, args = self.state, self.args
+        payload = full_payload(self.fabric, self.module, self.optimizer, self.scheduler, extra)
+        path = files.checkpoint_path(directory, state.global_step)
+        self._pending.append((own, path))
+        if not self.fabric.is_global_zero:
+            return path
+        copy = self._copy.take(payload, self._settled_storages())
+        texts = files.texts(state, args)  # rendered now: the loop changes the state while the write runs
+        fields = files.manifest_fields(state.global_step, self.optimizer)
+        step, token = state.global_step, self._token
+
+        def write() -> None:
+            files.write_in_background(directory, step, token, copy.finish(), texts, fields, copy.aligned)
+            self._rotate(directory, own, limit)
+
+        if self._writer is None:
+            self._writer = BackgroundWriter()
+        self._writer.submit(write)
+        if copy.deferred:
+            self.copying = copy
+            self.handler.before_listeners = self.before_update
+        return path
+
+    def _settled_storages(self) -> set[int] | None:
+        """The storages only the optimizer step changes (the parameters, the optimizer's state),
+        whose copy may wait for the writer thread; None where every tensor is copied at once (a
+        GPU: the device-to-host copy is queued; an overridden `train_step`; FSDP, whose saved
+        tensors are gathered copies already)."""
+        if not self._defer_copy or self.fabric.device.type != "cpu" \
+                or "FSDP" in type(getattr(self.fabric, "strategy", None)).__name__:
+            return None
+        optimizer = getattr(self.optimizer, "optimizer", self.optimizer)  # under Fabric's wrapper
+        tensors = [*self.module.parameters(), *(v for values in getattr(optimizer, "state", {}).values()
+                                                for v in values.values() if isinstance(v, torch.Tensor))]
+        found = set()
+        for t in tensors:
+            try:
+                found.add(t.untyped_storage().data_ptr())
+            except RuntimeError:  # a storage freed or swapped by a wrapper: copied at once, as unknown
+                continue
+        return found
+
+    def before_update(self) -> None:
+        """Wait until an asynchronous save's copy of the weights and optimizer state is complete:
+        the loop calls it before the optimizer step, the handler before any callback runs."""
+        copy, self.copying = self.copying, None
+        self.handler.before_listeners = None
+        if copy is not None:
+            copy.wait()
+
+    @property
+    def pending(self) -> bool:
+        """True while an asynchronous checkpoint was handed to the writer and not yet settled,
+        or the host copy's buffers are still to be reserved (`poll` does both)."""
+        return bool(self._pending) or self._reserve_due
+
+    def reserve_buffers(self) -> None:
+        """Have the writer thread allocate and touch the host copy's buffers, shaped as the state
+        is now (after the first optimizer step: the optimizer's state exists), so the first
+        asynchronous save copies into memory already faulted in. On a CPU, on the global-zero
+        process, once; a save that comes first waits for it (it would have faulted the memory in
+        itself)."""
+        self._reserve_due = False
+        if not self.fabric.is_global_zero or self._writer is not None or not self._asynchronous() \
+                or self._settled_storages() is None:
+            return
+        from fitkit.engine.checkpoint.async_save import BackgroundWriter
+
+        payload = full_payload(self.fabric, self.module, self.optimizer, self.scheduler, {})
+        self._writer = BackgroundWriter()
+        self._writer.submit(lambda: self._copy.reserve(payload))
+
+    def settle(self) -> None:
+        """Wait for the checkpoint being written in the background (if any) to commit; then it is
+        `last` and its `on_save` is due (`announce`). Its write error is raised here, on every
+        process (a `CheckpointWriteError` for the storage). A collective under several processes:
+        every process calls it at the same save, and at the end of training. With nothing pending,
+        it waits for the host copy's reservation (`reserve_buffers`) if that still runs."""
+        if not self._pending:
+            if self._writer is not None:
+                self._writer.wait()
+            return
+        self.before_update()
+        failure = None
+        if self._writer is not None:
+            try:
+                self._writer.wait()
+            except Exception as err:  # noqa: BLE001 - agreed on by every process, then raised
+                failure = err
+        if self.fabric.world_size > 1:
+            failure = files.agree(self.fabric, failure)
+        pending, self._pending = self._pending, []
+        if failure is not None:
+            if isinstance(failure, files.CheckpointError):
+                raise failure
+            if isinstance(failure, OSError):
+                raise files.CheckpointWriteError(f"could not write the checkpoint {pending[-1][1]!r} in the "
+                                                 f"background ({error_line(failure)}); free space or make the "
+                                                 "directory writable, then resume") from failure
+            raise failure
+        for own, path in pending:
+            self._committed(own, path)
+
+    def poll(self, loop: TrainingLoop) -> None:
+        """Between steps: on one process, a background write that has ended is settled (its error
+        raised, its `on_save` fired) at once; under several processes at the next save or the end."""
+        if self._pending and self.fabric.world_size == 1 and self._writer is not None and self._writer.done():
+            self.settle()
+            self.announce(loop)
+        if self._reserve_due:
+            self.reserve_buffers()
+
+    def finish(self, loop: TrainingLoop) -> None:
+        """At the end of training: the last background write committed, its `on_save` fired."""
+        self.settle()
+        self.announce(loop)
+
+    def announce(self, loop: Any) -> None:
+        """Fire `on_save` for every checkpoint committed into `output_dir` since the last call,
+        with its path as the `checkpoint` keyword."""
+        announced, self._announce = self._announce, []
+        for path in announced:  # `checkpoint`: its path (`state.global_step` may be past it with `save_async`)
+            loop.control = self.handler.call_event("on_save", self.args, self.state, loop.control, checkpoint=path)
+
+    # -- resuming ----------------------------------------------------------------------------------
+    def resume_path(self, callbacks: Iterable[Any]) -> str | None:
+        """`resume_from_checkpoint` resolved, else a checkpoint a callback offers through
+        `checkpoint_to_resume(args)` (`OffersCheckpoint`, e.g. `BackupAndRestore`), else None.
+        Verified on the global-zero process before anything is loaded (see `checkpoint.resolve`)."""
+        return self._on_zero(lambda: self._choose(callbacks))
+
+    def _choose(self, callbacks: Iterable[Any]) -> str | None:
+        if self.args.resume_from_checkpoint:
+            return files.resolve(self.args.resume_from_checkpoint, self.args.output_dir)
+        for cb in callbacks:
+            path = cb.checkpoint_to_resume(self.args) if isinstance(cb, OffersCheckpoint) else None
+            if path:
+                return files.verified(path)
+        return None
+
+    def resume(self, path: str | None) -> LoopSnapshot | None:
+        """Load `path` into the module, optimizer, scheduler and state; return where the loop
+        continues (None for no path: a fresh run)."""
+        if path is None:
+            return None
+        payload = files.load_checkpoint(self.fabric, path, module=self.module, optimizer=self.optimizer)
+        if self.scheduler is not None and "scheduler" in payload:
+            self.scheduler.load_state_dict(payload["scheduler"])
+        saved = files.saved_state(path)
+        for f in dataclasses.fields(TrainerState):
+            if f.name not in PLAN_FIELDS:
+                setattr(self.state, f.name, getattr(saved, f.name))
+        files.warn_on_resume(self.args, self.state, saved)  # other step intervals or batch size; a lost best one
+        logger.info("resuming from %s at step %d", path, self.state.global_step)
+        return LoopSnapshot.from_payload(payload["loop"], rng=payload["rng"], callbacks=self.state.stateful_callbacks)
+
+    def restore_callbacks(self, resume: LoopSnapshot | None, control: TrainerControl) -> None:
+        """Give the callbacks their saved states (and the control flags) back; call it after
+        `on_train_begin`, which resets Keras-style callbacks."""
+        if resume:
+            self.handler.load_states(resume.callbacks, control)
+
+    def restore_epoch(self, loop: TrainingLoop, resume: LoopSnapshot, train: Any) -> int:
+        """Put back the resumed epoch's running sums into `loop`; return the batch number this
+        run continues from: the same sample, whatever the number of processes and batch size now
+        (training by epochs, `max_steps` is then counted again in this run's steps)."""
+        args, state = self.args, self.state
+        start = train.resume_at(resume) if resume.mid_epoch else 0
+        batches = loop.epoch_length
+        if args.max_steps <= 0 and batches:
+            state.max_steps = resume.steps_to_end(state.global_step, start, batches, state.num_train_epochs,
+                                                  args.gradient_accumulation_steps)
+            state.max_steps -= unplanned_steps(args.num_train_epochs, batches,
+                                               args.gradient_accumulation_steps)  # epochs=1.5
+        if not resume.mid_epoch:
+            return 0
+        loop.loss.restore(resume)
+        if self.fabric.global_rank == 0:  # metric states were synced over all processes when saved
+            loop.train_metrics.load_state(resume.metrics)
+        return start
+
+    def epoch_iterator(self, train: Any, epoch: int, start: int, resume: LoopSnapshot | None) -> Iterator[Any]:
+        """The epoch's batches from `start`, with the RNG where the first run had it (and the
+        epoch's starting RNG recorded, for a loader that draws its order from it)."""
+        replay = resume.epoch_rng if resume else None
+        if resume:
+            set_rng_state(replay or resume.rng)
+        if train.replays_rng:
+            self.epoch_rng = replay or rng_state()
+        batches = train.batches(epoch, start)
+        if replay:  # the epoch's order was drawn as in the first run; now continue its RNG
+            set_rng_state(resume.rng)
+        return batches
+
+    # -- the best model ------------------------------------------------------------------------------
+    def load_best(self) -> None:
+        """With `load_best_model_at_end`, put the best checkpoint's weights back into the module
+        (verified first)."""
+        if self.args.load_best_model_at_end and self.state.best_model_checkpoint:
+            path = self._on_zero(lambda: files.verified(self.state.best_model_checkpoint))
+            files.load_checkpoint(self.fabric, path, module=self.module, optimizer=None)

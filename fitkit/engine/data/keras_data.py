@@ -1,0 +1,144 @@
+"""Keras' data extras: `class_weight` (a per-class weight table) and `validation_split`
+(the last fraction of the samples, taken before shuffling)::
+
+    table = class_weight_table({0: 1.0, 1: 5.0}, device)
+    class_weights_for(table, target)                            # one weight per sample
+    (tx, ty, tsw), (vx, vy, vsw) = split_validation((x, y, None), x, 0.2)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset, IterableDataset, Subset
+
+from fitkit.common.tensors import map_tensors
+from fitkit.engine.data.batch import batch_size_of
+
+
+def class_weight_table(class_weight: dict, device: torch.device) -> torch.Tensor:
+    """Keras' `class_weight` dict as a table indexed by class (classes not named weigh 1)."""
+    if not isinstance(class_weight, dict) or not class_weight:
+        raise ValueError("`class_weight` must be a non-empty dict {class index: weight}")
+    size = max(int(k) for k in class_weight) + 1
+    weights = torch.ones(size, dtype=torch.float32)
+    for k, v in class_weight.items():
+        weights[int(k)] = float(v)
+    return weights.to(device)
+
+
+def class_weights_for(table: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Per-sample weights from a class-weight table; classes missing from the table weigh 1 (Keras)."""
+    if not isinstance(target, torch.Tensor):
+        raise ValueError("`class_weight` is for a model with one output (Keras refuses it for several): pass "
+                         "`sample_weight` (one array, or one per output) instead")
+    target = target.long()
+    if target.dim() > 1:  # one-hot targets
+        target = target.argmax(-1)
+    inside = target < table.shape[0]
+    return torch.where(inside, table[target.clamp(max=table.shape[0] - 1)], torch.ones((), device=table.device))
+
+
+def _split_point(n: int, fraction: float) -> int:
+    """Where Keras cuts `n` samples for `validation_split=fraction`; an error when either side
+    would be empty (a fraction of less than one sample counts as empty, though the rounding
+    would hand it one)."""
+    if n < 2:
+        raise ValueError(f"`validation_split` needs at least 2 samples to split; the data has {n}: pass `validation_data`")
+    cut = int(n * (1.0 - fraction))
+    if n * fraction < 1 or cut <= 0 or cut >= n:
+        side = "validation" if n * fraction < 1 or cut >= n else "training"
+        raise ValueError(
+            f"`validation_split`={fraction} of {n} samples leaves the {side} split empty ({n * fraction:g} samples for "
+            f"validation): pick a fraction between {1 / n:.3g} and {1 - 1 / n:.3g}, or pass `validation_data`"
+        )
+    return cut
+
+
+def split_validation(tensors: tuple | None, x: Any, fraction: float) -> tuple[tuple, tuple]:
+    """Keras' `validation_split`: the last `fraction` of the samples, taken before shuffling.
+
+    Returns two `(x, y, sample_weight)` triples, train then validation: slices of the tensors
+    for in-memory data, `(Subset, None, None)` for a map-style Dataset.
+    """
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"`validation_split`={fraction!r} is invalid: pass a fraction in (0, 1)")
+    if tensors is not None:
+        n = batch_size_of(tensors[0])
+        cut = _split_point(n, fraction)
+        head = lambda t: t[:cut]  # noqa: E731
+        tail = lambda t: t[cut:]  # noqa: E731
+        return tuple(map_tensors(head, t) for t in tensors), tuple(map_tensors(tail, t) for t in tensors)
+    if isinstance(x, Dataset) and not isinstance(x, IterableDataset):
+        n = len(x)  # type: ignore[arg-type]
+        cut = _split_point(n, fraction)
+        return (Subset(x, range(cut)), None, None), (Subset(x, range(cut, n)), None, None)
+    raise ValueError(
+        "`validation_split` needs tensors, arrays or a map-style Dataset; pass `validation_data` for "
+        f"a {type(x).__name__}"
+    )
+
+
+def has_numpy(tree: Any) -> bool:
+    """True when `tree` (a batch) holds a NumPy array somewhere."""
+    if isinstance(tree, dict):
+        return any(has_numpy(v) for v in tree.values())
+    if isinstance(tree, (tuple, list)):
+        return any(has_numpy(v) for v in tree)
+    return type(tree).__module__ == "numpy" and hasattr(tree, "shape")
+
+
+def batch_tensors(tree: Any, cast_float64: bool = True) -> Any:
+    """A batch with its NumPy arrays as tensors (float64 as float32, as in-memory arrays are,
+    unless `cast_float64` is False); tensors and other values pass through."""
+    if isinstance(tree, dict):
+        return {k: batch_tensors(v, cast_float64) for k, v in tree.items()}
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(batch_tensors(v, cast_float64) for v in tree)
+    if type(tree).__module__ == "numpy" and hasattr(tree, "shape"):
+        t = torch.from_numpy(tree) if tree.dtype.kind in "biufc" else None
+        if t is None:
+            raise TypeError(f"a batch holds a NumPy array of dtype {tree.dtype}, which torch cannot take: pass numbers "
+                            "(e.g. `x.astype('float32')`), or tensors")
+        return t.float() if cast_float64 and t.dtype == torch.float64 else t
+    return tree
+
+
+def is_batch_sequence(x: Any) -> bool:
+    """Keras' batch-centric data: an object with `__len__` and `__getitem__` returning whole
+    batches and no `__iter__` of its own (a `keras.utils.PyDataset`), or a list of batches
+    holding NumPy arrays."""
+    if isinstance(x, (Dataset, str, bytes, dict, tuple)) or not (hasattr(x, "__len__") and hasattr(x, "__getitem__")):
+        return False
+    if isinstance(x, list):
+        return bool(x) and isinstance(x[0], (tuple, list, dict)) and has_numpy(x[0])
+    return not hasattr(type(x), "__iter__") or type(x).__module__.startswith("keras")
+
+
+class BatchSequence:
+    """Whole batches read by index (`seq[i]` for i in `range(len(seq))`), NumPy arrays turned
+    into tensors; a `keras.utils.PyDataset`'s `on_epoch_begin` / `on_epoch_end` are called
+    around each pass, as Keras does::
+
+        source = LoaderSource(BatchSequence(py_dataset, "x"))
+    """
+
+    def __init__(self, seq: Any, name: str, cast_float64: bool = True):
+        self.seq, self.name, self.cast_float64 = seq, name, cast_float64
+
+    def __len__(self) -> int:
+        return len(self.seq)
+
+    def __iter__(self):
+        begin, end = getattr(self.seq, "on_epoch_begin", None), getattr(self.seq, "on_epoch_end", None)
+        if callable(begin):
+            begin()
+        for i in range(len(self.seq)):
+            batch = self.seq[i]
+            if not isinstance(batch, (tuple, list, dict, torch.Tensor)) and not has_numpy(batch):
+                raise TypeError(f"batch {i} of `{self.name}` is a {type(batch).__name__}: each item must be a whole "
+                                "batch, (x, y), (x, y, sample_weight) or a dict, of tensors or NumPy arrays")
+            yield batch_tensors(batch, self.cast_float64)
+        if callable(end):
+            end()

@@ -1,0 +1,95 @@
+"""Strategies fitkit builds itself: `strategy="fsdp"` is PyTorch FSDP2 (`fully_shard`) through
+Fabric's `ModelParallelStrategy`, which, unlike Fabric's FSDP1 strategy, also runs on CPU;
+`fsdp_sharding="hybrid"` shards within each node and replicates across nodes.
+
+    fsdp2_strategy("bf16-mixed", wrap={torch.nn.TransformerEncoderLayer}, sharding="hybrid")
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+SPAWN_STRATEGIES = ("ddp_spawn", "ddp_notebook", "ddp_fork", "ddp_spawn_find_unused_parameters_true",
+                    "ddp_fork_find_unused_parameters_true", "ddp_notebook_find_unused_parameters_true")
+
+
+def is_deepspeed(strategy: Any) -> bool:
+    """`"deepspeed"`, `"deepspeed_stage_N[_offload]"`, a DeepSpeed config dict or a path to one."""
+    if isinstance(strategy, dict):
+        return True
+    return isinstance(strategy, str) and (strategy.startswith("deepspeed") or strategy.endswith(".json"))
+
+
+def deepspeed_strategy(strategy: Any):
+    """A Fabric DeepSpeedStrategy for a config dict or JSON path; names pass through to Fabric."""
+    if isinstance(strategy, str) and strategy.startswith("deepspeed"):
+        return strategy
+    from lightning_fabric.strategies import DeepSpeedStrategy
+
+    return DeepSpeedStrategy(config=strategy)
+
+
+def _wrap_policy(wrap: Any) -> Callable[[torch.nn.Module], bool]:
+    """Which submodules become their own FSDP unit: by default every module that holds
+    parameters directly (one unit per layer); or instances of the given classes; or a predicate."""
+    if wrap is None:
+        return lambda m: any(True for _ in m.parameters(recurse=False))
+    if callable(wrap) and not isinstance(wrap, type):
+        return wrap
+    classes = tuple(wrap) if isinstance(wrap, (set, list, tuple, frozenset)) else (wrap,)
+    return lambda m: isinstance(m, classes)
+
+
+def _mixed_precision(precision: str | None):
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if precision in ("bf16-mixed",):
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if precision in ("16-mixed",):
+        return MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def fsdp2_strategy(precision: str | None, wrap: Any = None, full_checkpoint: bool = False, sharding: str = "full"):
+    """FSDP2 (data parallel only), with per-layer sharding and the mixed-precision policy mapped
+    from `precision`. `sharding="full"` shards over all processes; `"hybrid"` shards within each
+    node and replicates across nodes (HSDP: a 2-D device mesh `(replicate, shard)` of
+    `num_nodes x devices`), so the all-gathers stay on the fast links inside a node. Checkpoints
+    are sharded (DCP) unless `full_checkpoint`."""
+    from lightning_fabric.strategies import ModelParallelStrategy
+
+    should_wrap = _wrap_policy(wrap)
+    policy = _mixed_precision(precision)
+
+    class FSDP2Strategy(ModelParallelStrategy):
+        """ModelParallelStrategy with every process in one data-parallel group: each reads its
+        own share of the data; the parameters are sharded over all of them, or per node."""
+
+        def setup_environment(self) -> None:
+            self._data_parallel_size = self.num_nodes * self.num_processes
+            self._tensor_parallel_size = 1
+            super().setup_environment()
+
+        def parallelize(self, module: torch.nn.Module, device_mesh) -> torch.nn.Module:
+            from torch.distributed.fsdp import fully_shard
+
+            mesh = device_mesh["data_parallel"] if sharding == "full" else self.hybrid_mesh()
+            for sub in list(module.modules())[1:][::-1]:  # innermost first, the root last
+                if should_wrap(sub):
+                    fully_shard(sub, mesh=mesh, mp_policy=policy)
+            fully_shard(module, mesh=mesh, mp_policy=policy)
+            return module
+
+        def hybrid_mesh(self):
+            """Ranks `node * devices + local rank` in rows by node: dim 0 replicates, dim 1 shards."""
+            from torch.distributed.device_mesh import init_device_mesh
+
+            return init_device_mesh(self.root_device.type, (self.num_nodes, self.num_processes),
+                                    mesh_dim_names=("replicate", "shard"))
+
+    strategy = FSDP2Strategy(parallelize_fn=lambda module, mesh: strategy.parallelize(module, mesh),
+                             save_distributed_checkpoint=not full_checkpoint)
+    return strategy

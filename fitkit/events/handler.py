@@ -1,0 +1,527 @@
+"""The callback system: the `TrainerCallback` base, its argument checks, and `CallbackHandler`,
+which fires the events. The shared data (`TrainerState`, `TrainerControl`, `Order`,
+`Stateful`, `StopTraining`, `EVENTS`) is in `fitkit.events.state` and importable from here.
+
+These follow the documented Hugging Face `TrainerCallback` event set, so a callback written
+for `transformers.Trainer` that only touches `args`, `state`, `control` and the documented
+keyword arguments runs unchanged::
+
+    from fitkit import TrainerCallback
+
+    class PrintLoss(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if state.is_world_process_zero:
+                print(state.global_step, logs)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import dis
+import functools
+import inspect
+import logging
+import sys
+import types
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from fitkit.common.options import closest
+from fitkit.events.hf_view import HFView, class_from_transformers, from_transformers
+from fitkit.events.state import EVENTS, Order, Stateful, StopTraining, TrainerControl, TrainerState
+
+__all__ = ["EVENTS", "CallbackHandler", "Order", "Stateful", "StopTraining", "TrainerCallback", "TrainerControl",
+           "TrainerState", "as_callback", "callback_list"]
+
+logger = logging.getLogger("fitkit")
+
+
+class TrainerCallback:
+    """Base class: override any of the events; each is called as
+    `event(args, state, control, **kwargs)` and may return a `TrainerControl`.
+
+    `order` (default `Order.USER`, 0) lets a callback ask to run later than others; equal
+    orders keep list order. `DefaultFlowCallback` always runs first. See `Order` for the
+    values the built-in callbacks use, and `Stateful` for keeping state in checkpoints.
+
+    Example::
+
+        class MyCallback(TrainerCallback):
+            def on_train_begin(self, args, state, control, **kwargs):
+                print("Starting training")
+
+        Model(net).compile("adam", "mse").fit(x, y, callbacks=[MyCallback()])
+
+    Class attributes the engine and the handler read (the defaults suit a user callback):
+    `order`; `takes_batch` (False: its step events ignore `batch`, `outputs` and `loss`, so
+    the loop need not build them); `changes_learning_rate` (True: it sets the optimizer's rate,
+    so `History` records it per epoch); `drives_flow` (True: it sets the log / evaluate / save
+    switches on schedule, as `DefaultFlowCallback` does).
+    """
+
+    order: int = Order.USER
+    takes_batch: bool = True
+    changes_learning_rate: bool = False
+    drives_flow: bool = False
+
+    def close_run(self) -> None:
+        """Called when `fit` exits, however it exits (also after an exception or a
+        KeyboardInterrupt): release what the callback holds open, e.g. a live display."""
+
+    def on_init_end(self, args, state, control, **kwargs):
+        """Called once when the model is compiled."""
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        """Called at the beginning of training; `metric_directions` maps each logged value
+        whose direction is known to "min" or "max", `callbacks` is the run's callbacks in order."""
+
+    def on_train_end(self, args, state, control, **kwargs):
+        """Called at the end of training (also when training was stopped early)."""
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        """Called at the beginning of an epoch."""
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        """Called at the end of an epoch."""
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        """Called at the first micro-batch of each optimizer step."""
+
+    def on_substep_end(self, args, state, control, **kwargs):
+        """Called after each micro-batch but the last of a gradient-accumulation cycle."""
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        """Called after gradient clipping, before `optimizer.step()`."""
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        """Called after `optimizer.step()`, before the scheduler steps and gradients are zeroed."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        """Called at the end of each optimizer step."""
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        """Called after an evaluation; `metrics` holds its values."""
+
+    def on_predict(self, args, state, control, metrics=None, **kwargs):
+        """Called after `predict`."""
+
+    def on_save(self, args, state, control, **kwargs):
+        """Called after a checkpoint is saved."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        """Called after logging; `logs` holds the values logged."""
+
+    def on_prediction_step(self, args, state, control, **kwargs):
+        """Called after each evaluation or prediction batch."""
+
+
+_TRIVIAL_OPS = frozenset({"RESUME", "NOP", "CACHE"})
+
+
+@functools.cache
+def _code_does_nothing(code: types.CodeType) -> bool:
+    ops = [(i.opname, i.argval) for i in dis.get_instructions(code) if i.opname not in _TRIVIAL_OPS]
+    return ops in ([("LOAD_CONST", None), ("RETURN_VALUE", None)], [("RETURN_CONST", None)])
+
+
+def _does_nothing(handler: Any) -> bool:
+    """True for a plain function or method whose body is empty (`pass`, `...`, a docstring,
+    `return None`): calling it has no effect, so the handler skips it. The base hooks of
+    `TrainerCallback` (ours and transformers') are such bodies, so a callback that does not
+    override an event is skipped by the same test."""
+    func = handler.__func__ if isinstance(handler, types.MethodType) else handler
+    if not isinstance(func, types.FunctionType):
+        return False
+    return _code_does_nothing(func.__code__)
+
+
+def _listening(callback: Any, event: str) -> tuple[bool, bool]:
+    """Whether `callback` handles `event`, and whether that handler comes from transformers.
+    Decided by the class (remembered: a handler runs once per fit for each event) unless the
+    instance holds the event itself or the class makes attributes on the fly."""
+    cls = type(callback)
+    if event in getattr(callback, "__dict__", ()) or _makes_attributes(cls):
+        method = getattr(callback, event, None)
+        return callable(method) and not _does_nothing(method), from_transformers(callback, event)
+    return _class_listening(cls, event)
+
+
+@functools.lru_cache(maxsize=4096)
+def _class_listening(cls: type, event: str) -> tuple[bool, bool]:
+    method = getattr(cls, event, None)
+    listens = callable(method) and not _does_nothing(method)
+    return listens, class_from_transformers(cls, event)
+
+
+@functools.lru_cache(maxsize=1024)
+def _makes_attributes(cls: type) -> bool:
+    return cls.__getattribute__ is not object.__getattribute__ or hasattr(cls, "__getattr__")
+
+
+def _defines_an_event(obj: Any) -> bool:
+    return any(callable(getattr(obj, event, None)) for event in EVENTS)
+
+
+def _drives_flow(callback: Any) -> bool:
+    """Whether `callback` sets the log / evaluate / save switches on schedule: one that says
+    `drives_flow = True` (`DefaultFlowCallback`), or transformers' own flow callback."""
+    if getattr(callback, "drives_flow", False) is True:
+        return True
+    hf = sys.modules.get("transformers.trainer_callback")  # loaded when such a callback exists
+    return hf is not None and isinstance(callback, getattr(hf, "DefaultFlowCallback", ()))
+
+
+def _known_callback_names() -> list[str]:
+    """The callback classes fitkit ships (its public ones, and any other imported so far), for
+    suggestions."""
+    from fitkit.events.builtin import CALLBACK_CLASSES
+
+    found, todo = list(CALLBACK_CLASSES), list(TrainerCallback.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if cls.__module__.startswith(("fitkit.callbacks", "fitkit.integrations")) and not cls.__name__.startswith("_"):
+            found.append(cls.__name__)
+    return sorted(set(found))
+
+
+def _not_a_callback(obj: Any, where: str) -> str:
+    if isinstance(obj, str):
+        match = closest(obj, _known_callback_names())
+        hint = f"did you mean {match}()? " if match else ""
+        return (f"{hint}`{where}`={obj!r} is a string, not a callback: pass a callback object, e.g. "
+                "fitkit.callbacks.EarlyStopping(monitor='val_loss') (tracker names go to `report_to`)")
+    if callable(obj) and not isinstance(obj, type):
+        name = getattr(obj, "__name__", type(obj).__name__)
+        return (f"`{where}` is the function {name}, not a callback: wrap it in a LambdaCallback, e.g. "
+                f"LambdaCallback(on_epoch_end={name if name.isidentifier() else 'fn'}) from fitkit.callbacks, "
+                "or subclass fitkit.TrainerCallback")
+    shown = obj.__name__ if isinstance(obj, type) else f"{obj!r} ({type(obj).__name__})"
+    return (f"`{where}`={shown} is not a callback: pass an instance of a fitkit.TrainerCallback subclass (or such a "
+            f"class), or an object with event methods such as on_epoch_end(args, state, control, **kwargs)")
+
+
+def as_callback(callback: Any, where: str = "callback", build: bool = True) -> Any:
+    """`callback` as a callback object: an instance of `TrainerCallback` (or of any class with
+    one of the documented event methods, such as transformers' callbacks) is returned as is; such
+    a class is built with no argument (`build=False`: checked, returned unbuilt). Anything else
+    raises `TypeError` naming `where` and the fix."""
+    if isinstance(callback, type):
+        if not (issubclass(callback, TrainerCallback) or _defines_an_event(callback)):
+            raise TypeError(_not_a_callback(callback, where))
+        try:
+            inspect.signature(callback).bind()
+        except TypeError:
+            raise TypeError(f"`{where}` is the class {callback.__name__}, whose constructor needs arguments: pass an "
+                            f"instance instead, e.g. {callback.__name__}(...)") from None
+        except ValueError:  # no signature to read: let the call decide
+            pass
+        return callback() if build else callback
+    if isinstance(callback, TrainerCallback) or _defines_an_event(callback):
+        return callback
+    raise TypeError(_not_a_callback(callback, where))
+
+
+def callback_list(callbacks: Any, argument: str = "callbacks", build: bool = True) -> list:
+    """The `callbacks` argument of fit / evaluate / predict checked: None or a list (or tuple) of
+    callbacks (instances or classes; classes are built). A single callback, or any item that is
+    not one, raises `TypeError` naming `callbacks` or `callbacks[i]` and the fix."""
+    if callbacks is None:
+        return []
+    if not isinstance(callbacks, (list, tuple)):
+        one = not isinstance(callbacks, str) and _defines_an_event(callbacks)
+        name = callbacks.__name__ if isinstance(callbacks, type) else type(callbacks).__name__
+        fix = f"pass it in a list: {argument}=[{name}{'' if isinstance(callbacks, type) else '(...)'}]" if one else (
+            f"pass a list of callback objects, e.g. {argument}=[EarlyStopping(), CSVLogger('log.csv')]")
+        raise TypeError(f"`{argument}` must be a list of callbacks; got {name}: {fix}")
+    return [as_callback(cb, f"{argument}[{i}]", build) for i, cb in enumerate(callbacks)]
+
+
+class CallbackHandler(TrainerCallback):
+    """Holds the callbacks of a run and fires events on them, in order.
+
+    For each event it keeps the list of callbacks that really override it, so an event no
+    callback listens to costs one dictionary look-up; an override whose body is empty
+    (`pass`, `...`, a docstring) is not called either. `call_event` also fires custom events:
+    every callback with a method of that name receives it.
+
+    `metric_directions` maps logged names (`"val_loss"`, `"accuracy"`, `"val_mae"`, ...) to
+    `"min"` or `"max"`, from the compiled metrics' own `higher_is_better`; the engine sets it
+    before `on_train_begin`, which passes it to its listeners as the `metric_directions`
+    keyword (monitors with `mode="auto"` take their direction from it).
+    """
+
+    def __init__(
+        self,
+        callbacks: Iterable[TrainerCallback | type] = (),
+        model=None,
+        optimizer=None,
+        lr_scheduler=None,
+    ):
+        self.callbacks: list[TrainerCallback] = []
+        self._listeners: dict[str, list] = {}
+        for cb in callbacks:
+            self.add_callback(cb)
+        self.model = model
+        self.optimizer = optimizer
+        self.lr_scheduler = lr_scheduler
+        self.train_dataloader = None
+        self.eval_dataloader = None
+        #: During fit: `save_checkpoint(directory) -> path` writes a full, resumable checkpoint
+        #: (call it on every process). Passed to events as the `save_checkpoint` keyword.
+        self.save_checkpoint = None
+        #: "min" / "max" per logged name, set by the engine before `on_train_begin`.
+        self.metric_directions: dict[str, str] = {}
+        #: Optimizer steps per epoch of the run starting (None: unknown), set by the engine and
+        #: passed to `on_train_begin` as the `steps_per_epoch` keyword (Keras' `params["steps"]`).
+        self.steps_per_epoch: int | None = None
+        #: Keras-style callbacks: the fitkit `Model` running this handler (`self.model` of such a
+        #: callback, set by the facade) and the loop's running averages (`fitkit.engine.batch_logs`).
+        self.keras_model: Any = None
+        self.running_logs: Any = None
+        #: Called before any listener runs, when set: the engine waits there for an asynchronous
+        #: checkpoint's copy of the weights, which a callback could otherwise change mid-copy.
+        self.before_listeners: Callable[[], None] | None = None
+        if not any(_drives_flow(cb) for cb in self.callbacks):
+            logger.warning("a run will not log, evaluate or save on schedule without a DefaultFlowCallback among its "
+                           "callbacks: add one with handler.add_callback(DefaultFlowCallback). The callbacks are:\n%s",
+                           self.callback_list)
+
+    # -- the list ---------------------------------------------------------------------
+    def add_callback(self, callback: TrainerCallback | type) -> None:
+        """Add a callback (an instance, or a class built with no argument); anything else raises
+        `TypeError` (see `as_callback`)."""
+        cb = as_callback(callback)
+        cb_class = type(cb)
+        if any(type(c) is cb_class for c in self.callbacks):
+            warnings.warn(
+                f"You are adding a {cb_class.__name__} to the callbacks but there is already one. "
+                f"The current list of callbacks is: {self.callback_list}",
+                stacklevel=3,
+            )
+        self.callbacks.append(cb)
+        self._sort()
+
+    def pop_callback(self, callback: TrainerCallback | type) -> TrainerCallback | None:
+        for i, cb in enumerate(self.callbacks):
+            if (isinstance(callback, type) and type(cb) is callback) or cb is callback:
+                self._listeners.clear()
+                return self.callbacks.pop(i)
+        return None
+
+    def remove_callback(self, callback: TrainerCallback | type) -> None:
+        self.pop_callback(callback)
+
+    @property
+    def callback_list(self) -> str:
+        return "\n".join(type(cb).__name__ for cb in self.callbacks)
+
+    def _sort(self) -> None:
+        # Stable: equal `order` keeps insertion order.
+        self.callbacks.sort(key=lambda cb: getattr(cb, "order", Order.USER))  # transformers' have none
+        self._listeners: dict[str, list] = {}
+
+    def listeners(self, event: str) -> list:
+        """The bound methods that handle `event`, cached."""
+        found = self._listeners.get(event)
+        if found is None:
+            from fitkit.events.keras_bridge import keras_bridge, with_bookkeeping  # Keras-style callbacks
+
+            found, bridge = [], keras_bridge(self)
+            for cb in self.callbacks:
+                keras, native = bridge.listeners(cb, event)
+                listens, hf = _listening(cb, event) if native else (False, False)
+                if listens:
+                    found.append(self._hf_wrapped(event, getattr(cb, event)) if hf else getattr(cb, event))
+                found.extend(keras)
+            found = self._listeners[event] = with_bookkeeping(bridge, event, found, self.callbacks)
+        return found
+
+    def _hf_wrapped(self, event: str, method: Any) -> Any:
+        """A transformers callback's handler, given HF-shaped `args` and HF-named values
+        (`fitkit.events.hf_view`); built when the listeners are, so fitkit's own pay nothing."""
+        view = self.__dict__.get("_hf_view")
+        if view is None:
+            view = self.__dict__["_hf_view"] = HFView(self)
+        return view.wrap(event, method)
+
+    def invalidate(self) -> None:
+        """Forget cached listeners (call after changing a callback's methods at run time)."""
+        self._listeners = {}
+        _class_listening.cache_clear()
+
+    # -- firing -----------------------------------------------------------------------
+    def call_event(self, event: str, args, state, control, **kwargs):
+        handlers = self._listeners.get(event)
+        if handlers is None:
+            handlers = self.listeners(event)
+        if not handlers:
+            return control
+        if self.before_listeners is not None:
+            self.before_listeners()
+        kwargs = dict(
+            model=self.model,
+            optimizer=self.optimizer,
+            lr_scheduler=self.lr_scheduler,
+            train_dataloader=self.train_dataloader,
+            eval_dataloader=self.eval_dataloader,
+            save_checkpoint=self.save_checkpoint,
+            **kwargs,
+        )  # built once per event, not once per listener
+        for handler in handlers:
+            result = handler(args, state, control, **kwargs)
+            if result is not None:
+                control = result
+        return control
+
+    # -- state kept in checkpoints ------------------------------------------------------------
+    def export_states(self, control: TrainerControl) -> dict[str, Any]:
+        """`state()` of every callback that has one (JSON) by class name (a list when a class
+        repeats), plus the control flags under "TrainerControl". A `Stateful` callback is
+        saved, and so is one with `state()` alone (HF's `ExportableState`)."""
+        states: dict[str, Any] = {"TrainerControl": control.state()}
+        for cb in self.callbacks:
+            if not callable(getattr(cb, "state", None)):
+                continue
+            name, value = type(cb).__name__, cb.state()
+            if name in states:
+                states[name] = (states[name] if isinstance(states[name], list) else [states[name]]) + [value]
+            else:
+                states[name] = value
+        return states
+
+    def load_states(self, states: dict[str, Any], control: TrainerControl) -> None:
+        """Give each callback its saved state back: `load_state(dict)` for a `Stateful` one,
+        else the `"attributes"` of HF's `{"args": ..., "attributes": ...}` set on it. Control
+        flags come back too, except `should_training_stop`: a resumed run decides that anew.
+
+        As HF restores an `ExportableState` callback, the saved constructor `"args"` come back
+        too (a callback built with defaults gets `early_stopping_patience=5` back), and
+        repeated callbacks of one class get their saved states in order. Attributes and args
+        are set only where the callback declares them (the `"attributes"` / `"args"` its own
+        `state()` returns) and already holds plain data: never a dunder, a method, a property
+        or another callable, nor a name it does not have. Keys left out are named in a warning,
+        and so are saved states of callbacks this run does not have."""
+        flags = states.get("TrainerControl")
+        flags = flags.get("args") if isinstance(flags, dict) else None
+        names = {f.name for f in dataclasses.fields(TrainerControl)} - {"should_training_stop"}
+        for key, value in (flags.items() if isinstance(flags, dict) else ()):
+            if key in names and isinstance(value, bool):
+                setattr(control, key, value)
+        seen: dict[str, int] = {}
+        absent = sorted(set(states) - {"TrainerControl"} - {type(cb).__name__ for cb in self.callbacks})
+        if absent:
+            logger.warning("Checkpoint included callbacks not included in current configuration. Ignoring. (%s)",
+                           ", ".join(absent))
+        for cb in self.callbacks:
+            name = type(cb).__name__
+            if name == "TrainerControl" or name not in states:
+                continue
+            saved = states[name]
+            if isinstance(saved, list):
+                index = seen[name] = seen.get(name, -1) + 1
+                if index >= len(saved):
+                    continue
+                saved = saved[index]
+            if isinstance(cb, Stateful) and callable(cb.load_state):
+                cb.load_state(saved)  # the callback's own code decides what its state sets
+                continue
+            skipped = []
+            for section in ("args", "attributes"):
+                values = saved.get(section, {}) if isinstance(saved, dict) else None
+                skipped += self._restore_attributes(cb, values, section) if isinstance(values, dict) else [section]
+            if skipped:
+                logger.warning("not restoring %s of %s from the checkpoint: a callback gets back only the data "
+                               "attributes its state() declares", ", ".join(map(repr, skipped)), name)
+
+    @staticmethod
+    def _restore_attributes(cb: Any, attributes: dict, section: str = "attributes") -> list:
+        """Set on `cb` each saved attribute it declares as data (in its own `state()[section]`);
+        return the keys left out."""
+        try:
+            own = cb.state() if callable(getattr(cb, "state", None)) else None
+        except Exception:  # noqa: BLE001 - a state() that fails declares nothing
+            own = None
+        declared = own.get(section) if isinstance(own, dict) else None
+        declared = declared if isinstance(declared, dict) else {}
+        skipped = []
+        for key, value in attributes.items():
+            missing = object()
+            current = inspect.getattr_static(cb, key, missing) if isinstance(key, str) else missing
+            on_class = inspect.getattr_static(type(cb), key, None) if isinstance(key, str) else None
+            if (not isinstance(key, str) or key not in declared or key.startswith("__") or current is missing
+                    or callable(current)
+                    or hasattr(type(on_class), "__get__")):  # a method, property or other descriptor
+                skipped.append(key)
+            else:
+                setattr(cb, key, value)
+        return skipped
+
+    def close_run(self) -> None:
+        """Call `close_run()` of every callback that has one: the engine does when `fit` exits,
+        however it exits. A failing one is logged and the others still run."""
+        for cb in self.callbacks:
+            close = getattr(cb, "close_run", None)
+            if callable(close):
+                try:
+                    close()
+                except Exception as err:  # noqa: BLE001 - called on the way out, maybe after another error
+                    logger.warning("%s.close_run() failed: %s", type(cb).__name__, err)
+
+    def has_listeners(self, event: str) -> bool:
+        return bool(self.listeners(event))
+
+    # The documented events, so the handler can stand where a callback is expected.
+    def on_init_end(self, args, state, control):
+        return self.call_event("on_init_end", args, state, control)
+
+    def on_train_begin(self, args, state, control):
+        control._new_training()
+        return self.call_event("on_train_begin", args, state, control,
+                               metric_directions=dict(self.metric_directions), callbacks=tuple(self.callbacks),
+                               steps_per_epoch=self.steps_per_epoch, running_logs=self.running_logs)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        return self.call_event("on_train_end", args, state, control, **kwargs)
+
+    def on_epoch_begin(self, args, state, control):
+        control._new_epoch()
+        return self.call_event("on_epoch_begin", args, state, control)
+
+    def on_epoch_end(self, args, state, control):
+        return self.call_event("on_epoch_end", args, state, control)
+
+    def on_step_begin(self, args, state, control):
+        control._new_step()
+        return self.call_event("on_step_begin", args, state, control)
+
+    def on_substep_end(self, args, state, control, **kwargs):
+        return self.call_event("on_substep_end", args, state, control, **kwargs)
+
+    def on_pre_optimizer_step(self, args, state, control):
+        return self.call_event("on_pre_optimizer_step", args, state, control)
+
+    def on_optimizer_step(self, args, state, control):
+        return self.call_event("on_optimizer_step", args, state, control)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        return self.call_event("on_step_end", args, state, control, **kwargs)
+
+    def on_evaluate(self, args, state, control, metrics):
+        control.should_evaluate = False
+        return self.call_event("on_evaluate", args, state, control, metrics=metrics)
+
+    def on_predict(self, args, state, control, metrics):
+        return self.call_event("on_predict", args, state, control, metrics=metrics)
+
+    def on_save(self, args, state, control):
+        control.should_save = False
+        return self.call_event("on_save", args, state, control)
+
+    def on_log(self, args, state, control, logs):
+        control.should_log = False
+        return self.call_event("on_log", args, state, control, logs=logs)
+
+    def on_prediction_step(self, args, state, control, **kwargs):
+        return self.call_event("on_prediction_step", args, state, control, **kwargs)

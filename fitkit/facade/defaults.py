@@ -1,0 +1,47 @@
+"""The callbacks a fit adds for you: the progress display (`verbose`) and the trackers
+`report_to` names, each left out when the user already gave one of its class.
+
+    defaults_for(args, given=[*model.callbacks, *fit_callbacks])   # [ProgressBar(...), TensorBoardCallback(), ...]
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from fitkit.events.handler import TrainerCallback
+
+
+def defaults_for(args: Any, given: Sequence[Any]) -> list[TrainerCallback]:
+    """The display and the trackers for a fit with `args`, except classes already in `given`."""
+    return [*display_for(args, given), *reporters_for(args, given)]
+
+
+def display_for(args: Any, given: Sequence[Any]) -> list[TrainerCallback]:
+    """`verbose`: 1 a progress bar, 2 a line per epoch, 0 nothing, "auto" a bar in a terminal
+    or notebook and lines elsewhere; nothing when a `ProgressBar` is already there."""
+    from fitkit.callbacks.display.progress import ProgressBar
+
+    verbose = args.verbose
+    if verbose == "auto":
+        verbose = 1 if sys.stdout.isatty() or in_notebook() else 2
+    if verbose == 0 or any(isinstance(cb, ProgressBar) for cb in given):
+        return []
+    return [ProgressBar(bar=verbose == 1)]
+
+
+def reporters_for(args: Any, given: Sequence[Any]) -> list[TrainerCallback]:
+    """The tracking callbacks `report_to` names (each integration imported only when named)."""
+    if args.report_to in (None, "none", [], ["none"]):
+        return []
+    from fitkit.integrations import callbacks_for
+
+    present = {cb if isinstance(cb, type) else type(cb) for cb in given}
+    return [cb for cb in callbacks_for(args.report_to) if type(cb) not in present]
+
+
+def in_notebook() -> bool:
+    """True inside a Jupyter kernel, where a rich bar renders although stdout is not a tty."""
+    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
+    return type(shell).__name__ == "ZMQInteractiveShell"

@@ -1,0 +1,102 @@
+"""Keras' smaller `Model` methods: one batch at a time, weights as arrays, counts and names.
+
+    model = Model(net).compile("sgd", "mse", metrics=["mae"])
+    model.train_on_batch(x, y)                   # [loss, mae] of the batch, before the step
+    model.test_on_batch(x, y, return_dict=True)  # {"loss": ..., "mae": ...}
+    model.predict_on_batch(x)                    # tensor
+    weights = model.get_weights(); model.set_weights(weights)
+    model.count_params(), model.metrics_names, model(x)
+
+`Model` inherits them; they use only its public members.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from fitkit.adapters.metrics import metric_name
+from fitkit.engine import on_batch
+from fitkit.engine.overrides import StepOverrides
+from fitkit.facade.steps import Steps
+
+
+def as_list(logs: dict[str, float], names: list[str]) -> float | list[float]:
+    """Keras' `return_dict=False` form: values in `metrics_names` order (others after), or the
+    single value alone."""
+    ordered = [logs[n] for n in names if n in logs] + [v for k, v in logs.items() if k not in names]
+    return ordered[0] if len(ordered) == 1 else ordered
+
+
+class KerasMethods:
+    """`train_on_batch`, `test_on_batch`, `predict_on_batch`, `get_weights`, `set_weights`,
+    `count_params`, `metrics_names` and calling the model, as Keras has them."""
+
+    def _batch_call(self) -> tuple:
+        config = self.config
+        args = config.args if config is not None else None
+        return self.runtime, self.module, config, args, StepOverrides.of(self, Steps)
+
+    def train_on_batch(self, x: Any, y: Any = None, sample_weight: Any = None, class_weight: dict | None = None,
+                       return_dict: bool = False) -> float | list[float] | dict[str, float]:
+        """One optimizer step on the batch `(x, y)` (no callbacks); returns the batch's loss and
+        metrics as they were before the step: a list in `metrics_names` order (the loss alone
+        without metrics), or a dict with `return_dict=True`."""
+        runtime, module, config, args, overrides = self._batch_call()
+        if config is None:
+            raise RuntimeError("call `compile(optimizer, loss, metrics)` before `train_on_batch()`")
+        logs = on_batch.train(runtime, module, config, args, overrides, x, y, sample_weight, class_weight)
+        return logs if return_dict else as_list(logs, self.metrics_names)
+
+    def test_on_batch(self, x: Any, y: Any = None, sample_weight: Any = None,
+                      return_dict: bool = False) -> float | list[float] | dict[str, float]:
+        """The loss and metrics of the batch `(x, y)` in evaluation mode (nothing updated)."""
+        runtime, module, config, args, overrides = self._batch_call()
+        if config is None:
+            raise RuntimeError("call `compile(optimizer, loss, metrics)` before `test_on_batch()`")
+        logs = on_batch.test(runtime, module, config, args, overrides, x, y, sample_weight)
+        return logs if return_dict else as_list(logs, self.metrics_names)
+
+    def predict_on_batch(self, x: Any) -> Any:
+        """The module's outputs for the batch `x` (evaluation mode, no gradients), on CPU."""
+        runtime, module, config, args, overrides = self._batch_call()
+        from fitkit.config.arguments import TrainingArguments
+
+        return on_batch.predict(runtime, module, config, args or TrainingArguments(), overrides, x)
+
+    # -- weights -------------------------------------------------------------------------------
+    def get_weights(self) -> list:
+        """Every weight of the module (its `state_dict` values: parameters and buffers) as
+        NumPy arrays (copies: training later does not change them), in `state_dict` order."""
+        return [value.detach().cpu().numpy().copy() for value in self.module.state_dict().values()]
+
+    def set_weights(self, weights: list) -> None:
+        """Set the module's weights from a list like `get_weights()` returns (arrays or tensors)."""
+        state = self.module.state_dict()
+        if not isinstance(weights, (list, tuple)) or len(weights) != len(state):
+            count = len(weights) if isinstance(weights, (list, tuple)) else type(weights).__name__
+            raise ValueError(f"`weights` must be a list of {len(state)} arrays, as get_weights() returns; got {count}")
+        new = {}
+        for (name, current), value in zip(state.items(), weights):
+            tensor = torch.as_tensor(value)
+            if tuple(tensor.shape) != tuple(current.shape):
+                raise ValueError(f"`weights`: {name} has shape {tuple(current.shape)} in this model but "
+                                 f"{tuple(tensor.shape)} was given (pass the arrays in get_weights() order)")
+            new[name] = tensor.to(dtype=current.dtype)
+        self.module.load_state_dict(new)
+
+    def count_params(self) -> int:
+        """The number of parameters of the module (as `summary()` counts them)."""
+        return sum(p.numel() for p in self.module.parameters())
+
+    @property
+    def metrics_names(self) -> list[str]:
+        """The names `evaluate` and the `*_on_batch` methods report, in order: "loss", then
+        the compiled metrics."""
+        metrics = self.config.metrics if self.config is not None else []
+        return ["loss", *(metric_name(spec) for spec in metrics)]
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """`model(x)`: the module's forward (as it is set up inside an overridden step)."""
+        return self.module(*args, **kwargs)
