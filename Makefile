@@ -6,7 +6,7 @@ STAMP := $(VENV)/.fitkit-installed
 
 DOCS_STAMP := $(VENV)/.fitkit-docs-installed
 
-.PHONY: demo test lint stress bench docs clean
+.PHONY: demo test lint stress bench docs lowest clean
 
 # Creates .venv when missing and installs fitkit with the extra $(1) (torch pinned by
 # constraints.txt), then touches the target stamp; each extra has its own stamp.
@@ -58,5 +58,21 @@ $(DOCS_STAMP): pyproject.toml constraints.txt
 docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
+# lowest: the suite against the lowest versions of fitkit's dependencies that pyproject.toml
+# declares (pinned in constraints-lowest.txt), in its own venv; the test tools take whatever
+# versions those pins allow. Not part of `make test` (a fresh venv and the whole suite: ~25 min).
+LOWEST_VENV := .venv-lowest
+LOWEST_PY := $(LOWEST_VENV)/bin/python
+LOWEST_STAMP := $(LOWEST_VENV)/.fitkit-installed
+
+$(LOWEST_STAMP): pyproject.toml constraints-lowest.txt
+	test -x $(LOWEST_PY) || $(PYTHON) -m venv $(LOWEST_VENV)
+	$(LOWEST_PY) -m pip install -q --upgrade pip
+	$(LOWEST_PY) -m pip install -q -c constraints-lowest.txt -e ".[$(TEST_EXTRAS)]"
+	touch $@
+
+lowest: $(LOWEST_STAMP)
+	$(LOWEST_PY) -m pytest -q
+
 clean:
-	rm -rf $(VENV) fitkit.egg-info .pytest_cache site
+	rm -rf $(VENV) $(LOWEST_VENV) fitkit.egg-info .pytest_cache site

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -41,12 +41,15 @@ from fitkit.facade.saving import Saving
 from fitkit.facade.steps import Steps
 from fitkit.facade.summary import summarize
 
+if TYPE_CHECKING:  # pragma: no cover
+    from fitkit.search import BestRun
+
 
 class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods):
     """Wrap an `nn.Module` (or a `model_init` factory) with Keras' training API. Subclass it to
     override `train_step`, `test_step`, `predict_step` or `compute_loss` (`fitkit.facade.steps`)."""
 
-    def __init__(self, module: torch.nn.Module | None = None, *, model_init: Callable | None = None):
+    def __init__(self, module: torch.nn.Module | None = None, *, model_init: Callable[..., Any] | None = None) -> None:
         if (module is None) == (model_init is None):
             raise ValueError("pass exactly one of `module` (an nn.Module) or `model_init` (a callable returning one)")
         if module is not None and not isinstance(module, torch.nn.Module):
@@ -62,7 +65,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods):
         self.control = TrainerControl()
         self.last_checkpoint: str | None = None
         self._runtime = Runtime()
-        self._trial: dict | None = None  # {"trial_name", "trial_params"} for a search trial
+        self._trial: dict[str, Any] | None = None  # {"trial_name", "trial_params"} for a search trial
 
     # -- what the model holds -------------------------------------------------------------------
     @property
@@ -107,7 +110,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods):
         self._module.__dict__["stop_training"] = bool(value)
 
     # -- compile ------------------------------------------------------------------------------
-    def compile(self, optimizer: Any = "adam", loss: Any = None, metrics: Sequence | None = None,
+    def compile(self, optimizer: Any = "adam", loss: Any = None, metrics: Sequence[Any] | None = None,
                 **options: Any) -> Model:
         """Configure training; returns `self` so calls chain.
 
@@ -141,7 +144,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods):
             raise RuntimeError(f"call `compile(optimizer, loss, metrics)` before `{what}()`")
         return self.config
 
-    def _handler(self, extra: Sequence | None, *more: TrainerCallback) -> CallbackHandler:
+    def _handler(self, extra: Sequence[Any] | None, *more: TrainerCallback) -> CallbackHandler:
         handler = CallbackHandler(self.callback_handler.callbacks)
         for cb in [*callback_list(extra), *more]:
             handler.add_callback(cb)
@@ -150,7 +153,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods):
 
     # -- fit, evaluate, predict ------------------------------------------------------------------
     def fit(self, x: Any = None, y: Any = None, *, batch_size: int | None = None, epochs: int | None = None,
-            validation_data: Any = None, validation_split: float = 0.0, callbacks: Sequence | None = None,
+            validation_data: Any = None, validation_split: float = 0.0, callbacks: Sequence[Any] | None = None,
             shuffle: bool | None = None, max_steps: int | None = None, class_weight: dict | None = None,
             sample_weight: Any = None, initial_epoch: int = 0, args: TrainingArguments | None = None,
             **options: Any) -> History:
@@ -189,7 +192,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods):
         return history
 
     def evaluate(self, x: Any = None, y: Any = None, *, batch_size: int = 32, verbose: int | str = "auto",
-                 sample_weight: Any = None, steps: int | None = None, callbacks: Sequence | None = None,
+                 sample_weight: Any = None, steps: int | None = None, callbacks: Sequence[Any] | None = None,
                  return_dict: bool = True, **data_options: Any) -> dict[str, float] | list[float] | float:
         """Loss and metrics over `x` (exact averages over the data, or its first `steps`
         batches), unprefixed: `{"loss": ..., "accuracy": ...}`; with `return_dict=False`,
@@ -208,7 +211,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods):
         return metrics if return_dict else as_list(metrics, self.metrics_names)
 
     def predict(self, x: Any, *, batch_size: int = 32, verbose: int | str = "auto", steps: int | None = None,
-                callbacks: Sequence | None = None, **data_options: Any) -> Any:
+                callbacks: Sequence[Any] | None = None, **data_options: Any) -> Any:
         """The module's outputs for every sample of `x` (or its first `steps` batches),
         concatenated in input order, on CPU. `verbose` 1, 2 or "auto" prints Keras' line; data options as `evaluate`."""
         args = self._evaluation_arguments(None, data_options)
@@ -221,7 +224,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods):
         self.control = trainer.control
         return out
 
-    def _spawned(self, method: str, args: TrainingArguments, call: dict) -> Any:
+    def _spawned(self, method: str, args: TrainingArguments, call: dict[str, Any]) -> Any:
         """Run `method` in the processes a spawn/fork strategy starts, then take rank 0's trained
         weights, history and state back into this process."""
         result = self._runtime.spawn(args, _run_in_child, self, method, call)
@@ -233,10 +236,10 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods):
         return self.history if method == "fit" else value
 
     # -- hyperparameter search ------------------------------------------------------------------
-    def hyperparameter_search(self, x: Any = None, y: Any = None, *, hp_space: Callable | None = None,
-                              compute_objective: Callable | None = None, n_trials: int = 20,
-                              direction: str | list[str] = "minimize", hp_name: Callable | None = None,
-                              backend: str = "optuna", **options: Any):
+    def hyperparameter_search(self, x: Any = None, y: Any = None, *, hp_space: Callable[..., Any] | None = None,
+                              compute_objective: Callable[..., Any] | None = None, n_trials: int = 20,
+                              direction: str | list[str] = "minimize", hp_name: Callable[..., Any] | None = None,
+                              backend: str = "optuna", **options: Any) -> BestRun | list[BestRun]:
         """Search hyperparameters with Optuna; returns the best `BestRun` (a list for several directions).
 
         Each trial builds a fresh module with `model_init(trial)`; `hp_space(trial) -> dict`
@@ -250,7 +253,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods):
         return run_search(self, x, y, hp_space=hp_space, compute_objective=compute_objective, n_trials=n_trials,
                           direction=direction, hp_name=hp_name, backend=backend, **options)
 
-    def for_trial(self, trial: Any, hp_name: Callable | None = None) -> Model:
+    def for_trial(self, trial: Any, hp_name: Callable[..., Any] | None = None) -> Model:
         """A model for one search trial: a fresh module from `model_init(trial)`, this model's
         compile configuration and callbacks, the same (already launched) Fabric, and its state
         marked as a search's (`trial_name` from `hp_name(trial)`, `trial.params`)."""
@@ -271,8 +274,8 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods):
         """A table of layers, output shapes (when an example input is known) and parameter counts.
 
         Returns the text (it also shows when echoed in a REPL or notebook)."""
-        notes = (optimizer_note(self.config.optimizer, self._runtime.optimizer),) if self.config else ()
-        notes += jit_note(self.config.args.jit_compile) if self.config else ()
+        notes = (optimizer_note(self.config.optimizer, self._runtime.optimizer),
+                 *jit_note(self.config.args.jit_compile)) if self.config else ()
         return summarize(self.module, example_input if example_input is not None else self._runtime.example, notes)
 
     def __repr__(self) -> str:
@@ -280,7 +283,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods):
         return f"Model({name}, compiled={self.config is not None})"
 
 
-def _run_in_child(fabric: Any, key: tuple, model: Model, method: str, call: dict) -> dict:
+def _run_in_child(fabric: Any, key: tuple, model: Model, method: str, call: dict[str, Any]) -> dict[str, Any]:
     """What a spawn/fork strategy runs in each process (module level, so it pickles)."""
     model._runtime.adopt(fabric, key)
     value = getattr(model, method)(**call)
@@ -290,7 +293,9 @@ def _run_in_child(fabric: Any, key: tuple, model: Model, method: str, call: dict
     return result
 
 
-def _call_model_init(model_init: Callable, trial: Any = None) -> torch.nn.Module:
+def _call_model_init(model_init: Callable[..., Any] | None, trial: Any = None) -> torch.nn.Module:
+    if model_init is None:  # a model given an nn.Module, after `release()` or in `for_trial`
+        raise ValueError("the model has no `model_init` to build a module with: build it with Model(model_init=fn)")
     try:
         n_params = len(inspect.signature(model_init).parameters)
     except (TypeError, ValueError):

@@ -135,23 +135,24 @@ def test_no_import_cycle_counting_the_packages_an_import_runs():
 
 #: The layers, top to bottom: each package imports only packages below it (its own modules aside).
 #: A subpackage is a layer of its own (`fitkit.engine.data` sits below the loop in `fitkit.engine`).
-LAYERS = [
-    "fitkit",                    # the public names and the Model facade (model.py)
-    "fitkit.facade",             # Model's mixins: steps, Keras and HF methods, saving, summary, default callbacks
-    "fitkit.search",             # hyperparameter_search (optuna imported on use)
-    "fitkit.integrations",       # trackers (imported on use)
-    "fitkit.callbacks.keras",    # Keras-style callbacks, adapted onto the event set
-    "fitkit.callbacks",          # one built-in callback a module
-    "fitkit.callbacks.display",  # progress bar, epoch lines, printer
-    "fitkit.engine",             # the loop, the step, inference
-    "fitkit.engine.checkpoint",  # what a checkpoint holds, writing, verifying, loading
-    "fitkit.engine.data",        # inputs -> batches, the epoch iterator
-    "fitkit.engine.devices",     # Fabric, the one-device path, strategies, launching
-    "fitkit.events",             # the callback contract: state, control, handler
-    "fitkit.config",             # TrainingArguments, names, checks, compile configuration
-    "fitkit.adapters",           # optimizers, losses, metrics, outputs: names -> objects
-    "fitkit.common",             # helpers that import nothing of fitkit's other packages
-]
+LAYER_ROLES = {
+    "fitkit": "the public names (lazy) and the `Model` facade",
+    "fitkit.facade": "`Model`'s mixins: the overridable steps, Keras' and HF's methods, saving, summary, default callbacks",
+    "fitkit.search": "`hyperparameter_search` over Optuna (imported on use)",
+    "fitkit.integrations": "trackers behind `report_to` (imported on use)",
+    "fitkit.callbacks.keras": "Keras-style callbacks (`Callback`) and what their `self.model` is",
+    "fitkit.callbacks": "one built-in callback a module, and their shared bases",
+    "fitkit.callbacks.display": "the progress bar, epoch lines, the printer",
+    "fitkit.engine": "the loop, the step, the first-batch checks, one call from user input to the loop",
+    "fitkit.engine.checkpoint": "what a checkpoint holds and when; writing (synchronous and background); verifying, loading",
+    "fitkit.engine.data": "inputs -> batches: sources, sampling, collation, prefetching, the RNG",
+    "fitkit.engine.devices": "Fabric, the one-device path, strategies, launching",
+    "fitkit.events": "the callback contract the engine fires: state, control, the handler",
+    "fitkit.config": "`TrainingArguments`, names, checks, the compile configuration, option merging",
+    "fitkit.adapters": "optimizers, losses, metrics, outputs: names -> torch objects",
+    "fitkit.common": "helpers that import nothing of fitkit's other packages",
+}
+LAYERS = list(LAYER_ROLES)
 
 
 def _package(name: str) -> str:
@@ -185,6 +186,38 @@ def test_no_folder_holds_more_than_16_modules_and_fitkit_itself_at_most_12():
         folders[str(path.parent.relative_to(ROOT))] = folders.get(str(path.parent.relative_to(ROOT)), 0) + 1
     assert {f: n for f, n in folders.items() if n > 16} == {}
     assert folders["fitkit"] <= 12, sorted(p.name for p in PACKAGE.glob("*.py"))
+
+
+def _summary(path: pathlib.Path) -> str:
+    """A module's docstring, first sentence."""
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    text = " ".join(doc.split("\n\n")[0].split())
+    return re.split(r"(?<=\.)\s", text, maxsplit=1)[0].rstrip(".")
+
+
+def module_map() -> str:
+    """The module map of docs/concepts.md, made from the code: the layers in order, each module
+    with its docstring's first sentence."""
+    out = []
+    for package in LAYERS:
+        folder = ROOT.joinpath(*package.split("."))
+        out += [f"**`{folder.relative_to(ROOT)}/`**: {LAYER_ROLES[package]}", "", "| module | holds |", "| --- | --- |"]
+        for path in sorted(folder.glob("*.py")):
+            if path.name != "__init__.py" or _summary(path):
+                held = _summary(path).replace("|", "\\|")
+                out.append(f"| `{path.name}` | {held} |")
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+MAP_START, MAP_END = "<!-- module map: made by `python tests/test_architecture.py` -->", "<!-- end of the module map -->"
+
+
+def test_the_module_map_in_the_docs_is_the_codes():
+    text = (ROOT / "docs" / "concepts.md").read_text(encoding="utf-8")
+    assert MAP_START in text and MAP_END in text
+    shown = text.split(MAP_START, 1)[1].split(MAP_END, 1)[0].strip("\n") + "\n"
+    assert shown == module_map(), "docs/concepts.md's module map is stale: run `python tests/test_architecture.py`"
 
 
 def test_the_public_import_paths_hold():
@@ -279,3 +312,10 @@ def test_the_checkpoint_story_modules_hold_what_the_docs_say():
 def test_checkpoint_error_is_defined_where_it_is_raised():
     assert "CheckpointError" in _defined(PACKAGE / "engine" / "checkpoint" / "files.py")
     assert not any("CheckpointError" in _defined(p) for n, p in MODULES.items() if n != "fitkit.engine.checkpoint.files")
+
+
+if __name__ == "__main__":  # rewrite the module map in docs/concepts.md
+    page = ROOT / "docs" / "concepts.md"
+    text = page.read_text(encoding="utf-8")
+    head, rest = text.split(MAP_START, 1)
+    page.write_text(head + MAP_START + "\n" + module_map() + rest[rest.index(MAP_END):], encoding="utf-8")

@@ -3,6 +3,7 @@ loaded, a resume falls back past a damaged checkpoint, callback state sets only 
 one run writes into an output_dir at a time, and a full disk loses nothing."""
 
 import builtins
+import hashlib
 import json
 import logging
 import os
@@ -195,6 +196,24 @@ def test_a_format_1_checkpoint_still_resumes_exactly(runs, tmp_path):
                                                                 "training_args.json"}
 
 
+def test_file_digests_on_python_3_10_without_hashlib_file_digest(tmp_path, monkeypatch):
+    path = tmp_path / "blob"
+    path.write_bytes(os.urandom(3 << 17))  # more than one read block
+    expected = {name: hashlib.new(name, path.read_bytes()).hexdigest() for name in ("sha256", "blake2b")}
+    monkeypatch.delattr(hashlib, "file_digest", raising=False)  # new in 3.11 (was: AttributeError on 3.10)
+    monkeypatch.setattr(sys, "version_info", (3, 10, 14, "final", 0))
+    assert {name: file_digest(str(path), name) for name in expected} == expected
+
+
+def test_a_format_1_manifest_with_digests_it_cannot_check_is_refused(runs, tmp_path):
+    path = _copy(runs, tmp_path) / "checkpoint-8"
+    manifest = {**_manifest(path), "version": 1}  # digests kept: they must be checkable (was: TypeError)
+    for edit in ({"digest": None}, {"digests": ["state.pt"]}):
+        (path / ckpt.MANIFEST).write_text(json.dumps({**manifest, **edit}))
+        with pytest.raises(CheckpointError, match=r"records no digests it can check"):
+            ckpt.verify(str(path))
+
+
 def test_resume_true_falls_back_past_a_corrupted_newest_checkpoint(runs, tmp_path, caplog):
     out = _copy(runs, tmp_path)
     weights = out / "checkpoint-8" / "state.pt"
@@ -349,7 +368,7 @@ def test_a_second_run_on_one_output_dir_is_refused_and_the_first_is_unharmed(tmp
 
 def test_a_lock_left_by_a_killed_run_is_taken_over(tmp_path, caplog):
     out = tmp_path / "out"
-    holder = ("import os, sys; from fitkit.engine import run_lock; run_lock.acquire(sys.argv[1]); "
+    holder = ("import os, sys; from fitkit.engine.checkpoint import run_lock; run_lock.acquire(sys.argv[1]); "
               "print('PAUSED', os.getpid(), flush=True); sys.stdin.readline()")
     dead = subprocess.Popen([sys.executable, "-c", holder, str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)

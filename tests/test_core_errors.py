@@ -31,6 +31,23 @@ def test_model_needs_exactly_one_of_module_and_model_init():
         Model("not a module")
 
 
+
+def test_released_module_without_model_init_is_named():
+    # `release()` drops the module; only a `model_init` can build it again (it used to call None)
+    model = Model(mlp())
+    model.release()
+    with pytest.raises(ValueError, match="no `model_init` to build a module"):
+        model.count_params()
+    rebuilt = Model(model_init=lambda: mlp())
+    rebuilt.release()
+    assert isinstance(rebuilt.module, torch.nn.Module)
+
+
+def test_for_trial_needs_model_init():
+    # a search trial builds its module with `model_init(trial)` (it used to call None)
+    with pytest.raises(ValueError, match="no `model_init` to build a module"):
+        Model(mlp()).compile("adam", "cross_entropy").for_trial(object())
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [

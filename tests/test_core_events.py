@@ -149,43 +149,41 @@ def test_handler_only_calls_callbacks_that_override_an_event():
     assert [m.__self__.__class__ for m in handler.listeners("on_log")] == [OnlyLog]
 
 
-def test_handler_skips_overrides_whose_body_is_empty(blobs):
+def test_handler_skips_the_hooks_declared_no_op_and_calls_every_override(blobs):
+    from fitkit.callbacks import Callback, no_op
+
     calls = []
 
-    class Empty(TrainerCallback):  # every way of writing "nothing"
+    class Base(TrainerCallback):  # a class of one's own with declared empty defaults
+        @no_op
         def on_step_begin(self, args, state, control, **kwargs):
-            pass
+            calls.append("never")
 
-        def on_step_end(self, args, state, control, **kwargs):
-            """Nothing yet."""
-
+        @no_op
         def on_log(self, args, state, control, logs=None, **kwargs):
             ...
 
-        def on_epoch_end(self, args, state, control, **kwargs):
-            return None
-
-    class Busy(TrainerCallback):
+    class Busy(Base):
         def on_step_end(self, args, state, control, **kwargs):
             calls.append(state.global_step)
 
         def on_epoch_end(self, args, state, control, **kwargs):
-            return control  # not empty: it returns something
+            pass  # an override is a listener whatever its body: nothing reads bytecode
 
-    empty, busy = Empty(), Busy()
-    handler = CallbackHandler([empty, busy])
-    for event in ("on_step_begin", "on_log"):
-        assert handler.listeners(event) == []
+    base, busy = Base(), Busy()
+    handler = CallbackHandler([base, busy, TrainerCallback()])
+    assert CallbackHandler([Callback()]).listeners("on_log") == []  # Keras' base hooks are declared too
+    for event in ("on_step_begin", "on_log", "on_evaluate", "on_save", "on_train_begin"):
+        assert handler.listeners(event) == [], event  # the bases' hooks and the declared no-ops
     assert [m.__self__ for m in handler.listeners("on_step_end")] == [busy]
     assert [m.__self__ for m in handler.listeners("on_epoch_end")] == [busy]
-    # an empty lambda set as an instance attribute is skipped too; one that does something is not
-    empty.on_train_begin = lambda args, state, control, **kwargs: None
-    empty.on_train_end = lambda args, state, control, **kwargs: calls.append("end")
+    # an instance attribute set at run time is a listener too
+    base.on_train_end = lambda args, state, control, **kwargs: calls.append("end")
     handler.invalidate()
-    assert handler.listeners("on_train_begin") == [] and len(handler.listeners("on_train_end")) == 1
+    assert len(handler.listeners("on_train_end")) == 1
     x, y = blobs
     Model(mlp()).compile("adam", "cross_entropy").fit(x, y, epochs=1, batch_size=32, verbose=0,
-                                                       callbacks=[empty, busy])
+                                                       callbacks=[base, busy])
     assert calls == list(range(1, -(-len(x) // 32) + 1)) + ["end"]
 
 
@@ -262,6 +260,26 @@ def test_control_flags_reset_as_in_hf():
     assert control.should_epoch_stop and control.should_training_stop
     handler.on_epoch_begin(None, TrainerState(), control)
     assert not control.should_epoch_stop and control.should_training_stop
+
+
+def test_the_handler_takes_its_events_as_a_callback_does():
+    """The handler stands where a callback is expected: each event takes a callback's signature,
+    `event(args, state, control, **kwargs)`, and passes the keyword arguments on (it took only
+    `(args, state, control)` for most events, and required `metrics` / `logs`)."""
+    seen = {}
+
+    class Keep(TrainerCallback):
+        def on_epoch_end(self, args, state, control, **kwargs):
+            seen["epoch_end"] = kwargs.get("note")
+
+        def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+            seen["evaluate"] = metrics
+
+    handler, args = CallbackHandler([DefaultFlowCallback(), Keep()]), fitkit.TrainingArguments()
+    control = TrainerControl(should_evaluate=True)
+    assert handler.on_epoch_end(args, TrainerState(), control, note="x") is control
+    handler.on_evaluate(args, TrainerState(), control)
+    assert seen == {"epoch_end": "x", "evaluate": None} and not control.should_evaluate
 
 
 def test_history_is_a_callback_with_keras_fields(blobs):

@@ -129,3 +129,14 @@ def test_local_fabric_behaves_as_fabric_on_one_process(tmp_path):
     assert torch.equal(other.weight, net.weight)
     with pytest.raises(KeyError, match="does not exist in the loaded checkpoint"):
         fabric.load(tmp_path / "s.pt", {"model": other, "scheduler": None})
+
+
+def test_a_compiled_module_loads_a_state_dict_as_a_module_does():
+    """`CompiledModule.load_state_dict` takes `Module.load_state_dict`'s arguments, `assign` by
+    position too (it took `state_dict, strict` and keywords only)."""
+    from fitkit.engine.devices.local import CompiledModule
+
+    net = torch.nn.Linear(2, 2)
+    saved = {k: torch.zeros_like(v) for k, v in net.state_dict().items()}
+    CompiledModule(net, net).load_state_dict(saved, True, True)  # strict, assign
+    assert net.weight.data_ptr() == saved["weight"].data_ptr()  # assigned, not copied

@@ -72,3 +72,20 @@ def test_inputs_that_need_adapting_still_are():
         assert "`x` has 8 samples but `y` has 3" in str(err)
     else:
         raise AssertionError("a length mismatch trained")
+
+
+def test_a_batch_read_through_a_loader_goes_to_the_device():
+    """Inputs `adapt` reads through a loader (a DataLoader, a list of samples) come to the
+    model's device as in-memory tensors do (was: AttributeError, a loader source has no `to`)."""
+    from types import SimpleNamespace
+
+    from fitkit.engine import on_batch
+
+    runtime = SimpleNamespace(fabric=SimpleNamespace(device=torch.device("meta")))  # any device but the CPU
+    (x, y), = _batches(1)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
+    samples = [{"x": row, "labels": label} for row, label in zip(x, y)]
+    for data in (loader, samples):
+        batch = on_batch._batch(runtime, _net(), data, None, None, None)
+        inputs = batch.inputs["x"] if isinstance(batch.inputs, dict) else batch.inputs[0]
+        assert inputs.device.type == batch.target.device.type == "meta" and inputs.shape == x.shape

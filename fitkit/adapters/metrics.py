@@ -55,7 +55,7 @@ def check_metrics(specs: Any) -> list:
         return nested
     if isinstance(specs, str) or callable(specs):
         specs = [specs]
-    out = []
+    out: list[Any] = []  # names, metric objects, callables, OutputMetric and LossParts specs
     for spec in specs:
         if isinstance(spec, (OutputMetric, LossParts)):
             out.append(spec)
@@ -153,13 +153,14 @@ class _Mean:
 
     higher_is_better = None
 
-    def __init__(self, fn: Callable):
+    def __init__(self, fn: Callable[..., Any] | None):  # None: `_Part`, whose `update` calls none
         self.fn = fn
         self.total: torch.Tensor | float = 0.0
         self.count = 0
 
     def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
         n = preds.shape[0] if preds.dim() else 1
+        assert self.fn is not None  # only `_Part` has none, and it updates otherwise
         value = self.fn(preds, target)
         if not isinstance(value, torch.Tensor):  # a number (fit's first-batch check refused anything else)
             value = torch.tensor(float(value), device=preds.device)
@@ -268,13 +269,18 @@ def _prepare(kind: str, name: str, preds: torch.Tensor, target: torch.Tensor):
     return (preds > 0).long(), target.long()  # logits -> hard labels (binary and multilabel)
 
 
+#: One built metric of a `MetricSet`: (log name, metric, kind, key, select), `select` being the
+#: `OutputMetric.select` of a metric of one output (None: the whole model's output).
+_Item = tuple[str, Any, str, str, Callable[[Any, Any], tuple[Any, Any]] | None]
+
+
 class MetricSet:
     """The metrics of one phase (train or validation). `prefix` is `""` or `"val_"`."""
 
     def __init__(self, specs: list, prefix: str = ""):
         self.specs = specs
         self.prefix = prefix
-        self._items: list[tuple[str, Any, str, str]] | None = None  # (log name, metric, kind, key)
+        self._items: list[_Item] | None = None
         self._pending: dict | None = None  # states to apply once the metrics are built
         self._tasks: dict[str, tuple[str, int]] = {}
         self.device = torch.device("cpu")  # where metrics rebuilt from a saved state live
@@ -301,7 +307,7 @@ class MetricSet:
 
     def _build(self, outputs: Any, target: Any, saved: dict | None = None) -> None:
         """Build the metrics from the first batch, or from a saved state's task and class count."""
-        items = []
+        items: list[_Item] = []
         for spec in self.specs:
             if isinstance(spec, LossParts):
                 names = spec.names() if saved is None else [
@@ -311,6 +317,8 @@ class MetricSet:
                 continue
             name, select = metric_name(spec), (spec.select if isinstance(spec, OutputMetric) else None)
             base = spec.spec if isinstance(spec, OutputMetric) else spec
+            preds: Any  # the batch's output and target (None: rebuilt from a saved state)
+            tgt: Any
             preds, tgt = (None, None) if saved is not None else _select(select, outputs, target)
             if isinstance(base, str):
                 key = _ALIASES.get(base.lower(), base.lower())
@@ -367,6 +375,7 @@ class MetricSet:
             self._pending = states
 
     def _apply(self, states: dict) -> None:
+        assert self._items is not None  # applied to built metrics only
         for name, metric, *_ in self._items:
             saved = states.get(name)
             if saved is None:
@@ -390,6 +399,7 @@ class MetricSet:
     def update(self, outputs: Any, target: Any) -> None:
         if self._items is None:
             self._build(outputs, target)
+        assert self._items is not None  # set by `_build`
         plain = None
         for _, metric, kind, key, select in self._items:
             if select is None and kind != "part":
@@ -404,6 +414,7 @@ class MetricSet:
         """Update only the `index`-th metric (`Model.metrics[i].update_state` in a custom step)."""
         if self._items is None:
             self._build(outputs, target)
+        assert self._items is not None  # set by `_build`
         _, metric, kind, key, select = self._items[index]
         preds, tgt = _select(select, outputs, target) if kind != "part" else (None, target)
         _update(metric, kind, key, preds, tgt)

@@ -84,7 +84,7 @@ _EPS_FP16 = {"adam": 1e-4, "adamw": 1e-4, "rmsprop": 1e-4, "adagrad": 1e-4}
 
 def build_optimizer(
     spec: Any, params: Iterable[torch.nn.Parameter], learning_rate: float | None, weight_decay: float | None,
-    precision: str | None = None, module: torch.nn.Module | None = None,
+    precision: str | int | None = None, module: torch.nn.Module | None = None,
 ) -> torch.optim.Optimizer:
     """Build the optimizer over `params` (the parameters of the module as set up by Fabric).
 
@@ -135,7 +135,7 @@ def named_keywords(spec: str | TorchDefaults, learning_rate: float | None,
 
 
 def _named(spec: str | TorchDefaults, params: list, learning_rate: float | None, given: dict[str, Any],
-           precision: str | None, module: torch.nn.Module | None) -> torch.optim.Optimizer:
+           precision: str | int | None, module: torch.nn.Module | None) -> torch.optim.Optimizer:
     """A named optimizer in the fastest exact implementation for the parameters' device."""
     name = spec.name if isinstance(spec, TorchDefaults) else spec.lower()
     cls = OPTIMIZERS[name][0]

@@ -132,7 +132,8 @@ class OutputLosses:
         else:
             self._losses = build(spec)  # one loss for every output
         self.parts: dict[str, torch.Tensor] | None = None
-        self._plan: tuple | None = None  # (names, [(index, loss, weight)]) for the outputs seen
+        # (names, [(index, name, loss, weight)]) for the outputs seen
+        self._plan: tuple[list[str], list[tuple[int, str, Any, float]]] | None = None
 
     def losses_for(self, outputs: Any) -> list[tuple[int, str, Any, float]]:
         """(index, name, Loss, weight) of each output with a loss."""
@@ -156,6 +157,7 @@ class OutputLosses:
 
     def __call__(self, outputs: Any, targets: Any, sample_weight: Any = None) -> torch.Tensor:
         plan = self.losses_for(outputs)
+        assert self._plan is not None  # set by `losses_for`
         names = self._plan[0]
         several = is_structure(outputs)
         total, parts = None, {}
@@ -168,6 +170,7 @@ class OutputLosses:
             value = value if weight == 1.0 else value * weight
             total = value if total is None else total + value
         self.parts = {k: v.detach() for k, v in parts.items()} if len(parts) > 1 else None
+        assert total is not None  # `losses_for` gives at least one output a loss
         return total
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from fitkit.callbacks._run import EpochRecords, EpochRecordsCallback, RunStateCallback, epoch_index
-from fitkit.common.logs import MAX, MIN, as_number, direction_from_name
+from fitkit.common.logs import MAX, MIN, as_number, direction, direction_from_name
 from fitkit.events.handler import Order
 
 __all__ = [
@@ -113,9 +113,7 @@ class MonitorCallback(EpochRecordsCallback):
     def run_direction(self, args, directions: Mapping[str, str]) -> str | None:
         """The direction for the run starting (at `on_train_begin`)."""
         if self.mode == "auto" and isinstance(self.monitor, str):
-            found = directions.get(self.monitor)
-            if found in (MIN, MAX):
-                return found
+            return direction(self.monitor, directions) or self._name_direction
         return self._name_direction
 
     def epoch_done(self, record: dict, args, state, control, **kwargs):
@@ -170,7 +168,7 @@ def set_learning_rates(optimizer, lr_scheduler, new_lr: Callable[[int, float], f
         return []
     groups = optimizer.param_groups
     base = getattr(lr_scheduler, "base_lrs", None)
-    scale_base = isinstance(base, list) and len(base) == len(groups)
+    scaled: list[Any] | None = base if isinstance(base, list) and len(base) == len(groups) else None
     changes = []
     for i, group in enumerate(groups):
         old = float(group["lr"])
@@ -182,8 +180,8 @@ def set_learning_rates(optimizer, lr_scheduler, new_lr: Callable[[int, float], f
             group["lr"].fill_(new)
         else:
             group["lr"] = new
-        if scale_base:
-            base[i] = base[i] * (new / old) if old > 0 else new
+        if scaled is not None:
+            scaled[i] = scaled[i] * (new / old) if old > 0 else new
     if changes and hasattr(lr_scheduler, "_last_lr"):
         lr_scheduler._last_lr = [float(g["lr"]) for g in groups]
     return changes
@@ -194,6 +192,6 @@ def rate_text(rate: float) -> str:
     return str(float(f"{rate:.6g}"))
 
 
-def available_names(values: dict) -> str:
+def available_names(values: Mapping[str, Any]) -> str:
     """The numeric values' names, for a warning about a missing monitor."""
     return ", ".join(sorted(k for k in values if as_number(values[k]) is not None)) or "none"

@@ -101,7 +101,7 @@ class EpochRecords:
         self._wait_for: str | None = None
 
     def train_begin(self, state) -> None:
-        self.__init__()
+        type(self).__init__(self)
         self.training = True
         self.index = int(state.epoch or 0)
 

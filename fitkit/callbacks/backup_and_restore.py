@@ -44,7 +44,7 @@ class BackupAndRestore(TrainerCallback):
     takes_batch = False  # its step events ignore `batch`, `outputs` and `loss`
 
     def __init__(self, backup_dir: str | os.PathLike, save_freq: str | int = "epoch", double_checkpoint: bool = False,
-                 delete_checkpoint: bool = True):
+                 delete_checkpoint: bool = True) -> None:
         if not backup_dir:
             raise ValueError("Empty `backup_dir` argument passed: BackupAndRestore needs a directory for the backups, "
                              "e.g. 'backup'")

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import csv
 import os
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
 from fitkit.callbacks._run import EpochRecordsCallback, epoch_index, rate_varies
 from fitkit.common.logs import LEARNING_RATE, as_number
 from fitkit.events.handler import Order
+
+if TYPE_CHECKING:
+    from _csv import Writer
 
 
 class CSVLogger(EpochRecordsCallback):
@@ -61,8 +64,8 @@ class CSVLogger(EpochRecordsCallback):
         self.append = bool(append)
         self.columns: list[str] | None = None
         self.epochs_written = 0
-        self._file = None
-        self._writer = None
+        self._file: IO[str] | None = None
+        self._writer: Writer | None = None
         self._evaluates = False
         self._active = False
         self._continue_file = False  # a loaded state: continue the file after its rows
@@ -119,6 +122,7 @@ class CSVLogger(EpochRecordsCallback):
             return
         if self._writer is None:
             self._open()
+        assert self._writer is not None and self._file is not None  # opened for the run by `_open`
         if self.columns is None:
             keys = sorted(k for k in record if self._show_rate or k != LEARNING_RATE)
             if self._evaluates and not any(k.startswith("val_") for k in keys):

@@ -14,7 +14,7 @@ from typing import Any
 
 from fitkit.callbacks._monitor import MonitorCallback
 from fitkit.callbacks.display.progress import ProgressBar
-from fitkit.common.logs import MAX, MIN, as_number
+from fitkit.common.logs import MAX, MIN, as_number, greater_is_better
 
 #: HF's name for the progress display.
 ProgressCallback = ProgressBar
@@ -97,13 +97,7 @@ class EarlyStoppingCallback(MonitorCallback):
                 f"stopping is disabled. Values available: {names}.")
 
     def run_direction(self, args, directions: Mapping[str, str]) -> str | None:
-        greater = getattr(args, "greater_is_better", None)
-        if greater is not None:
-            return MAX if greater else MIN
-        for key in self._candidates():
-            if directions.get(key) in (MIN, MAX):
-                return directions[key]
-        return MIN if "loss" in self.monitor.lower() else MAX
+        return MAX if greater_is_better(self.monitor, directions, getattr(args, "greater_is_better", None)) else MIN
 
     def epoch_done(self, record: dict, args, state, control, **kwargs):
         """Nothing: HF's early stopping looks at evaluations only."""
@@ -159,7 +153,8 @@ class EarlyStoppingCallback(MonitorCallback):
         }
 
     def load_state(self, state: dict) -> None:
-        saved_args = state.get("args") if isinstance(state.get("args"), dict) else {}
+        found = state.get("args")
+        saved_args = found if isinstance(found, dict) else {}
         if "early_stopping_patience" in saved_args:  # HF rebuilds the callback from its saved args
             self.early_stopping_patience = int(saved_args["early_stopping_patience"])
         if "early_stopping_threshold" in saved_args:

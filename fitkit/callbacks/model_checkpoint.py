@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 import os
 import string
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 
 from fitkit.callbacks._monitor import MonitorCallback, available_names, epoch_index, improves
 from fitkit.callbacks._run import epoch_steps
@@ -111,7 +112,7 @@ class ModelCheckpoint(MonitorCallback):
         """Nothing: an epoch-end evaluation completes the epoch's record, saved by `epoch_done`."""
         return None
 
-    def missing_message(self, values: dict) -> str:
+    def missing_message(self, values: Mapping[str, Any]) -> str:
         return (f"ModelCheckpoint: can save the best model only with {self.monitor!r} available; saving the model "
                 f"each time instead (as Keras). Values available: {available_names(values)}.")
 
@@ -175,7 +176,8 @@ class ModelCheckpoint(MonitorCallback):
         where = f"Epoch {epoch}" if self.save_freq == "epoch" else f"Epoch {epoch}, step {state.global_step}"
         current = self._value(values) if self.save_best_only else None  # missing: warned once, saved
         if current is not None:
-            if not improves(current, self.best, self._direction):
+            direction = cast(str, self._direction)  # resolved at construction: save_best_only requires it
+            if not improves(current, self.best, direction):
                 if speak:
                     print(f"{where}: {self.monitor} did not improve from {self._best_text()}", flush=True)
                 return

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fitkit.common.logs import as_number
 from fitkit.events.handler import TrainerCallback
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger("fitkit")
 
@@ -137,11 +140,11 @@ class LossWatch:
             self.mode = {"cpu": "now", "cuda": "next"}.get(kind, "off")
         else:  # forced (tests run the deferred reading on CPU)
             self.mode = "next" if deferred else "now"
-        self._sum = None  # this step's losses, summed on the device
+        self._sum: torch.Tensor | None = None  # this step's losses, summed on the device
         self._distributed = torch.distributed.is_available() and torch.distributed.is_initialized() \
             and torch.distributed.get_world_size() > 1
-        self._host = None  # the pinned buffer the previous step's sum was copied into
-        self._event = None  # recorded after that copy
+        self._host: torch.Tensor | None = None  # the pinned buffer the previous step's sum was copied into
+        self._event: torch.cuda.Event | _Finished | None = None  # recorded after that copy
         self._pending_step: int | None = None  # the step whose sum the buffer holds
 
     def add(self, loss: Any) -> None:
@@ -169,6 +172,7 @@ class LossWatch:
 
         found = None
         if self._event is not None:
+            assert self._host is not None and self._pending_step is not None  # set with the event
             self._event.synchronize()  # the previous step: the GPU is done with it, or nearly
             value = float(self._host)  # a read of host memory
             if not math.isfinite(value):

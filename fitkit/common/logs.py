@@ -98,10 +98,10 @@ MAX = "max"
 
 # Name parts telling the direction of a monitored value. Long words match anywhere in the name;
 # short ones must be a whole `_`-separated part ("val_mae", not "maestro").
-_MIN_WORDS = ("loss", "error", "crossentropy", "perplexity", "hinge")
-_MIN_PARTS = ("mae", "mse", "rmse", "mape", "msle", "nll")
-_MAX_WORDS = ("accuracy", "precision", "recall", "auroc", "jaccard", "dice")
-_MAX_PARTS = ("acc", "f1", "auc", "iou", "r2", "map")
+_MIN_WORDS = ("loss", "error", "crossentropy", "perplexity", "hinge", "distance")
+_MIN_PARTS = ("mae", "mse", "rmse", "mape", "msle", "nll", "wer", "cer", "ppl", "err")
+_MAX_WORDS = ("accuracy", "precision", "recall", "auroc", "jaccard", "dice", "bleu", "rouge")
+_MAX_PARTS = ("acc", "f1", "auc", "iou", "r2", "map", "chrf", "meteor", "exact", "em")
 
 
 def torchmetrics_direction(name: str) -> str | None:
@@ -139,17 +139,43 @@ def direction_from_name(name: str) -> str | None:
     return torchmetrics_direction(low)
 
 
-def direction(name: str, directions: Mapping[str, str] | None = None) -> str | None:
-    """Which way the logged value `name` improves: "min", "max", or None when unknown.
+def direction(name: str, directions: Mapping[str, str] | None = None, greater_is_better: bool | None = None) -> str | None:
+    """Which way the logged value `name` improves: "min", "max", or None when unknown. The one
+    rule best-model tracking, `EarlyStopping`, `ModelCheckpoint`, `ReduceLROnPlateau` and HF's
+    callbacks all follow, in this order:
 
-    `directions` (the run's `metric_directions`: each compiled metric's own
-    `higher_is_better`, under its name and its `val_` name) wins; without an entry there,
-    the name decides (`direction_from_name`)."""
-    if directions:
-        found = directions.get(name)
+    1. `greater_is_better` when set (`TrainingArguments.greater_is_better`; a callback's
+       `mode="min"`/`"max"` is the same choice);
+    2. the compiled metric's own `higher_is_better` (`directions`: the run's
+       `metric_directions`), under `name` or its other spellings (`val_acc`, `eval_acc`, `acc`);
+    3. the name's words (`direction_from_name`: `loss`, `error`, `wer`, `mae`, ... go down;
+       `accuracy`, `f1`, `bleu`, ... go up; else the torchmetrics class of that name).
+
+        direction("val_error")                  # 'min'
+        direction("eval_bleu")                  # 'max'
+        direction("val_score", {"val_score": "min"})  # 'min'
+    """
+    if greater_is_better is not None:
+        return MAX if greater_is_better else MIN
+    for key in metric_candidates(name) + ([_bare(name)] if _bare(name) != name else []):
+        found = (directions or {}).get(key)
         if found in (MIN, MAX):
             return found
     return direction_from_name(name)
+
+
+def greater_is_better(name: str, directions: Mapping[str, str] | None = None,
+                      explicit: bool | None = None) -> bool:
+    """`direction` as a bool, with Hugging Face's default for a name nothing decides (higher is
+    better unless the name ends in "loss", which `direction_from_name` already caught)."""
+    return direction(name, directions, explicit) != MIN
+
+
+def _bare(name: str) -> str:
+    for prefix in ("val_", "eval_", "test_"):
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    return name
 
 
 # -- the value `metric_for_best_model` names --------------------------------------------------

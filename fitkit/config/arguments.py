@@ -19,7 +19,7 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fitkit.config.checks import check_and_convert
 from fitkit.config.names import ALIASES, canonical, named_as_given
@@ -63,6 +63,9 @@ def _memo_key(options: dict[str, Any]) -> tuple | None:
 class _TakesOtherNames(type):
     """Builds `TrainingArguments` from the names users reach for too (`epochs`, `lr`, `fp16`, ...):
     the keywords go through `argument_names.canonical` before the dataclass constructor sees them."""
+
+    if TYPE_CHECKING:
+        __dataclass_fields__: dict[str, Any]  # the classes it builds are dataclasses
 
     def __call__(cls, *values: Any, **options: Any) -> Any:
         named = canonical(options, cls.__dataclass_fields__)
@@ -162,7 +165,7 @@ class TrainingArguments(metaclass=_TakesOtherNames):
 
     # -- derived values -----------------------------------------------------------------
     @property
-    def epochs(self) -> int:
+    def epochs(self) -> int | float:
         return self.num_train_epochs
 
     @property

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from fitkit.common.options import did_you_mean, parse_number
 from fitkit.config.jit_compile import jit_problem
@@ -59,7 +59,7 @@ def check_and_convert(args: Any) -> None:
     """Check the type and range of every field; numbers given as text ("1e-3", "3") and paths
     given as `os.PathLike` are converted (the dataclass is frozen: `object.__setattr__`)."""
 
-    def fail(name: str, fix: str) -> None:
+    def fail(name: str, fix: str) -> NoReturn:
         raise ValueError(f"`{name}`={getattr(args, name)!r} is invalid: {fix}")
 
     def set_value(name: str, value: Any) -> None:
@@ -107,7 +107,7 @@ def _whole_or_fraction(value: Any, fraction: bool) -> int | float | None:
     return number if fraction else None
 
 
-def _check_fractions(args: Any, fail: Callable, set_value: Callable) -> None:
+def _check_fractions(args: Any, fail: Callable[[str, str], NoReturn], set_value: Callable[[str, Any], None]) -> None:
     """HF's numbers that may be fractions: `logging_steps` / `eval_steps` / `save_steps` below 1
     are a share of `max_steps`; `num_train_epochs` may be a float (1.5 epochs); `eval_delay` >= 0."""
     for name, optional in (("logging_steps", False), ("eval_steps", True), ("save_steps", False)):
@@ -129,7 +129,7 @@ def _check_fractions(args: Any, fail: Callable, set_value: Callable) -> None:
     set_value("eval_delay", int(delay) if delay == int(delay) else delay)
 
 
-def _check_the_others(args: Any, fail: Callable, set_value: Callable) -> None:
+def _check_the_others(args: Any, fail: Callable[[str, str], NoReturn], set_value: Callable[[str, Any], None]) -> None:
     for name in ("output_dir", "resume_from_checkpoint"):  # a path may be a pathlib.Path
         if isinstance(getattr(args, name), os.PathLike):
             set_value(name, os.fspath(getattr(args, name)))
@@ -169,7 +169,7 @@ def _check_the_others(args: Any, fail: Callable, set_value: Callable) -> None:
     _check_hf_fields(args, fail)
 
 
-def _check_hf_fields(args: Any, fail: Callable) -> None:
+def _check_hf_fields(args: Any, fail: Callable[[str, str], NoReturn]) -> None:
     """The Hugging Face fields: names, callables and the optimizer name."""
     for name in ("run_name", "logging_dir"):
         value = getattr(args, name)

@@ -4,6 +4,7 @@ accelerator and strategy names, the `devices` value, and that the accelerator as
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from fitkit.common.options import unknown_name
@@ -85,7 +86,7 @@ def _check_device_count(devices: Any, accelerator: str | None) -> None:
         _check_gpu_indices(devices, list(range(value)), accelerator)
 
 
-def _check_gpu_indices(devices: Any, indices: list[int], accelerator: str | None) -> None:
+def _check_gpu_indices(devices: Any, indices: Sequence[int], accelerator: str | None) -> None:
     import torch
 
     if accelerator != "cuda":

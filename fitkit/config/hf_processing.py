@@ -14,10 +14,10 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 
-def check_habit_fields(args: Any, fail: Callable[[str, str], None]) -> None:
+def check_habit_fields(args: Any, fail: Callable[[str, str], NoReturn]) -> None:
     """The checks of `remove_unused_columns`, `processing_class` and `exclude_from_weight_decay`."""
     if not isinstance(args.remove_unused_columns, bool):
         fail("remove_unused_columns", "pass True (drop the columns forward() does not take) or False")

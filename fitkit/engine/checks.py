@@ -57,7 +57,7 @@ from fitkit.common.options import error_line
 from fitkit.common.tensors import tensors_of
 from fitkit.engine.data.batch import Batch
 from fitkit.engine.data.sources import DataSource, TensorSource
-from fitkit.engine.step import Stepper, scalar_loss
+from fitkit.engine.step import LossFn, Stepper, scalar_loss
 
 IGNORE_INDEX = -100  # a class label that F.cross_entropy and F.nll_loss skip
 _INDEX_DTYPES = (torch.int64, torch.uint8)  # the class index dtypes F.cross_entropy takes
@@ -104,7 +104,7 @@ def check_data(stepper: Stepper, module: torch.nn.Module, source: DataSource | N
         return None
     key = memo.key(source, id(module), id(stepper.loss), tuple(map(id, metrics)), training, with_loss,
                    stepper.direct) if memo is not None else None
-    if key is not None and memo.seen(key):
+    if memo is not None and memo.seen(key):  # (no key: not seen)
         return None
     batch = _check(stepper, module, source, metrics=metrics, training=training, with_loss=with_loss)
     if memo is not None:
@@ -167,7 +167,7 @@ class _Names:
 
 
 # -- without the module's forward --------------------------------------------------------------
-def _check_targets_given(batch: Batch, loss: Loss | None, names: _Names, training: bool) -> None:
+def _check_targets_given(batch: Batch, loss: LossFn | None, names: _Names, training: bool) -> None:
     if batch.target is not None or loss is None:
         return
     if training:
@@ -409,8 +409,8 @@ def _loss_pairs(loss: Any, outputs: Any, targets: Any, names: _Names) -> list[tu
 
 def _check_rules(named: str | None, outputs: Any, target: Any, names: _Names, stats: dict[str, float]) -> None:
     kind = LOSS_KINDS.get(named or "")
-    if not (kind and isinstance(outputs, torch.Tensor) and isinstance(target, torch.Tensor)):
-        return
+    if not (kind and named and isinstance(outputs, torch.Tensor) and isinstance(target, torch.Tensor)):
+        return  # (a kind is a named loss's)
     if kind == "class":
         _check_class_targets(named, outputs, target, names, stats)
         return
@@ -576,7 +576,7 @@ def _check_same_shape(named: str, outputs: torch.Tensor, target: torch.Tensor, n
 
 def _check_binary_range(named: str, stats: dict[str, float], names: _Names) -> None:
     low, high = stats.get("y_min"), stats.get("y_max")
-    if low is not None and (low < 0 or high > 1):
+    if low is not None and high is not None and (low < 0 or high > 1):  # read together
         raise ValueError(
             f"{names.y} hold{names.ys} values from {low:g} to {high:g} but `loss`={named!r} needs targets in [0, 1] (0/1 labels "
             "or probabilities); likely fix: for class indices use loss='cross_entropy' with one output per class"

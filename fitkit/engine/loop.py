@@ -18,7 +18,7 @@ import torch
 
 from fitkit.adapters.metrics import MetricSet
 from fitkit.adapters.optimizers import is_plateau
-from fitkit.common.logs import best_metric_key
+from fitkit.common.logs import best_metric_key, greater_is_better
 from fitkit.common.tensors import map_tensors, tensors_of, to_cpu
 from fitkit.config.arguments import TrainingArguments
 from fitkit.engine.batch_logs import RunningLogs, epoch_values
@@ -50,7 +50,7 @@ class Loop:
     def __init__(self, stepper: Stepper, handler: CallbackHandler, args: TrainingArguments, state: TrainerState,
                  control: TrainerControl, *, metrics: list, scheduler: Any = None,
                  checkpointer: Checkpointer | None = None, directions: dict[str, str] | None = None,
-                 overrides: StepOverrides | None = None, epoch_length: int | None = None):
+                 overrides: StepOverrides | None = None, epoch_length: int | None = None) -> None:
         self.stepper, self.fabric = stepper, stepper.fabric
         self.handler, self.args, self.state, self.control = handler, args, state, control
         self.metric_specs = metrics
@@ -96,6 +96,7 @@ class Loop:
         self._carry = self._carried_events()
         self.control = cb.on_train_begin(args, state, self.control)
         if resume:  # after on_train_begin, which resets Keras-style callbacks
+            assert self.checkpointer is not None  # a resume comes from the fit's checkpointer
             self.checkpointer.restore_callbacks(resume, self.control)
         first_step = state.global_step
         figures = RunMetrics(self.fabric.device, memory=not args.skip_memory_metrics)
@@ -142,11 +143,15 @@ class Loop:
         self.step_means.reset()
         self.loss.new_epoch()
         self.epoch_tokens = 0
-        start = self.checkpointer.restore_epoch(self, resume, train) if resume else 0
-        batches = (self.checkpointer.epoch_iterator(train, epoch, start, resume) if self.checkpointer is not None
+        checkpointer, start = self.checkpointer, 0
+        if resume:
+            assert checkpointer is not None  # a resume comes from the fit's checkpointer
+            start = checkpointer.restore_epoch(self, resume, train)
+        batches = (checkpointer.epoch_iterator(train, epoch, start, resume) if checkpointer is not None
                    else train.batches(epoch, start))
         n_batches = self.epoch_length
         if self.args.steps_per_epoch is not None:
+            assert n_batches is not None  # `steps_per_epoch` gives the epoch its length (`epoch_batches`)
             batches = itertools.islice(batches, max(n_batches - start, 0))
         stopped = self._steps(epoch, batches, start, n_batches)
         self._end_epoch(epoch, n_batches, stopped)
@@ -159,6 +164,7 @@ class Loop:
         metrics = self.train_metrics if self.train_metrics else None
         own_step, carry = self.overrides.train_step, self._carry
         micro, cycle = 0, 1
+        loss: torch.Tensor | None
         for i, batch in enumerate(batches, start):
             inputs = batch.inputs
             if inputs.__class__ is dict and "input_ids" in inputs:  # tokens/s for the display: a shape, no read
@@ -217,8 +223,10 @@ class Loop:
 
     def _own_train_step(self, batch: Batch, cycle: int, last: bool) -> tuple[torch.Tensor | None, None]:
         """One micro-batch through an overridden `train_step`; its values are averaged per epoch."""
-        with self.tools.micro_batch(cycle, last):
-            values = self.tools.values(self.overrides.train_step(as_data(batch)), "train_step")
+        tools, train_step = self.tools, self.overrides.train_step
+        assert tools is not None and train_step is not None  # the overridden step's loop has its tools
+        with tools.micro_batch(cycle, last):
+            values = tools.values(train_step(as_data(batch)), "train_step")
         loss = values.get("loss")
         if loss is not None:
             loss = loss if isinstance(loss, torch.Tensor) else torch.tensor(float(loss), device=self.fabric.device)
@@ -279,6 +287,7 @@ class Loop:
     def checkpoint(self, directory: str | None = None, limit: int | None = None) -> str:
         """Write a resumable checkpoint now (into `output_dir` by default); callbacks receive
         this as the `save_checkpoint` keyword. Call it on every process."""
+        assert self.checkpointer is not None  # handed out during `fit`, which has one
         return self.checkpointer.save(self, self.control, directory, limit)
 
     # -- logging, evaluating, saving ---------------------------------------------------------------
@@ -352,10 +361,7 @@ class Loop:
     def _is_better(self, name: str, value: float) -> bool:
         """Whether `value` of `name` beats `state.best_metric`."""
         args, state = self.args, self.state
-        greater = args.greater_is_better
-        if greater is None:  # the metric object's own direction, else HF's rule
-            known = self.directions.get(name)
-            greater = known == "max" if known else "loss" not in name
+        greater = greater_is_better(name, self.directions, args.greater_is_better)
         best = state.best_metric
         return best is None or (value > best if greater else value < best)
 
@@ -408,25 +414,27 @@ class Loop:
 
     def _own_evaluate(self, source: DataSource, prefix: str, steps: int | None) -> dict[str, float]:
         """`evaluate` through an overridden `test_step`: its values, sample-weighted means."""
+        tools, test_step = self.tools, self.overrides.test_step
+        assert tools is not None and test_step is not None  # the overridden step's loop has its tools
         means, carry = StepMeans(self.fabric.device), self._carry["on_prediction_step"]
-        metrics, trained = self.val_metrics if prefix else MetricSet(self.metric_specs), self.tools.metrics
+        metrics, trained = self.val_metrics if prefix else MetricSet(self.metric_specs), tools.metrics
         metrics.reset()
-        self.tools.metrics, self.tools.updated, count = metrics, False, 0  # what `compute_metrics` updates
+        tools.metrics, tools.updated, count = metrics, False, 0  # what `compute_metrics` updates
         self.call_event("on_evaluate_begin")
         with self.stepper.inference(), stopping(source):
             for batch in first(source.batches(0), steps):
                 self.call_event("on_prediction_step_begin")
-                values = self.tools.values(self.overrides.test_step(as_data(batch)), "test_step")
+                values = tools.values(test_step(as_data(batch)), "test_step")
                 means.add(values, batch.size)
                 count += batch.size
                 self.running_logs.eval_sums = (None, count, None, means)
                 self._prediction_step(batch, None, values.get("loss"), carry)
         if self.fabric.world_size > 1:
             count = int(self.fabric.all_reduce(torch.tensor(count, device=self.fabric.device), reduce_op="sum"))
-        self.tools.metrics = trained
+        tools.metrics = trained
         if count == 0:
             raise ValueError("the evaluation data is empty: pass at least one sample")
-        return {**means.compute(self.fabric, prefix), **(metrics.compute() if self.tools.updated else {})}
+        return {**means.compute(self.fabric, prefix), **(metrics.compute() if tools.updated else {})}
 
     def _prediction_step(self, batch: Batch, outputs: Any, loss: Any, carry: bool) -> None:
         cb = self.handler
@@ -464,7 +472,7 @@ def first(batches: Iterable[Batch], steps: int | None) -> Iterable[Batch]:
     return batches if steps is None else itertools.islice(batches, steps)
 
 
-def _gather_blocks(fabric, out: Any) -> Any:
+def _gather_blocks(fabric: Any, out: Any) -> Any:
     """Every rank's contiguous block of outputs, concatenated in rank order (= input order)."""
     leaves = tensors_of(out)
     rows = leaves[0].shape[0] if leaves else 0

@@ -14,10 +14,12 @@ from typing import Any
 import torch
 
 from fitkit.adapters.metrics import MetricSet
+from fitkit.common.tensors import map_tensors
 from fitkit.engine.checks import keeps_float64
 from fitkit.engine.data.adapt import adapt
 from fitkit.engine.data.batch import Batch, as_data
 from fitkit.engine.data.keras_data import class_weight_table
+from fitkit.engine.data.sources import LoaderSource, TensorSource
 from fitkit.engine.overrides import StepOverrides, StepTools, step_values
 from fitkit.engine.step import Stepper
 
@@ -32,11 +34,25 @@ def _batch(runtime: Any, module: torch.nn.Module, x: Any, y: Any, sample_weight:
         return Batch((x,), y, None, x.shape[0])  # what `adapt` would make of it, without its checks' cost
     source, _ = adapt(x, y, sample_weight, batch_size=1 << 62, shuffle=False, name="x",
                       cast_float64=not keeps_float64(module))
+    assert isinstance(source, (TensorSource, LoaderSource))  # the sources `adapt` makes
     if class_weight is not None:
         source.class_weight = class_weight_table(class_weight, torch.device("cpu"))
-    if runtime.fabric.device.type != "cpu":
-        source.to(runtime.fabric.device)
-    return next(iter(source.batches(0)))
+    device = runtime.fabric.device
+    if isinstance(source, TensorSource):
+        if device.type != "cpu":
+            source.to(device)
+        return next(iter(source.batches(0)))
+    batch = next(iter(source.batches(0)))  # a loader's (or iterable's) first batch, as it yields it
+    return batch if device.type == "cpu" else _on_device(batch, device)
+
+
+def _on_device(batch: Batch, device: torch.device) -> Batch:
+    """`batch` with its tensors moved to `device` (what Fabric's loader wrapper does in `fit`)."""
+    def move(t: torch.Tensor) -> torch.Tensor:
+        return t.to(device)
+
+    return Batch(map_tensors(move, batch.inputs), map_tensors(move, batch.target),
+                 map_tensors(move, batch.sample_weight), batch.size)
 
 
 def _stepper(runtime: Any, module: torch.nn.Module, config: Any, args: Any, overrides: StepOverrides,

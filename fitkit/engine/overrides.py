@@ -38,7 +38,8 @@ class StepOverrides:
     @classmethod
     def of(cls, obj: Any, base: type) -> StepOverrides:
         """The methods of `obj` whose class overrides `base`'s definition of them."""
-        names = _overridden(type(obj), base)
+        owner: type = type(obj)  # annotated: mypy does not count `type[Any]` as Hashable for the cache
+        names = _overridden(owner, base)
         if not names:
             return _NOTHING  # every call of a plain Model: nothing to bind
         return cls(**{name: getattr(obj, name) for name in names})

@@ -24,7 +24,7 @@ from fitkit.config.arguments import TrainingArguments
 from fitkit.config.jit_compile import jit_kwargs
 from fitkit.engine.checks import CheckMemo
 from fitkit.engine.data.sampling import BlockSampler
-from fitkit.engine.data.sources import DataSource, TensorSource, evaluation_shard
+from fitkit.engine.data.sources import DataSource, LoaderSource, TensorSource, evaluation_shard
 
 _DEVICE_KEYS = ("accelerator", "devices", "strategy", "precision", "num_nodes")
 
@@ -97,10 +97,12 @@ class Runtime:
         """The optimizer over the set-up module: built from `spec` on first use, then kept (its
         state carries over between fits, as Keras); `learning_rate` given again resets the rate."""
         if self.optimizer is None:
-            _check_bound_to(spec, self.wrapped)
-            params = parameter_groups(self.wrapped, spec, args)  # HF's decay groups, when they apply
+            wrapped = self.wrapped
+            assert wrapped is not None  # `setup` comes first
+            _check_bound_to(spec, wrapped)
+            params = parameter_groups(wrapped, spec, args)  # HF's decay groups, when they apply
             opt = build_optimizer(spec, params, args.learning_rate, args.weight_decay,
-                                  precision=args.precision, module=self.wrapped)
+                                  precision=args.precision, module=wrapped)
             saved, self.restore_optimizer = self.restore_optimizer, None
             if saved is not None:  # `Model.load`: continue from the saved optimizer state
                 opt.load_state_dict(saved)
@@ -125,7 +127,7 @@ class Runtime:
 
     def release(self) -> None:
         """Drop the Fabric, the set-up module, the optimizer and the example (after a trial)."""
-        self.__init__()
+        Runtime.__init__(self)
 
     # -- data ---------------------------------------------------------------------------------------
     def place(self, source: DataSource, pad: bool) -> DataSource:
@@ -139,7 +141,7 @@ class Runtime:
                 source.to(fabric.device)
             if self.example is None:
                 self.example = source.x
-        elif isinstance(getattr(source, "loader", None), torch.utils.data.DataLoader):
+        elif isinstance(source, LoaderSource) and isinstance(source.loader, torch.utils.data.DataLoader):
             loader, distributed = source.loader, fabric.world_size > 1
             if not distributed and fabric.device.type == "cpu":
                 # The batches are already where the model is: Fabric's wrapper would only walk

@@ -11,13 +11,20 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from fitkit.adapters.losses import Loss
 from fitkit.engine.data.batch import Batch
+
+if TYPE_CHECKING:
+    from fitkit.config.arguments import TrainingArguments
+
+#: What a step calls as its loss, `loss(outputs, targets, sample_weight)`: a compiled `Loss`, or
+#: the stand-in that checks the first batch (`fitkit.engine.checks`).
+LossFn = Callable[[Any, Any, Any], torch.Tensor]
 
 
 class Stepper:
@@ -28,12 +35,16 @@ class Stepper:
         stepper.clip(1.0); stepper.step(); stepper.zero_grad()
     """
 
+    # What the stepper `fitkit.engine.on_batch` keeps was built for (set there, on that one only).
+    key_module: torch.nn.Module
+    key_args: TrainingArguments
+
     def __init__(self, fabric: Any, module: torch.nn.Module, optimizer: Any, loss: Loss | None,
-                 compute_loss: Callable[..., torch.Tensor] | None = None):
+                 compute_loss: Callable[..., torch.Tensor] | None = None) -> None:
         self.fabric = fabric
         self.module = module  # as set up by Fabric: what callbacks and checkpoints see
         self.optimizer = optimizer  # Fabric's wrapper
-        self.loss = loss
+        self.loss: LossFn | None = loss
         self.compute_loss = compute_loss  # a `Model.compute_loss` override, replacing `loss`
         self.direct = plain_single_device(fabric)
         # The one place the path is chosen: what forward, backward, clipping and the optimizer call.
@@ -77,6 +88,7 @@ class Stepper:
         if not with_loss:
             return None, out
         x = inputs[0] if isinstance(inputs, tuple) and len(inputs) == 1 else inputs
+        assert self.compute_loss is not None  # this forward is chosen only with one
         loss = self.compute_loss(x, batch.target, out, batch.sample_weight)
         if not isinstance(loss, torch.Tensor):
             raise TypeError(f"`compute_loss` must return a scalar tensor, got {type(loss).__name__}")
@@ -90,7 +102,7 @@ class Stepper:
                 return self._forward_backward(batch, cycle)
         return self._forward_backward(batch, cycle)
 
-    def no_sync(self, cycle: int, last: bool):
+    def no_sync(self, cycle: int, last: bool) -> contextlib.AbstractContextManager[Any]:
         """A context in which backward skips the gradient sync, except at the `last` micro-batch."""
         if cycle > 1 and not self.direct:
             return self.fabric.no_backward_sync(self.module, enabled=not last)
@@ -117,6 +129,7 @@ class Stepper:
             self.fabric.clip_gradients(self.module, self.optimizer, max_norm=max_norm)
 
     def step(self) -> None:
+        assert self._inner_optimizer is not None  # only a run with an optimizer steps
         self._inner_optimizer.step()
 
     def learning_rate(self) -> float:
@@ -127,7 +140,7 @@ class Stepper:
         set_training(self.module, mode)
 
     @contextlib.contextmanager
-    def inference(self):
+    def inference(self) -> Iterator[None]:
         """Eval mode and no gradients; the previous mode comes back after."""
         was_training = self.module.training
         set_training(self.module, False)

@@ -31,7 +31,7 @@ from fitkit.engine.data.hf_columns import drop_unused_columns
 from fitkit.engine.data.keras_data import class_weight_table, split_validation
 from fitkit.engine.data.loader_view import eval_loader
 from fitkit.engine.data.rng import seed_everything
-from fitkit.engine.data.sources import DataSource
+from fitkit.engine.data.sources import DataSource, LoaderSource, TensorSource
 from fitkit.engine.devices.fabric import release_at_exit
 from fitkit.engine.devices.host_allocator import keep_freed_memory
 from fitkit.engine.loop import Loop
@@ -54,7 +54,7 @@ class Trainer:
     """
 
     def __init__(self, runtime: Runtime, module: torch.nn.Module, config: CompileConfig | None,
-                 args: TrainingArguments, handler: CallbackHandler, overrides: StepOverrides | None = None):
+                 args: TrainingArguments, handler: CallbackHandler, overrides: StepOverrides | None = None) -> None:
         self.runtime, self.module, self.config = runtime, module, config
         release_at_exit(runtime.release)  # the set-up module holds the process group: see fabric._teardown
         self.args, self.handler = args, handler
@@ -70,14 +70,17 @@ class Trainer:
         """Train. `trial` (`{"trial_name", "trial_params"}`) marks a search trial's run;
         `initial_epoch` (Keras) the epoch to start at. After a SIGTERM the checkpoint is
         written, `on_train_end` fires and `SystemExit(0)` is raised."""
+        config = self.config
+        assert config is not None  # `Model.fit` requires compile first
         seed_everything(self.args.seed)
         prepare_module(self.module, self.args)
         fabric, wrapped = self.runtime.setup(self.module, self.args)
         if self.args.tune_cpu_allocator and fabric.device.type == "cpu":
             keep_freed_memory()  # steps stop faulting in their gradients afresh
-        optimizer = self.runtime.optimizer_for(run_optimizer(self.config.optimizer, self.args), self.args)
+        optimizer = self.runtime.optimizer_for(run_optimizer(config.optimizer, self.args), self.args)
         train, val = self._sources(x, y, sample_weight, validation_data, validation_split)
         if class_weight is not None:
+            assert isinstance(train, (TensorSource, LoaderSource))  # the sources `adapt` makes
             train.class_weight = class_weight_table(class_weight, fabric.device)
         args = self.args = _with_evaluation(self.args, val)
         batches = epoch_batches(len(train) if train.has_len() else None, args.steps_per_epoch)  # per epoch
@@ -87,18 +90,20 @@ class Trainer:
         scheduler = build_scheduler(args.lr_scheduler, getattr(optimizer, "optimizer", optimizer), state.max_steps or 1,
                                     args.warmup_steps or math.ceil(args.warmup_ratio * state.max_steps))
         self.runtime.scheduler = scheduler  # the last fit's, for `Model.save`
-        loop = self._fit_loop(wrapped, optimizer, scheduler, train, val, batches)
+        loop = self._fit_loop(config, state, wrapped, optimizer, scheduler, train, val, batches)
         loop.first_epoch = initial_epoch
         # The first batches against the module, loss and metrics: before any step or file.
         memo, own = self.runtime.checked, self.overrides
         if own.train_step is None:  # an overridden step decides what a batch is
-            first = check_data(loop.stepper, self.module, train, metrics=self.config.logged_metrics, training=True, memo=memo)
+            first = check_data(loop.stepper, self.module, train, metrics=config.logged_metrics, training=True, memo=memo)
             if self.runtime.example is None and first is not None:  # data from a loader: summary()'s shapes
                 self.runtime.example = first.inputs
         if own.test_step is None:
-            check_data(loop.stepper, self.module, val, metrics=self.config.logged_metrics, memo=memo)
-        with self.checkpointer.writing():  # one run writes into output_dir at a time
-            resume = self.checkpointer.resume(self.checkpointer.resume_path(self.handler.callbacks))
+            check_data(loop.stepper, self.module, val, metrics=config.logged_metrics, memo=memo)
+        checkpointer = loop.checkpointer
+        assert checkpointer is not None  # a fit's loop has one (`_fit_loop`)
+        with checkpointer.writing():  # one run writes into output_dir at a time
+            resume = checkpointer.resume(checkpointer.resume_path(self.handler.callbacks))
             try:
                 with self.runtime.using(loop.tools):
                     loop.train(train, val, resume)
@@ -108,14 +113,14 @@ class Trainer:
         if loop.preemption.preempted:
             # A scheduler sent SIGTERM: the checkpoint is written and on_train_end has fired.
             logger.warning("preempted: checkpoint written to %s; rerun with resume_from_checkpoint=True",
-                           self.checkpointer.last)
+                           checkpointer.last)
             raise SystemExit(0)
 
-    def _fit_loop(self, wrapped: torch.nn.Module, optimizer: Any, scheduler: Any, train: DataSource,
-                  val: DataSource | None, batches: int | None) -> Loop:
+    def _fit_loop(self, config: CompileConfig, state: TrainerState, wrapped: torch.nn.Module, optimizer: Any,
+                  scheduler: Any, train: DataSource, val: DataSource | None, batches: int | None) -> Loop:
         """The loop of a fit, with its checkpointer, and the callbacks' event keywords wired."""
-        fabric, handler, state = self.runtime.fabric, self.handler, self.state
-        directions = metric_directions(self.config.metrics)
+        fabric, handler = self.runtime.fabric, self.handler
+        directions = metric_directions(config.metrics)
         handler.model, handler.optimizer, handler.lr_scheduler = self.module, optimizer, scheduler
         handler.train_dataloader = getattr(train, "loader", None)
         handler.eval_dataloader = eval_loader(val)  # sized for in-memory data too
@@ -125,8 +130,8 @@ class Trainer:
         self.control = TrainerControl()
         self.checkpointer = Checkpointer(fabric, self.args, state, handler, module=wrapped, optimizer=optimizer,
                                          scheduler=scheduler, defer_copy=self.overrides.train_step is None)
-        stepper = Stepper(fabric, wrapped, optimizer, self.config.loss_fn, self.overrides.compute_loss)
-        loop = Loop(stepper, handler, self.args, state, self.control, metrics=self.config.logged_metrics,
+        stepper = Stepper(fabric, wrapped, optimizer, config.loss_fn, self.overrides.compute_loss)
+        loop = Loop(stepper, handler, self.args, state, self.control, metrics=config.logged_metrics,
                     scheduler=scheduler, checkpointer=self.checkpointer, directions=directions,
                     overrides=self.overrides, epoch_length=batches)
         handler.save_checkpoint = loop.checkpoint
@@ -159,6 +164,7 @@ class Trainer:
             x = drop_unused_columns(x, self.module, self.args, name)  # HF's remove_unused_columns
         source, tensors = adapt(x, y, sample_weight, batch_size=batch_size, shuffle=shuffle, seed=seed, name=name,
                                 cast_float64=not keeps_float64(self.module), args=self.args)
+        assert source is not None  # `adapt` makes one or raises
         return self.runtime.place(source, pad), tensors
 
     def _new_state(self, batches: int | None, fabric: Any, trial: dict | None, initial_epoch: int = 0) -> TrainerState:

@@ -17,24 +17,42 @@ keyword arguments runs unchanged::
 from __future__ import annotations
 
 import dataclasses
-import dis
 import functools
 import inspect
 import logging
 import sys
-import types
 import warnings
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 from fitkit.common.options import closest
 from fitkit.events.hf_view import HFView, class_from_transformers, from_transformers
 from fitkit.events.state import EVENTS, Order, Stateful, StopTraining, TrainerControl, TrainerState
 
 __all__ = ["EVENTS", "CallbackHandler", "Order", "Stateful", "StopTraining", "TrainerCallback", "TrainerControl",
-           "TrainerState", "as_callback", "callback_list"]
+           "TrainerState", "as_callback", "callback_list", "no_op"]
 
 logger = logging.getLogger("fitkit")
+
+
+#: The attribute `no_op` sets on a hook.
+NO_OP = "__fitkit_no_op__"
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def no_op(method: _F) -> _F:
+    """Declare a hook the empty default of its base class: the handler never calls it, so an
+    event no callback really handles costs nothing. The base classes' hooks carry it; a class
+    of one's own whose subclasses override some of its hooks may mark its defaults too::
+
+        class Base(TrainerCallback):
+            @no_op
+            def on_log(self, args, state, control, logs=None, **kwargs):
+                ...  # the subclasses that log override it
+    """
+    setattr(method, NO_OP, True)
+    return method
 
 
 class TrainerCallback:
@@ -69,88 +87,128 @@ class TrainerCallback:
         """Called when `fit` exits, however it exits (also after an exception or a
         KeyboardInterrupt): release what the callback holds open, e.g. a live display."""
 
-    def on_init_end(self, args, state, control, **kwargs):
+    @no_op
+    def on_init_end(
+        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl | None:
         """Called once when the model is compiled."""
 
-    def on_train_begin(self, args, state, control, **kwargs):
+    @no_op
+    def on_train_begin(
+        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl | None:
         """Called at the beginning of training; `metric_directions` maps each logged value
         whose direction is known to "min" or "max", `callbacks` is the run's callbacks in order."""
 
-    def on_train_end(self, args, state, control, **kwargs):
+    @no_op
+    def on_train_end(
+        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl | None:
         """Called at the end of training (also when training was stopped early)."""
 
-    def on_epoch_begin(self, args, state, control, **kwargs):
+    @no_op
+    def on_epoch_begin(
+        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl | None:
         """Called at the beginning of an epoch."""
 
-    def on_epoch_end(self, args, state, control, **kwargs):
+    @no_op
+    def on_epoch_end(
+        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl | None:
         """Called at the end of an epoch."""
 
-    def on_step_begin(self, args, state, control, **kwargs):
+    @no_op
+    def on_step_begin(
+        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl | None:
         """Called at the first micro-batch of each optimizer step."""
 
-    def on_substep_end(self, args, state, control, **kwargs):
+    @no_op
+    def on_substep_end(
+        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl | None:
         """Called after each micro-batch but the last of a gradient-accumulation cycle."""
 
-    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+    @no_op
+    def on_pre_optimizer_step(
+        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl | None:
         """Called after gradient clipping, before `optimizer.step()`."""
 
-    def on_optimizer_step(self, args, state, control, **kwargs):
+    @no_op
+    def on_optimizer_step(
+        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl | None:
         """Called after `optimizer.step()`, before the scheduler steps and gradients are zeroed."""
 
-    def on_step_end(self, args, state, control, **kwargs):
+    @no_op
+    def on_step_end(
+        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl | None:
         """Called at the end of each optimizer step."""
 
-    def on_evaluate(self, args, state, control, **kwargs):
+    @no_op
+    def on_evaluate(
+        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl | None:
         """Called after an evaluation; `metrics` holds its values."""
 
-    def on_predict(self, args, state, control, metrics=None, **kwargs):
+    @no_op
+    def on_predict(
+        self, args: Any, state: TrainerState, control: TrainerControl, metrics: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> TrainerControl | None:
         """Called after `predict`."""
 
-    def on_save(self, args, state, control, **kwargs):
+    @no_op
+    def on_save(
+        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl | None:
         """Called after a checkpoint is saved."""
 
-    def on_log(self, args, state, control, logs=None, **kwargs):
+    @no_op
+    def on_log(
+        self, args: Any, state: TrainerState, control: TrainerControl, logs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> TrainerControl | None:
         """Called after logging; `logs` holds the values logged."""
 
-    def on_prediction_step(self, args, state, control, **kwargs):
+    @no_op
+    def on_prediction_step(
+        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl | None:
         """Called after each evaluation or prediction batch."""
 
 
-_TRIVIAL_OPS = frozenset({"RESUME", "NOP", "CACHE"})
-
-
-@functools.cache
-def _code_does_nothing(code: types.CodeType) -> bool:
-    ops = [(i.opname, i.argval) for i in dis.get_instructions(code) if i.opname not in _TRIVIAL_OPS]
-    return ops in ([("LOAD_CONST", None), ("RETURN_VALUE", None)], [("RETURN_CONST", None)])
-
-
-def _does_nothing(handler: Any) -> bool:
-    """True for a plain function or method whose body is empty (`pass`, `...`, a docstring,
-    `return None`): calling it has no effect, so the handler skips it. The base hooks of
-    `TrainerCallback` (ours and transformers') are such bodies, so a callback that does not
-    override an event is skipped by the same test."""
-    func = handler.__func__ if isinstance(handler, types.MethodType) else handler
-    if not isinstance(func, types.FunctionType):
-        return False
-    return _code_does_nothing(func.__code__)
+def _is_default(handler: Any) -> bool:
+    """True for a base class's empty hook: one marked `no_op` (fitkit's `TrainerCallback` and
+    Keras-style `Callback` mark theirs), or transformers' own `TrainerCallback` hook. Calling it
+    would do nothing, so the handler skips it; a callback that does not override an event is
+    skipped by the same test."""
+    func = getattr(handler, "__func__", handler)
+    if getattr(func, NO_OP, False):
+        return True
+    hf = sys.modules.get("transformers.trainer_callback")  # loaded when such a callback exists
+    base = getattr(getattr(hf, "TrainerCallback", None), getattr(func, "__name__", ""), None)
+    return base is not None and func is base
 
 
 def _listening(callback: Any, event: str) -> tuple[bool, bool]:
     """Whether `callback` handles `event`, and whether that handler comes from transformers.
     Decided by the class (remembered: a handler runs once per fit for each event) unless the
     instance holds the event itself or the class makes attributes on the fly."""
-    cls = type(callback)
+    cls: type = type(callback)  # `type`: mypy takes a `type[Any]` for unhashable
     if event in getattr(callback, "__dict__", ()) or _makes_attributes(cls):
         method = getattr(callback, event, None)
-        return callable(method) and not _does_nothing(method), from_transformers(callback, event)
+        return callable(method) and not _is_default(method), from_transformers(callback, event)
     return _class_listening(cls, event)
 
 
 @functools.lru_cache(maxsize=4096)
 def _class_listening(cls: type, event: str) -> tuple[bool, bool]:
     method = getattr(cls, event, None)
-    listens = callable(method) and not _does_nothing(method)
+    listens = callable(method) and not _is_default(method)
     return listens, class_from_transformers(cls, event)
 
 
@@ -270,7 +328,7 @@ class CallbackHandler(TrainerCallback):
         self.eval_dataloader = None
         #: During fit: `save_checkpoint(directory) -> path` writes a full, resumable checkpoint
         #: (call it on every process). Passed to events as the `save_checkpoint` keyword.
-        self.save_checkpoint = None
+        self.save_checkpoint: Callable[..., str] | None = None
         #: "min" / "max" per logged name, set by the engine before `on_train_begin`.
         self.metric_directions: dict[str, str] = {}
         #: Optimizer steps per epoch of the run starting (None: unknown), set by the engine and
@@ -320,7 +378,7 @@ class CallbackHandler(TrainerCallback):
     def _sort(self) -> None:
         # Stable: equal `order` keeps insertion order.
         self.callbacks.sort(key=lambda cb: getattr(cb, "order", Order.USER))  # transformers' have none
-        self._listeners: dict[str, list] = {}
+        self._listeners = {}
 
     def listeners(self, event: str) -> list:
         """The bound methods that handle `event`, cached."""
@@ -352,7 +410,8 @@ class CallbackHandler(TrainerCallback):
         _class_listening.cache_clear()
 
     # -- firing -----------------------------------------------------------------------
-    def call_event(self, event: str, args, state, control, **kwargs):
+    def call_event(self, event: str, args: Any, state: TrainerState, control: TrainerControl,
+                   **kwargs: Any) -> TrainerControl:
         handlers = self._listeners.get(event)
         if handlers is None:
             handlers = self.listeners(event)
@@ -382,9 +441,10 @@ class CallbackHandler(TrainerCallback):
         saved, and so is one with `state()` alone (HF's `ExportableState`)."""
         states: dict[str, Any] = {"TrainerControl": control.state()}
         for cb in self.callbacks:
-            if not callable(getattr(cb, "state", None)):
+            state = getattr(cb, "state", None)  # HF's `ExportableState` has it, any callback may
+            if not callable(state):
                 continue
-            name, value = type(cb).__name__, cb.state()
+            name, value = type(cb).__name__, state()
             if name in states:
                 states[name] = (states[name] if isinstance(states[name], list) else [states[name]]) + [value]
             else:
@@ -427,7 +487,7 @@ class CallbackHandler(TrainerCallback):
             if isinstance(cb, Stateful) and callable(cb.load_state):
                 cb.load_state(saved)  # the callback's own code decides what its state sets
                 continue
-            skipped = []
+            skipped: list[Any] = []  # sections, and keys (not always strings) of the saved state
             for section in ("args", "attributes"):
                 values = saved.get(section, {}) if isinstance(saved, dict) else None
                 skipped += self._restore_attributes(cb, values, section) if isinstance(values, dict) else [section]
@@ -472,56 +532,91 @@ class CallbackHandler(TrainerCallback):
     def has_listeners(self, event: str) -> bool:
         return bool(self.listeners(event))
 
-    # The documented events, so the handler can stand where a callback is expected.
-    def on_init_end(self, args, state, control):
-        return self.call_event("on_init_end", args, state, control)
+    # The documented events, so the handler can stand where a callback is expected: each takes
+    # what a callback's does (HF's `event(args, state, control, **kwargs)`) and passes the keyword
+    # arguments on to the listeners.
+    def on_init_end(
+        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
+        return self.call_event("on_init_end", args, state, control, **kwargs)
 
-    def on_train_begin(self, args, state, control):
+    def on_train_begin(
+        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
         control._new_training()
         return self.call_event("on_train_begin", args, state, control,
                                metric_directions=dict(self.metric_directions), callbacks=tuple(self.callbacks),
-                               steps_per_epoch=self.steps_per_epoch, running_logs=self.running_logs)
+                               steps_per_epoch=self.steps_per_epoch, running_logs=self.running_logs, **kwargs)
 
-    def on_train_end(self, args, state, control, **kwargs):
+    def on_train_end(
+        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
         return self.call_event("on_train_end", args, state, control, **kwargs)
 
-    def on_epoch_begin(self, args, state, control):
+    def on_epoch_begin(
+        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
         control._new_epoch()
-        return self.call_event("on_epoch_begin", args, state, control)
+        return self.call_event("on_epoch_begin", args, state, control, **kwargs)
 
-    def on_epoch_end(self, args, state, control):
-        return self.call_event("on_epoch_end", args, state, control)
+    def on_epoch_end(
+        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
+        return self.call_event("on_epoch_end", args, state, control, **kwargs)
 
-    def on_step_begin(self, args, state, control):
+    def on_step_begin(
+        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
         control._new_step()
-        return self.call_event("on_step_begin", args, state, control)
+        return self.call_event("on_step_begin", args, state, control, **kwargs)
 
-    def on_substep_end(self, args, state, control, **kwargs):
+    def on_substep_end(
+        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
         return self.call_event("on_substep_end", args, state, control, **kwargs)
 
-    def on_pre_optimizer_step(self, args, state, control):
-        return self.call_event("on_pre_optimizer_step", args, state, control)
+    def on_pre_optimizer_step(
+        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
+        return self.call_event("on_pre_optimizer_step", args, state, control, **kwargs)
 
-    def on_optimizer_step(self, args, state, control):
-        return self.call_event("on_optimizer_step", args, state, control)
+    def on_optimizer_step(
+        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
+        return self.call_event("on_optimizer_step", args, state, control, **kwargs)
 
-    def on_step_end(self, args, state, control, **kwargs):
+    def on_step_end(
+        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
         return self.call_event("on_step_end", args, state, control, **kwargs)
 
-    def on_evaluate(self, args, state, control, metrics):
+    def on_evaluate(
+        self, args: Any, state: TrainerState, control: TrainerControl,
+        metrics: dict[str, Any] | None = None, **kwargs: Any
+    ) -> TrainerControl:
         control.should_evaluate = False
-        return self.call_event("on_evaluate", args, state, control, metrics=metrics)
+        return self.call_event("on_evaluate", args, state, control, metrics=metrics, **kwargs)
 
-    def on_predict(self, args, state, control, metrics):
-        return self.call_event("on_predict", args, state, control, metrics=metrics)
+    def on_predict(
+        self, args: Any, state: TrainerState, control: TrainerControl,
+        metrics: dict[str, Any] | None = None, **kwargs: Any
+    ) -> TrainerControl:
+        return self.call_event("on_predict", args, state, control, metrics=metrics, **kwargs)
 
-    def on_save(self, args, state, control):
+    def on_save(
+        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
         control.should_save = False
-        return self.call_event("on_save", args, state, control)
+        return self.call_event("on_save", args, state, control, **kwargs)
 
-    def on_log(self, args, state, control, logs):
+    def on_log(
+        self, args: Any, state: TrainerState, control: TrainerControl,
+        logs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> TrainerControl:
         control.should_log = False
-        return self.call_event("on_log", args, state, control, logs=logs)
+        return self.call_event("on_log", args, state, control, logs=logs, **kwargs)
 
-    def on_prediction_step(self, args, state, control, **kwargs):
+    def on_prediction_step(
+        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
         return self.call_event("on_prediction_step", args, state, control, **kwargs)

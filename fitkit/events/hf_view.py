@@ -20,6 +20,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from fitkit.common.logs import greater_is_better
 from fitkit.config.arguments import TrainingArguments
 from fitkit.config.hf_names import hf_defaults
 
@@ -120,13 +121,7 @@ def _report_to(value: Any) -> list[str]:
 
 
 def _direction(args: Any, metric: str, directions: Mapping[str, str]) -> bool:
-    if args.greater_is_better is not None:
-        return bool(args.greater_is_better)
-    bare = metric.split("_", 1)[1] if metric.startswith((_EVAL, _VAL)) else metric
-    for key in (metric, _VAL + bare, bare):
-        if directions.get(key) in ("min", "max"):
-            return directions[key] == "max"
-    return not metric.endswith("loss")
+    return greater_is_better(metric, directions, args.greater_is_better)
 
 
 def hf_arguments(args: Any, directions: Mapping[str, str]) -> HFArguments:

@@ -58,7 +58,8 @@ def keras_methods(callback: Any) -> tuple[str, ...]:
     fitkit's or Keras' `Callback`: every one it overrides. For any other callback, the Keras-named
     methods whose signature is Keras' (`on_epoch_end(self, epoch, logs=None)`); Keras-named methods
     with another signature are warned about once per class (`warn_unmapped`)."""
-    if keras_class(type(callback)):
+    cls: type = type(callback)  # `type`: mypy takes a `type[Any]` for unhashable
+    if keras_class(cls):
         return tuple(n for n in KERAS_NAMES if overrides(callback, n))
     found = []
     for name in KERAS_NAMES:
@@ -102,9 +103,10 @@ class KerasBridge:
         """The Keras methods of `callback` to call at `event`, and whether its own method named
         `event` is an HF listener as well."""
         names = keras_methods(callback)
-        is_keras = keras_class(type(callback))
+        cls: type = type(callback)  # `type`: mypy takes a `type[Any]` for unhashable
+        is_keras = keras_class(cls)
         if not is_keras:
-            _warn_unmapped(type(callback))
+            _warn_unmapped(cls)
         native = not (event in KERAS_NAMES and (is_keras or event in names))  # same name, Keras meaning
         if event in MOMENTS and native:  # fitkit's own moments reach only methods really defined
             native = any(event in klass.__dict__ for klass in type(callback).__mro__) or event in vars(callback)
@@ -276,7 +278,8 @@ def with_bookkeeping(bridge: KerasBridge, event: str, found: list, callbacks: An
         before = _keep_epoch_logs
     if before is None and after is None:
         return found
-    if not any(keras_class(type(cb)) or keras_methods(cb) for cb in callbacks):
+    if not any(keras_class(type(cb)) or keras_methods(cb)  # type: ignore[arg-type]  # mypy: type[Any] not Hashable
+               for cb in callbacks):
         return found
     wrap = lambda fn: _Bookkeeper(bridge, fn)  # noqa: E731
     return ([wrap(before)] if before else []) + found + ([wrap(after)] if after else [])

@@ -63,7 +63,8 @@ def overrides(callback: Any, name: str) -> bool:
     `on_train_batch_*` methods, its alias `on_batch_*` counts too."""
     if name in getattr(callback, "__dict__", ()):
         return callable(callback.__dict__[name])
-    if _class_overrides(type(callback), name):
+    cls: type = type(callback)  # `type`: mypy takes a `type[Any]` for unhashable
+    if _class_overrides(cls, name):
         return True
     alias = ALIASES.get(name)
     return alias is not None and overrides(callback, alias)

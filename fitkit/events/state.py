@@ -148,7 +148,7 @@ class TrainerState:
     num_train_epochs: int = 0
     num_input_tokens_seen: int = 0
     total_flos: float = 0.0
-    log_history: list[dict[str, float]] = field(default_factory=list)
+    log_history: list[dict[str, Any]] = field(default_factory=list)
     best_metric: float | None = None
     best_global_step: int | None = None
     best_model_checkpoint: str | None = None
@@ -199,6 +199,6 @@ class TrainerControl:
         self.should_evaluate = False
         self.should_log = False
 
-    def state(self) -> dict:
+    def state(self) -> dict[str, Any]:
         """The flags as a JSON-able dict (stored in checkpoints)."""
         return {"args": dataclasses.asdict(self), "attributes": {}}

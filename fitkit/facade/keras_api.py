@@ -12,7 +12,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -20,6 +21,13 @@ from fitkit.adapters.metrics import metric_name
 from fitkit.engine import on_batch
 from fitkit.engine.overrides import StepOverrides
 from fitkit.facade.steps import Steps
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+
+    from fitkit.config.arguments import TrainingArguments
+    from fitkit.config.compile_config import CompileConfig
+    from fitkit.engine.runtime import Runtime
 
 
 def as_list(logs: dict[str, float], names: list[str]) -> float | list[float]:
@@ -33,7 +41,17 @@ class KerasMethods:
     """`train_on_batch`, `test_on_batch`, `predict_on_batch`, `get_weights`, `set_weights`,
     `count_params`, `metrics_names` and calling the model, as Keras has them."""
 
-    def _batch_call(self) -> tuple:
+    if TYPE_CHECKING:  # pragma: no cover - the members of `Model` (fitkit.model) these methods use
+        config: CompileConfig | None
+
+        @property
+        def module(self) -> torch.nn.Module: ...
+
+        @property
+        def runtime(self) -> Runtime: ...
+
+    def _batch_call(self) -> tuple[Runtime, torch.nn.Module, CompileConfig | None, TrainingArguments | None,
+                                   StepOverrides]:
         config = self.config
         args = config.args if config is not None else None
         return self.runtime, self.module, config, args, StepOverrides.of(self, Steps)
@@ -66,12 +84,12 @@ class KerasMethods:
         return on_batch.predict(runtime, module, config, args or TrainingArguments(), overrides, x)
 
     # -- weights -------------------------------------------------------------------------------
-    def get_weights(self) -> list:
+    def get_weights(self) -> list[np.ndarray]:
         """Every weight of the module (its `state_dict` values: parameters and buffers) as
         NumPy arrays (copies: training later does not change them), in `state_dict` order."""
         return [value.detach().cpu().numpy().copy() for value in self.module.state_dict().values()]
 
-    def set_weights(self, weights: list) -> None:
+    def set_weights(self, weights: Sequence[Any]) -> None:
         """Set the module's weights from a list like `get_weights()` returns (arrays or tensors)."""
         state = self.module.state_dict()
         if not isinstance(weights, (list, tuple)) or len(weights) != len(state):

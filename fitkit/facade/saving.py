@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -19,13 +19,23 @@ from fitkit.config.compile_config import CompileConfig
 from fitkit.engine.checkpoint.model_file import write_model_file
 
 if TYPE_CHECKING:  # pragma: no cover
+    from fitkit.engine.runtime import Runtime
     from fitkit.model import Model
 
 
 class Saving:
     """`save` and `load`, which `Model` inherits (they use only its public members)."""
 
-    saved_scheduler_state: dict | None = None  # set by `load`: the last fit's scheduler state
+    saved_scheduler_state: dict[str, Any] | None = None  # set by `load`: the last fit's scheduler state
+
+    if TYPE_CHECKING:  # pragma: no cover - the members of `Model` (fitkit.model) these methods use
+        config: CompileConfig | None
+
+        @property
+        def module(self) -> torch.nn.Module: ...
+
+        @property
+        def runtime(self) -> Runtime: ...
 
     def save(self, path: str) -> None:
         """Save the weights, the compile configuration and the optimizer's state (and the last
@@ -33,7 +43,7 @@ class Saving:
         write_model_file(path, self.module, self.config, self.runtime.optimizer, self.runtime.scheduler)
 
     @classmethod
-    def load(cls, path: str, module_or_model_init: torch.nn.Module | Callable) -> Model:
+    def load(cls, path: str, module_or_model_init: torch.nn.Module | Callable[..., torch.nn.Module]) -> Model:
         """Load a model saved with `save` into `module_or_model_init`; compiled again when the
         configuration was made of names (callables must be passed to `compile` again), and its
         optimizer, built at the next fit, starts from the saved state. Each fit builds its
@@ -47,10 +57,11 @@ class Saving:
             raise ValueError(f"{path!r} is not a fitkit model file that loads safely (weights only): {err}") from None
         if not isinstance(payload, dict) or payload.get("format") != "fitkit-model":
             raise ValueError(f"{path!r} is not a fitkit model file: expected one written by Model.save")
+        model_cls = cast("type[Model]", cls)  # `Saving` is a mixin of `Model` only
         if isinstance(module_or_model_init, torch.nn.Module):
-            model = cls(module_or_model_init)
+            model = model_cls(module_or_model_init)
         else:
-            model = cls(model_init=module_or_model_init)
+            model = model_cls(model_init=module_or_model_init)
         model.module.load_state_dict(payload["state_dict"])
         config = CompileConfig.from_json(payload["config"]) if payload.get("config") else None
         if config is not None:

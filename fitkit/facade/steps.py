@@ -25,12 +25,16 @@ When a subclass overrides nothing, `fit` runs fitkit's own loop and none of this
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from fitkit.common.options import LABEL_KEYS
 from fitkit.engine.step import model_loss
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fitkit.config.compile_config import CompileConfig
+    from fitkit.engine.runtime import Runtime
 
 
 def unpack_data(data: Any) -> tuple[Any, Any, Any]:
@@ -65,6 +69,18 @@ def call_module(module: torch.nn.Module, x: Any, **kwargs: Any) -> Any:
 class Steps:
     """The default steps, written with the public pieces an override uses; `Model` inherits
     them. Overriding one replaces fitkit's own step for that call (see DESIGN.md section 3)."""
+
+    if TYPE_CHECKING:  # pragma: no cover - the members of `Model` (fitkit.model) the steps use
+        config: CompileConfig | None
+
+        @property
+        def module(self) -> torch.nn.Module: ...
+
+        @property
+        def optimizer(self) -> Any: ...
+
+        @property
+        def runtime(self) -> Runtime: ...
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of `loss` as the run does it (mixed precision, DDP, FSDP, DeepSpeed; scaled
@@ -167,7 +183,7 @@ class StepMetric:
     """One entry of `Model.metrics` in a custom step (Keras' metric interface): the loss
     tracker (`index` None: `update_state(loss)` records the step's loss) or a compiled metric."""
 
-    def __init__(self, tools: Any, index: int | None):
+    def __init__(self, tools: Any, index: int | None) -> None:
         self.tools, self.index = tools, index
         self.name = "loss" if index is None else tools.metrics.base_names[index]
 

@@ -6,6 +6,7 @@ only when a summary is made.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -17,6 +18,8 @@ class Summary(str):
     `rich.print(summary)` (or any rich console) draws the coloured table instead of the text.
     """
 
+    _renderable: Any  # the rich table (None: the text is shown)
+
     def __new__(cls, text: str, renderable: Any = None) -> Summary:
         self = super().__new__(cls, text)
         self._renderable = renderable
@@ -25,7 +28,7 @@ class Summary(str):
     def __repr__(self) -> str:
         return str(self)
 
-    def __reduce__(self):  # pickles and copies as the text
+    def __reduce__(self) -> tuple[type[Summary], tuple[str]]:  # pickles and copies as the text
         return (Summary, (str(self),))
 
     def __rich__(self) -> Any:
@@ -42,7 +45,7 @@ def _shape(out: Any) -> str:
     return "-"
 
 
-def _example_batch(example: Any) -> tuple | dict | None:
+def _example_batch(example: Any) -> tuple[Any, ...] | dict[str, Any] | None:
     take = lambda t: t[:2] if isinstance(t, torch.Tensor) and t.dim() else t  # noqa: E731
     if example is None:
         return None
@@ -62,8 +65,9 @@ def summarize(module: torch.nn.Module, example: Any = None, notes: tuple[str, ..
     shapes: dict[str, str] = {}
     batch = _example_batch(example)
     if batch is not None:
-        def recorder(name: str):
-            def hook(mod, inputs, output) -> None:  # must return None, or it replaces the output
+        def recorder(name: str) -> Callable[[torch.nn.Module, Any, Any], None]:
+            # the hook must return None, or it replaces the output
+            def hook(mod: torch.nn.Module, inputs: Any, output: Any) -> None:
                 shapes.setdefault(name, _shape(output))
 
             return hook
@@ -128,9 +132,10 @@ def _plain_text(renderable: Any) -> str:
 
     from rich.console import Console
 
-    console = Console(file=io.StringIO(), width=10_000, color_system=None, force_terminal=False,
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=10_000, color_system=None, force_terminal=False,
                       force_jupyter=False, force_interactive=False, no_color=True, highlight=False,
                       emoji=False, markup=False, legacy_windows=False, soft_wrap=False)
     console.print(renderable)
-    lines = console.file.getvalue().splitlines()
+    lines = buffer.getvalue().splitlines()
     return "\n".join(line.rstrip() for line in lines)

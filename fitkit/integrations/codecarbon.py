@@ -10,10 +10,14 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fitkit.events.handler import Order
 from fitkit.integrations._common import TrackingCallback, require, trial_label
+
+if TYPE_CHECKING:
+    from codecarbon import OfflineEmissionsTracker
+    from codecarbon.output import EmissionsData
 
 DEFAULT_COUNTRY = "USA"
 #: The figures added to the final record: name in the logs -> attribute of codecarbon's data.
@@ -43,14 +47,14 @@ class CodeCarbonCallback(TrackingCallback):
     order = Order.EMISSIONS  # before the other trackers' on_train_end, which pick up the figures
 
     def __init__(self, country_iso_code: str | None = None, output_dir: str | os.PathLike | None = None,
-                 **tracker_kwargs: Any):
+                 **tracker_kwargs: Any) -> None:
         super().__init__()
         require("codecarbon")
         self.country_iso_code = country_iso_code
         self.output_dir = None if output_dir is None else os.fspath(output_dir)
         self.tracker_kwargs = tracker_kwargs
-        self.tracker = None
-        self.final_emissions_data = None
+        self.tracker: OfflineEmissionsTracker | None = None
+        self.final_emissions_data: EmissionsData | None = None
 
     def setup(self, args, state, model) -> None:
         from codecarbon import OfflineEmissionsTracker

@@ -16,9 +16,12 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fitkit.integrations._common import TrackingCallback, is_true, require, run_params, trial_label
+
+if TYPE_CHECKING:
+    from comet_ml import BaseExperiment
 
 DEFAULT_PROJECT = "fitkit"
 # fitkit logs what it means to log; Comet's automatic capture (stdout, code, git, env) is off.
@@ -41,7 +44,7 @@ class CometCallback(TrackingCallback):
         model.fit(x, y, validation_split=0.1, report_to="comet_ml")
     """
 
-    def __init__(self, project_name: str | None = None, **experiment_kwargs: Any):
+    def __init__(self, project_name: str | None = None, **experiment_kwargs: Any) -> None:
         super().__init__()
         self.mode = os.environ.get("COMET_MODE", "ONLINE").strip().upper()
         if self.mode not in ("ONLINE", "OFFLINE", "DISABLED"):
@@ -50,7 +53,7 @@ class CometCallback(TrackingCallback):
             require("comet_ml")
         self.project_name = project_name
         self.experiment_kwargs = experiment_kwargs
-        self.experiment = None
+        self.experiment: BaseExperiment | None = None
         self.offline_directory: str | None = None
 
     def setup(self, args, state, model) -> None:
@@ -70,7 +73,7 @@ class CometCallback(TrackingCallback):
         if self.mode == "OFFLINE":
             self.offline_directory = os.environ.get("COMET_OFFLINE_DIRECTORY") or os.path.join(args.output_dir, "comet")
             os.makedirs(self.offline_directory, exist_ok=True)
-            experiment = comet_ml.OfflineExperiment(offline_directory=self.offline_directory, **kwargs)
+            experiment: BaseExperiment = comet_ml.OfflineExperiment(offline_directory=self.offline_directory, **kwargs)
         else:
             experiment = comet_ml.Experiment(**kwargs)
         self.experiment = experiment

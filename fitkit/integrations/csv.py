@@ -9,7 +9,7 @@ from __future__ import annotations
 import csv
 import os
 import tempfile
-from typing import Any
+from typing import IO, Any
 
 from fitkit.integrations._common import TrackingCallback
 
@@ -31,20 +31,21 @@ class CSVStepLogger(TrackingCallback):
 
     numbers_only = False
 
-    def __init__(self, filename: str | os.PathLike | None = None, separator: str = ","):
+    def __init__(self, filename: str | os.PathLike | None = None, separator: str = ",") -> None:
         super().__init__()
         self.filename = None if filename is None else os.fspath(filename)
         self.separator = separator
         self.path: str | None = None
         self._rows: list[dict[str, Any]] = []
         self._columns: list[str] = []
-        self._file = None
-        self._writer = None
+        self._file: IO[str] | None = None
+        self._writer: csv.DictWriter[str] | None = None
 
     # -- file handling -----------------------------------------------------------------------
     def _rewrite(self) -> None:
         """Write header and all rows to a temporary file, then rename it over `path`."""
         self._close_file()
+        assert self.path is not None  # set by `setup`
         folder = os.path.dirname(os.path.abspath(self.path))
         fd, tmp = tempfile.mkstemp(prefix=".logs-", suffix=".csv.tmp", dir=folder)
         try:
@@ -62,6 +63,7 @@ class CSVStepLogger(TrackingCallback):
         self._open_for_append()
 
     def _open_for_append(self) -> None:
+        assert self.path is not None  # set by `setup`
         self._file = open(self.path, "a", newline="", encoding="utf-8")  # noqa: SIM115 - kept open for the run
         self._writer = csv.DictWriter(self._file, fieldnames=self._columns, delimiter=self.separator, restval="")
 
@@ -102,6 +104,7 @@ class CSVStepLogger(TrackingCallback):
         if self._add_row(row):
             self._rewrite()
         else:
+            assert self._writer is not None and self._file is not None  # opened by `setup`'s `_rewrite`
             self._writer.writerow(self._rows[-1])
             self._file.flush()
 

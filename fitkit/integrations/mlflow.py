@@ -24,10 +24,14 @@ import os
 import re
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fitkit.integrations._common import TrackingCallback, is_true, require, run_params, trial_label
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
 
 DEFAULT_EXPERIMENT = "fitkit"
 _PARENT_TAG = "mlflow.parentRunId"
@@ -73,15 +77,15 @@ class MLflowCallback(TrackingCallback):
         # mlflow ui --backend-store-uri out/mlruns
     """
 
-    def __init__(self, tracking_uri: str | None = None, experiment_name: str | None = None):
+    def __init__(self, tracking_uri: str | None = None, experiment_name: str | None = None) -> None:
         super().__init__()
         require("mlflow")
         self.tracking_uri = tracking_uri
         self.experiment_name = experiment_name
-        self.client = None
+        self.client: MlflowClient | None = None
         self.run_id: str | None = None
         self.parent_run_id: str | None = None
-        self._exit_hook = None
+        self._exit_hook: Callable[[], None] | None = None
 
     # -- set-up --------------------------------------------------------------------------------
     def _resolve_uri(self, args) -> str:
@@ -172,6 +176,7 @@ class MLflowCallback(TrackingCallback):
     def _log_batch(self, metrics=(), params=(), tags=None) -> None:
         from mlflow.entities import RunTag
 
+        assert self.client is not None and self.run_id is not None  # the run `setup` opened
         self.client.log_batch(self.run_id, metrics=list(metrics), params=list(params),
                               tags=[RunTag(k, v) for k, v in (tags or {}).items()])
 
@@ -210,6 +215,7 @@ class MLflowCallback(TrackingCallback):
     def _log_model(self, model) -> None:
         import torch
 
+        assert self.client is not None and self.run_id is not None  # checked by `close`
         with tempfile.TemporaryDirectory(prefix="fitkit-mlflow-") as tmp:
             path = os.path.join(tmp, "model_state_dict.pt")
             state_dict = {k: v.detach().cpu() for k, v in model.state_dict().items()}

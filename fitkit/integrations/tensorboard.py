@@ -7,9 +7,12 @@ Uses `torch.utils.tensorboard.SummaryWriter`, which needs the `tensorboard` pack
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fitkit.integrations._common import TrackingCallback, require, run_params, trial_label
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
 
 
 class TensorBoardCallback(TrackingCallback):
@@ -28,13 +31,13 @@ class TensorBoardCallback(TrackingCallback):
         # tensorboard --logdir out/runs
     """
 
-    def __init__(self, log_dir: str | os.PathLike | None = None, tb_writer: Any = None):
+    def __init__(self, log_dir: str | os.PathLike | None = None, tb_writer: Any = None) -> None:
         super().__init__()
         if tb_writer is None:
             require("tensorboard")
         self.log_dir = None if log_dir is None else os.fspath(log_dir)
         self.tb_writer = tb_writer
-        self.writer = None
+        self.writer: SummaryWriter | None = None
         self._owns_writer = False
         self._tags: set[str] = set()
 
@@ -57,6 +60,7 @@ class TensorBoardCallback(TrackingCallback):
         self.writer, self._owns_writer = SummaryWriter(log_dir=log_dir, purge_step=purge), True
 
     def write(self, values: dict[str, Any], step: int, state) -> None:
+        assert self.writer is not None  # made by `setup`, before any record
         for key, value in values.items():
             self.writer.add_scalar(key, value, global_step=step)
             self._tags.add(key)

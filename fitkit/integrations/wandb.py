@@ -17,9 +17,12 @@ Environment (wandb's own variables work too: `WANDB_API_KEY`, `WANDB_ENTITY`, ..
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from fitkit.integrations._common import TrackingCallback, is_true, require, run_params, trial_label
+
+if TYPE_CHECKING:
+    from wandb.sdk.wandb_run import Run
 
 DEFAULT_PROJECT = "fitkit"
 
@@ -39,14 +42,14 @@ class WandbCallback(TrackingCallback):
         model.fit(x, y, validation_split=0.1, report_to="wandb")
     """
 
-    def __init__(self, project: str | None = None, **init_kwargs: Any):
+    def __init__(self, project: str | None = None, **init_kwargs: Any) -> None:
         super().__init__()
         self.disabled = is_true(os.environ.get("WANDB_DISABLED"))
         if not self.disabled:
             require("wandb")
         self.project = project
         self.init_kwargs = init_kwargs
-        self.run = None
+        self.run: Run | None = None
         self._owns_run = False
 
     def setup(self, args, state, model) -> None:
@@ -89,7 +92,8 @@ class WandbCallback(TrackingCallback):
             self._owns_run = True
         watch = os.environ.get("WANDB_WATCH", "false").lower()
         if model is not None and watch in ("gradients", "parameters", "all"):
-            self.run.watch(model, log=watch, log_freq=max(100, args.logging_steps))
+            log = cast(Literal["gradients", "parameters", "all"], watch)  # one of them: checked above
+            self.run.watch(model, log=log, log_freq=max(100, args.logging_steps))
 
     def write(self, values: dict[str, Any], step: int, state) -> None:
         if self.run is None:

@@ -39,7 +39,7 @@ class TrialReporter(TrainerCallback):
     order = Order.LOGGER
 
     def __init__(self, trial: Any, compute_objective: Callable, multi: bool, fabric: Any,
-                 reported: Iterable[int] = ()):
+                 reported: Iterable[int] = ()) -> None:
         self.trial, self.compute_objective, self.multi, self.fabric = trial, compute_objective, multi, fabric
         self.reported = set(reported)
         self.metrics: dict[str, float] = {}

@@ -18,7 +18,7 @@ import os
 import time
 import warnings
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from fitkit.config.arguments import TrainingArguments
 from fitkit.config.names import ALIASES
@@ -36,6 +36,9 @@ from fitkit.search.claims import (
 from fitkit.search.objective import check_params, objective_value, parameters
 from fitkit.search.reporter import TrialReporter
 from fitkit.search.storage import StorageError, _chain
+
+if TYPE_CHECKING:
+    from optuna import Study
 
 logger = logging.getLogger("fitkit")
 
@@ -67,7 +70,7 @@ class Search:
 
     def __init__(self, model: Any, x: Any, y: Any, *, hp_space: Callable, compute_objective: Callable,
                  direction: str | list[str], hp_name: Callable | None, optimize_kwargs: dict[str, Any],
-                 fit_options: dict[str, Any]):
+                 fit_options: dict[str, Any]) -> None:
         self.model, self.x, self.y = model, x, y
         self.hp_space, self.compute_objective, self.hp_name = hp_space, compute_objective, hp_name
         self.direction = direction
@@ -77,7 +80,10 @@ class Search:
         self.args = model.training_arguments(**{k: v for k, v in fit_options.items() if k in names})
         self.fabric = model.launch(self.args)
         self.distributed = self.fabric.world_size > 1
-        self.study, self.n_trials, self.preempted, self.waiting = None, 0, None, False
+        self.study: Study | None = None  # set by `lead`
+        self.n_trials = 0
+        self.preempted: int | None = None  # the trial SIGTERM stopped
+        self.waiting = False
 
     # -- the two roles ------------------------------------------------------------------------
     def lead(self, study: Any, n_trials: int) -> BestRun | list[BestRun]:
@@ -99,6 +105,7 @@ class Search:
         return self.fabric.broadcast(best, src=0) if self.distributed else best
 
     def _run_trials(self) -> None:
+        assert self.study is not None  # set by `lead`
         optimize = dict(self.optimize_kwargs)
         callbacks = list(optimize.pop("optuna_callbacks", None) or ())
         timeout = optimize.pop("timeout", None)
@@ -122,8 +129,9 @@ class Search:
         gone stale (their re-runs are queued). False when there is nothing to wait for (no
         running trial, or no heartbeats to tell a dead one)."""
         import optuna
-        from optuna.storages._heartbeat import is_heartbeat_enabled
+        from optuna.storages._heartbeat import BaseHeartbeat, is_heartbeat_enabled
 
+        assert self.study is not None  # set by `lead`
         storage = self.study._storage
         if not running or not is_heartbeat_enabled(storage):
             return False
@@ -132,7 +140,9 @@ class Search:
             logger.warning("all n_trials=%d trials are taken; waiting for the %d running elsewhere (a trial whose "
                            "worker dies is re-run here once stale); heartbeat_interval=None leaves at once",
                            self.n_trials, running)
-        time.sleep(max(0.0, min(storage.get_heartbeat_interval(), deadline - time.monotonic(), 10)))
+        heartbeat = cast(BaseHeartbeat, storage)  # enabled: a heartbeat storage (an RDB one, maybe cached) ...
+        interval = cast(int, heartbeat.get_heartbeat_interval())  # ... with an interval set
+        time.sleep(max(0.0, min(interval, deadline - time.monotonic(), 10)))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             optuna.storages.fail_stale_trials(self.study)

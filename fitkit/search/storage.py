@@ -17,7 +17,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -184,7 +184,7 @@ _PERMANENT = ("password authentication failed", "does not exist", "no pg_hba.con
               "unknown database", "permission denied", "authentication failed")
 
 
-def _chain(error: BaseException):
+def _chain(error: BaseException | None) -> Iterator[BaseException]:
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
@@ -213,7 +213,7 @@ class RetryingCalls:
     seconds have passed since the first failure, then raised as `StorageError`. Once a call
     has given up, later calls try once (the storage is down: no second long wait)."""
 
-    def __init__(self, timeout: float, name: str):
+    def __init__(self, timeout: float, name: str) -> None:
         self.timeout, self.name = timeout, name
         self.down = False
         self._local = threading.local()  # a call made inside a wrapped call is not retried on its own

@@ -8,6 +8,7 @@ device or process starts), and the trials it may still take.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from fitkit.common.options import did_you_mean
@@ -59,7 +60,7 @@ def open_study(study_kwargs: dict[str, Any], storage_options: StorageOptions, di
     return _retrying_open(lambda: optuna.create_study(**kwargs), storage_options, kwargs.get("storage"))
 
 
-def leads(env: dict[str, str] | None = None) -> bool:
+def leads(env: Mapping[str, str] | None = None) -> bool:
     """False in a process that a launcher started as a non-zero rank (torchrun, SLURM, Fabric's
     own launcher): such a process follows rank 0 and never opens the storage. Read from the
     environment, so it is known before Fabric starts."""

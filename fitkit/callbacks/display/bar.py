@@ -29,7 +29,7 @@ class Row:
 
     __slots__ = ("title", "total", "completed", "resumed_at", "started", "finished", "values")
 
-    def __init__(self, title: str, total: int | None, completed: int = 0, values: str = ""):
+    def __init__(self, title: str, total: int | None, completed: int = 0, values: str = "") -> None:
         self.title = title
         self.total = total
         self.completed = self.resumed_at = completed  # a resumed epoch starts part-way
@@ -151,7 +151,7 @@ def _bar(row: Row, now: float, width: int = BAR_WIDTH) -> list[tuple[str, str]]:
 class _Bars:
     """Rows and the frame they make; subclasses draw it."""
 
-    def __init__(self, console: Any):
+    def __init__(self, console: Any) -> None:
         self.console = console
         self.rows: list[Row] = []
 
@@ -163,6 +163,10 @@ class _Bars:
     def remove_row(self, row: Row) -> None:
         if row in self.rows:
             self.rows.remove(row)
+
+    def print(self, line: str) -> None:
+        """A line for the user, shown where the display puts its lines (subclasses draw it)."""
+        raise NotImplementedError
 
     def finish(self, line: str) -> None:
         """The bars give way to `line` (an epoch's summary): they are removed and the line
@@ -203,7 +207,7 @@ class TerminalBars(_Bars):
         bars.stop()
     """
 
-    def __init__(self, console: Any):
+    def __init__(self, console: Any) -> None:
         super().__init__(console)
         system = console.color_system
         if system not in _CODES:
@@ -308,7 +312,7 @@ def _isatty(stream: Any) -> bool:
 class _Above:
     """A stream proxy: complete lines written while the bars are up go above them."""
 
-    def __init__(self, bars: TerminalBars, stream: Any):
+    def __init__(self, bars: TerminalBars, stream: Any) -> None:
         self._bars, self.rich_proxied_file = bars, stream
         self._pending = ""
 
@@ -348,10 +352,11 @@ class NotebookBars(_Bars):
         bars.stop()
     """
 
-    def __init__(self, console: Any):
+    def __init__(self, console: Any) -> None:
         super().__init__(console)
         self._handle: Any = None  # the IPython DisplayHandle of the bars now shown
-        self._colours = {name: _colour(console, name) for name in _STYLES}
+        # by style name; a piece without a style (None) has no colour
+        self._colours: dict[str | None, str | None] = {name: _colour(console, name) for name in _STYLES}
 
     def start(self) -> None:
         """Nothing shows until a row is drawn (so a fit that draws none leaves no output)."""

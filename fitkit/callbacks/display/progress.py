@@ -31,7 +31,8 @@ def format_logs(logs: dict) -> str:
     they were logged (with `eval_strategy="steps"` an evaluation may be logged before the
     epoch's training values); positions (`epoch`, `step`) and the learning rate are left out.
     """
-    training, validation = [], []
+    training: list[str] = []
+    validation: list[str] = []
     for key, value in logs.items():
         if key in NOT_VALUES or isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
@@ -80,7 +81,8 @@ def keras_number(value: float) -> str:
 
 def keras_values(logs: dict) -> str:
     """`loss: 0.1234 - accuracy: 0.9612 - val_loss: ...` with Keras' number format."""
-    training, validation = [], []
+    training: list[str] = []
+    validation: list[str] = []
     for key, value in logs.items():
         if key in NOT_VALUES or isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
@@ -234,7 +236,7 @@ class ProgressBar(TrainerCallback):
 
     order = Order.DISPLAY  # after callbacks that add values to the logs
 
-    def __init__(self, bar: bool = True, refresh_seconds: float = 0.1, values_seconds: float = 0.5):
+    def __init__(self, bar: bool = True, refresh_seconds: float = 0.1, values_seconds: float = 0.5) -> None:
         self.bar = bar
         self.refresh_seconds = refresh_seconds
         self.values_seconds = values_seconds  # running values: one host read per refresh of them

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fitkit.events.handler import TrainerCallback
+from fitkit.events.handler import TrainerCallback, no_op
 from fitkit.events.keras_names import KERAS_NAMES, keras_class, overrides  # noqa: F401 - re-exported
 
 
@@ -79,15 +79,19 @@ class Callback(TrainerCallback):
         """The fitkit `Model` being trained (None before the first event)."""
         return self.__dict__.get("_model")
 
+    @no_op
     def on_train_begin(self, logs=None):
         """Called at the beginning of training."""
 
+    @no_op
     def on_train_end(self, logs=None):
         """Called at the end of training; `logs` are the last epoch's."""
 
+    @no_op
     def on_epoch_begin(self, epoch, logs=None):
         """Called at the beginning of epoch `epoch` (0-based)."""
 
+    @no_op
     def on_epoch_end(self, epoch, logs=None):
         """Called after the epoch and its validation; `logs` hold `loss`, metrics and `val_` values."""
 
@@ -97,32 +101,42 @@ class Callback(TrainerCallback):
     def on_train_batch_end(self, batch, logs=None):
         self.on_batch_end(batch, logs=logs)
 
+    @no_op
     def on_batch_begin(self, batch, logs=None):
         """Alias of `on_train_batch_begin`."""
 
+    @no_op
     def on_batch_end(self, batch, logs=None):
         """Alias of `on_train_batch_end`."""
 
+    @no_op
     def on_test_begin(self, logs=None):
         """Called at the beginning of an evaluation (`evaluate`, or validation during `fit`)."""
 
+    @no_op
     def on_test_end(self, logs=None):
         """Called at the end of an evaluation; `logs` hold its values, unprefixed."""
 
+    @no_op
     def on_test_batch_begin(self, batch, logs=None):
         """Called before each evaluation batch."""
 
+    @no_op
     def on_test_batch_end(self, batch, logs=None):
         """Called after each evaluation batch; `logs` hold the running averages."""
 
+    @no_op
     def on_predict_begin(self, logs=None):
         """Called at the beginning of `predict`."""
 
+    @no_op
     def on_predict_end(self, logs=None):
         """Called at the end of `predict`."""
 
+    @no_op
     def on_predict_batch_begin(self, batch, logs=None):
         """Called before each prediction batch."""
 
+    @no_op
     def on_predict_batch_end(self, batch, logs=None):
         """Called after each prediction batch; `logs["outputs"]` holds the batch's outputs."""

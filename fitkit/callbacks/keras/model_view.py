@@ -23,7 +23,7 @@ class OptimizerView:
     """The run's optimizer with Keras' `learning_rate` (and `lr`) attribute; anything else is
     the optimizer's own."""
 
-    def __init__(self, optimizer: Any, handler: Any):
+    def __init__(self, optimizer: Any, handler: Any) -> None:
         object.__setattr__(self, "_optimizer", optimizer)
         object.__setattr__(self, "_handler", handler)
 
@@ -61,11 +61,11 @@ class OptimizerView:
 class ModelView:
     """A fitkit `Model` as a Keras callback's `self.model` (see the module's docstring)."""
 
-    def __init__(self, model: Any, handler: Any):
+    def __init__(self, model: Any, handler: Any) -> None:
         object.__setattr__(self, "_model", model)
         object.__setattr__(self, "_handler", handler)
 
-    @property
+    @property  # type: ignore[misc]  # read-only on purpose: the view poses as its model's class
     def __class__(self) -> type:  # isinstance(view, Model) holds
         return type(self._model)
 

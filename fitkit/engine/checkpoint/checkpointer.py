@@ -247,7 +247,7 @@ class Checkpointer:
         With `save_async` this returns once a host copy of the state is taken: the path is a
         checkpoint once the background write commits it (`settle`)."""
         own = directory is None
-        directory = self.args.output_dir if own else directory
+        directory = self.args.output_dir if directory is None else directory
         background = self._asynchronous()
         if background:
             self.settle()  # at most one write in flight: the one before commits first
@@ -315,6 +315,7 @@ class Checkpointer:
         texts = files.texts(state, args)  # rendered now: the loop changes the state while the write runs
         fields = files.manifest_fields(state.global_step, self.optimizer)
         step, token = state.global_step, self._token
+        assert token is not None  # `save` drew it before this write
 
         def write() -> None:
             files.write_in_background(directory, step, token, copy.finish(), texts, fields, copy.aligned)
@@ -490,19 +491,23 @@ class Checkpointer:
         """The epoch's batches from `start`, with the RNG where the first run had it (and the
         epoch's starting RNG recorded, for a loader that draws its order from it)."""
         replay = resume.epoch_rng if resume else None
+        rng = resume.rng if resume else None  # a resumed snapshot's RNG: read from its checkpoint
         if resume:
-            set_rng_state(replay or resume.rng)
+            assert rng is not None
+            set_rng_state(replay or rng)
         if train.replays_rng:
             self.epoch_rng = replay or rng_state()
         batches = train.batches(epoch, start)
         if replay:  # the epoch's order was drawn as in the first run; now continue its RNG
-            set_rng_state(resume.rng)
+            assert rng is not None
+            set_rng_state(rng)
         return batches
 
     # -- the best model ------------------------------------------------------------------------------
     def load_best(self) -> None:
         """With `load_best_model_at_end`, put the best checkpoint's weights back into the module
         (verified first)."""
-        if self.args.load_best_model_at_end and self.state.best_model_checkpoint:
-            path = self._on_zero(lambda: files.verified(self.state.best_model_checkpoint))
+        best = self.state.best_model_checkpoint
+        if self.args.load_best_model_at_end and best:
+            path = self._on_zero(lambda: files.verified(best))
             files.load_checkpoint(self.fabric, path, module=self.module, optimizer=None)

@@ -26,7 +26,7 @@ import io
 import os
 import pickle
 import warnings
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -187,7 +187,9 @@ def by_name(saved: dict[str, Any], net: torch.nn.Module, opt: torch.optim.Optimi
 def _inner_module(module: torch.nn.Module) -> torch.nn.Module:
     """The user's module inside Fabric's wrapper (its public `module` property); under DDP the
     module itself, not the DDP wrapper; under FSDP2 the module, sharded in place."""
-    return module.module if isinstance(getattr(type(module), "module", None), property) else module
+    if isinstance(getattr(type(module), "module", None), property):
+        return cast(torch.nn.Module, module.module)  # the wrapper's property (nn.Module's __getattr__ types it loosely)
+    return module
 
 
 def _is_sharded(net: torch.nn.Module) -> bool:

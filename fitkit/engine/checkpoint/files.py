@@ -26,9 +26,10 @@ import logging
 import os
 import re
 import shutil
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 from fitkit.adapters.optimizers import implementation
 from fitkit.common.options import error_line
@@ -233,7 +234,7 @@ def agree(fabric: Any, failure: Exception | None) -> Exception | None:
 
 def _storage_error(err: BaseException) -> BaseException:
     """The OSError behind `err` when there is one (torch's writer may raise its own error after it)."""
-    seen = err
+    seen: BaseException | None = err
     while seen is not None:
         if isinstance(seen, OSError):
             return seen
@@ -305,7 +306,7 @@ def _bytes(value: Any) -> int:
     return value.numel() * value.element_size() if hasattr(value, "element_size") else 0
 
 
-def _size(n: int) -> str:
+def _size(n: float) -> str:
     for unit in ("bytes", "KB", "MB", "GB"):
         if n < 1000 or unit == "GB":
             return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
@@ -317,7 +318,12 @@ def _size(n: int) -> str:
 def file_digest(path: str, algorithm: str = ALGORITHM) -> str:
     """The hex digest of the file at `path` (read in blocks; the hashing releases the GIL)."""
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, algorithm).hexdigest()
+        if sys.version_info >= (3, 11):
+            return hashlib.file_digest(f, algorithm).hexdigest()
+        digest = hashlib.new(algorithm)  # Python 3.10 has no hashlib.file_digest: its loop by hand
+        for block in iter(lambda: f.read(1 << 18), b""):
+            digest.update(block)
+        return digest.hexdigest()
 
 
 def describe(directory: str, known: dict[str, str] | None = None) -> dict[str, Any]:
@@ -399,7 +405,9 @@ def verify(path: str, required: tuple[str, ...] = ()) -> dict[str, Any]:
     CheckpointError naming the first file that differs and the fix."""
     manifest = read_manifest(path)
     files, digests, algorithm = manifest["files"], manifest.get("digests"), manifest.get("digest")
-    if manifest["version"] >= 2 and (not isinstance(digests, dict) or algorithm not in _READABLE):
+    # Digests recorded (format 2 always) must be checkable: a format-1 manifest given some is refused too.
+    if (manifest["version"] >= 2 or digests is not None) and (
+            not isinstance(digests, dict) or algorithm not in _READABLE):
         raise CheckpointError(f"checkpoint {path!r}: its manifest records no digests it can check; {_FIX_DAMAGED}")
     targets = {name: confined(path, name) for name in files}
     _check_listing(path, files, required)
@@ -413,7 +421,7 @@ def verify(path: str, required: tuple[str, ...] = ()) -> dict[str, Any]:
     else:
         names = list(files)
         with ThreadPoolExecutor(max_workers=max(1, min(len(names), os.cpu_count() or 1, 8))) as pool:
-            found = pool.map(lambda n: file_digest(targets[n], algorithm), names)
+            found = pool.map(lambda n: file_digest(targets[n], cast(str, algorithm)), names)  # in _READABLE
             for name, digest in zip(names, found):
                 if digest != digests.get(name):
                     raise CheckpointError(

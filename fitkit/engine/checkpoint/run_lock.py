@@ -22,7 +22,7 @@ import socket
 try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows: no advisory locks, runs are not kept apart
-    fcntl = None
+    fcntl = None  # type: ignore[assignment]  # an optional module: None where the platform lacks it
 
 LOCK_FILE = ".fitkit.lock"
 logger = logging.getLogger("fitkit")

@@ -35,8 +35,10 @@ def _to_tensor(value: Any, name: str, cast_float64: bool = True) -> torch.Tensor
         try:
             import numpy as np
         except ImportError:  # pragma: no cover - numpy ships with torch installs
-            np = None
-        if np is None or not isinstance(value, np.ndarray):
+            is_array = False
+        else:
+            is_array = isinstance(value, np.ndarray)
+        if not is_array:
             raise TypeError(f"`{name}` must be a tensor or NumPy array here; got {type(value).__name__}")
         t = torch.from_numpy(value)
     # Integer labels keep their type.

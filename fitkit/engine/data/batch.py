@@ -46,14 +46,14 @@ def split_batch(batch: Any) -> Batch:
     if type(batch) in (tuple, list) and len(batch) == 2 and type(batch[0]) is torch.Tensor and batch[0].dim():
         return Batch((batch[0],), batch[1], None, batch[0].shape[0])  # the common (x, y) case, first
     if isinstance(batch, Mapping):  # a dict, or HF's BatchEncoding (a UserDict): keyword inputs
-        inputs = dict(batch)
-        sw = inputs.pop("sample_weight", None)
+        named = dict(batch)
+        sw = named.pop("sample_weight", None)
         target = None
         for key in LABEL_KEYS:
-            if key in inputs:
-                target = inputs.pop(key)
+            if key in named:
+                target = named.pop(key)
                 break
-        return Batch(inputs, target, sw, batch_size_of(inputs))
+        return Batch(named, target, sw, batch_size_of(named))
     if isinstance(batch, (tuple, list)):
         if len(batch) == 1:
             return Batch((batch[0],), None, None, batch_size_of(batch[0]))

@@ -90,7 +90,7 @@ def default_data_collator(features: Sequence[Mapping[str, Any]]) -> dict[str, to
     return batch
 
 
-def collate_samples(features: Sequence[Any]) -> Any:
+def collate_samples(features: list[Any]) -> Any:
     """The collation of an iterable dataset fitkit batches (its samples are only seen as they
     come): dict samples as HF's default collation (`default_data_collator`, as the Trainer
     batches any dataset), others as torch's `default_collate`."""

@@ -122,7 +122,9 @@ def drop_unused_columns(x: Any, module: torch.nn.Module, args: Any, name: str = 
         wrapper = SizedKeptKeys if hasattr(x, "__len__") else KeptKeys
         return wrapper(x, selector)
     columns = _columns(x)
-    keep = selector.select(tuple(columns)) if columns else None
+    if not columns:
+        return x
+    keep = selector.select(tuple(columns))
     if keep is None:
         return x
     if hasattr(x, "remove_columns") and hasattr(x, "column_names"):  # a datasets.Dataset

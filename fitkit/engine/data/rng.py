@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 
 def seed_everything(seed: int | None) -> None:
@@ -42,7 +42,8 @@ def rng_state() -> dict[str, Any]:
     try:
         import numpy as np
 
-        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        # the legacy tuple, the default (NumPy's stubs give the call with no argument the dict form)
+        kind, keys, pos, has_gauss, cached = cast("tuple[str, np.ndarray, int, int, float]", np.random.get_state())
         state["numpy"] = [kind, torch.from_numpy(keys.astype("int64")), pos, has_gauss, cached]
     except ImportError:  # pragma: no cover
         pass

@@ -86,7 +86,8 @@ class EpochSampler(torch.utils.data.DistributedSampler):
     processes are read from the process group when iterating: none exists when it is built."""
 
     def __init__(self, size: int, shuffle: bool, seed: int | None):  # no super().__init__: see above
-        self.size, self.shuffle, self.seed = size, shuffle, seed
+        self.size, self.shuffle = size, shuffle
+        self.seed = seed  # type: ignore[assignment]  # DistributedSampler's is an int; None here seeds 0
         self.epoch = 0
         self.skip = 0  # samples of the epoch's order, over all processes
         self.drop_last = False

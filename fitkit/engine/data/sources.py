@@ -16,8 +16,8 @@ import itertools
 import logging
 import math
 import weakref
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sized
+from typing import Any, cast
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
@@ -44,8 +44,12 @@ class DataSource:
     """Something that yields batches each epoch."""
 
     num_samples: int | None = None
-    replays_rng = False
     name = "x"  # the argument the data came from (`x`, `validation_data`, `validation_split`)
+
+    @property
+    def replays_rng(self) -> bool:
+        """Whether an exact mid-epoch resume replays the global RNG state (see `LoaderSource`)."""
+        return False
 
     def __len__(self) -> int:  # number of batches per epoch (per process)
         raise TypeError("unknown length")
@@ -124,12 +128,16 @@ class CountsSamples(DataSource):
         """The samples (over all processes) before batch number `start` of `epoch`."""
         if self._resumed is not None and self._resumed[:2] == (epoch, start):
             return self._resumed[2]
-        _, batch_size, world_size, _ = self.geometry()
+        geometry = self.geometry()
+        assert geometry is not None  # skipping by samples: the source counts them (`resume_at`)
+        _, batch_size, world_size, _ = geometry
         return start * batch_size * world_size
 
 
 class TensorSource(CountsSamples):
     """In-memory tensors, batched by slicing (`index_select` when shuffled)."""
+
+    num_samples: int  # this process's share, set by `shard`
 
     def __init__(self, x, y=None, sample_weight=None, *, batch_size: int, shuffle: bool, seed: int | None,
                  drop_last: bool = False, rank: int = 0, world_size: int = 1, pad: bool = True):
@@ -199,6 +207,7 @@ class TensorSource(CountsSamples):
         bs = self.batch_size
         x, y, sw, cw = self.x, self.y, self.sample_weight, self.class_weight
         positional = not isinstance(x, dict)
+        take: Callable[..., torch.Tensor]  # called with a tensor (the defaults bind the loop values)
         for b in range(n // bs if self.drop_last else math.ceil(n / bs)):
             lo, hi = b * bs, min((b + 1) * bs, n)
             if order is None:
@@ -275,8 +284,9 @@ def evaluation_shard(loader: DataLoader, rank: int, world_size: int) -> DataLoad
         logger.warning("evaluating a DataLoader with a custom sampler or batch sampler on %d processes: the "
                        "distributed sampler may repeat samples of the last shard", world_size)
         return loader
-    return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=BlockSampler(len(loader.dataset), rank,
-                      world_size), collate_fn=loader.collate_fn, num_workers=loader.num_workers,
+    block_sampler = BlockSampler(len(cast(Sized, loader.dataset)), rank, world_size)  # sequential: map-style
+    return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=block_sampler,
+                      collate_fn=loader.collate_fn, num_workers=loader.num_workers,
                       pin_memory=loader.pin_memory, drop_last=False, generator=loader.generator)
 
 

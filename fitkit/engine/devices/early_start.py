@@ -103,14 +103,15 @@ def adopt(fabric: Any, started: Started) -> bool:
     False (and `started` stopped) when Lightning launches this run otherwise."""
     launcher = getattr(fabric.strategy, "launcher", None)
     environment = getattr(launcher, "cluster_environment", None)
-    plain = (type(launcher).__name__ == "_SubprocessScriptLauncher" and environment is not None
-             and type(environment).__name__ == "LightningEnvironment"
+    plain = (launcher is not None and type(launcher).__name__ == "_SubprocessScriptLauncher"
+             and environment is not None and type(environment).__name__ == "LightningEnvironment"
              and not environment.creates_processes_externally
              and launcher.num_processes == started.per_node and launcher.num_nodes == started.nodes
              and hasattr(launcher, "_call_children_scripts") and not launcher.procs)
     if not plain:
         started.stop()
         return False
+    assert launcher is not None and environment is not None  # both checked by `plain`
 
     def call_children_scripts() -> None:
         # What the launcher sets in its own process before starting the others; they are started.

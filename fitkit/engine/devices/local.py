@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -217,8 +217,9 @@ class CompiledModule(torch.nn.Module):
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:
         return self._original_module.state_dict(*args, **kwargs)
 
-    def load_state_dict(self, state_dict: Any, strict: bool = True, **kwargs: Any) -> Any:
-        return self._original_module.load_state_dict(state_dict, strict=strict, **kwargs)
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, *args: Any, **kwargs: Any) -> Any:
+        # `*args`: what Module's signature allows after `strict` (`assign`), passed on as given
+        return self._original_module.load_state_dict(state_dict, strict, *args, **kwargs)
 
 
 class LocalOptimizer:

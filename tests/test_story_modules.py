@@ -1,0 +1,115 @@
+"""How many fitkit modules a reader follows for one story, measured by running the code: a profile
+(`sys.setprofile`) records the module of every fitkit function called between two moments of a real
+`fit`.
+
+- one `save_strategy="epoch"` save, from the end of the epoch's last step to `on_save`: at most 8;
+- a Keras-style callback's `on_epoch_end` is reached from the loop through at most 3 (the loop, the
+  handler, the adapter: the fitkit frames on the stack when it runs);
+- one training step, from `on_step_begin` to `on_step_end`: at most 7.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from helpers import mlp
+
+from fitkit import Model, TrainerCallback
+from fitkit.callbacks import Callback
+
+
+class _Profile:
+    """The fitkit modules whose functions are called while `on` is set."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.modules: set[str] = set()
+
+    def __call__(self, frame, event, arg) -> None:
+        if self.on and event == "call":
+            name = frame.f_globals.get("__name__", "")
+            if name.startswith("fitkit"):
+                self.modules.add(name)
+
+    def start(self) -> None:
+        self.modules, self.on = set(), True
+
+    def stop(self) -> list[str]:
+        self.on = False
+        return sorted(self.modules)
+
+
+def _fit(tmp_path, *callbacks, **options):
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 8), torch.randint(0, 3, (64,))
+    model = Model(mlp()).compile("adam", "cross_entropy")
+    profile = callbacks[0].profile
+    sys.setprofile(profile)
+    try:
+        model.fit(x, y, epochs=2, batch_size=16, verbose=0, output_dir=str(tmp_path), callbacks=list(callbacks),
+                  **options)
+    finally:
+        sys.setprofile(None)
+
+
+def test_an_epoch_end_save_runs_through_at_most_8_modules(tmp_path):
+    found = {}
+
+    class Probe(TrainerCallback):
+        profile = _Profile()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 8:  # the last step of the second epoch
+                self.profile.start()
+
+        def on_save(self, args, state, control, **kwargs):
+            if self.profile.on:
+                found["modules"] = self.profile.stop()
+
+    _fit(tmp_path, Probe(), save_strategy="epoch")
+    modules = [m for m in found["modules"] if m != __name__]
+    assert "fitkit.engine.checkpoint.checkpointer" in modules  # the checker sees the save
+    assert len(modules) <= 8, modules
+
+
+def test_a_keras_style_on_epoch_end_is_reached_through_at_most_3_modules(tmp_path):
+    found = {}
+
+    class KerasStyle(Callback):
+        profile = _Profile()
+
+        def on_epoch_end(self, epoch, logs=None):
+            frame, stack = sys._getframe(1), []
+            while frame is not None:
+                name = frame.f_globals.get("__name__", "")
+                if name.startswith("fitkit") and name not in stack:
+                    stack.append(name)
+                if name == "fitkit.engine.loop":
+                    break
+                frame = frame.f_back
+            found["stack"] = stack
+
+    _fit(tmp_path, KerasStyle())
+    assert found["stack"][-1] == "fitkit.engine.loop"
+    assert len(found["stack"]) <= 3, found["stack"]
+
+
+def test_one_training_step_runs_through_at_most_7_modules(tmp_path):
+    found = {}
+
+    class Probe(TrainerCallback):
+        profile = _Profile()
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step == 5:  # a step inside the second epoch: no first-batch checks
+                self.profile.start()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if self.profile.on:
+                found["modules"] = self.profile.stop()
+
+    _fit(tmp_path, Probe())
+    modules = [m for m in found["modules"] if m != __name__]
+    assert "fitkit.engine.step" in modules
+    assert len(modules) <= 7, modules
