@@ -24,7 +24,6 @@ from fitkit.adapters.optimizers import optimizer_note
 from fitkit.callbacks.display.evaluation_line import evaluation_line_for
 from fitkit.callbacks.flow import DefaultFlowCallback
 from fitkit.callbacks.history import History
-from fitkit.callbacks.keras.model_view import ModelView
 from fitkit.config.arguments import TrainingArguments
 from fitkit.config.compile_config import CompileConfig
 from fitkit.config.jit_compile import jit_note
@@ -77,17 +76,6 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods):
         if self._module is None:
             self._module = _call_model_init(self.model_init)
         return self._module
-
-    @property
-    def optimizer(self) -> Any:
-        """The optimizer (as Fabric set it up) after the first fit, else None. It is kept
-        across fits, so its state carries over (Keras); `compile` again starts a fresh one.
-        Inside an overridden `train_step`, its `step()` also clips, fires the optimizer events and
-        steps the scheduler, at the end of a gradient-accumulation cycle."""
-        tools = self._runtime.tools
-        if tools is not None and tools.optimizer is not None:
-            return tools.optimizer
-        return self._runtime.optimizer
 
     @property
     def fabric(self) -> Any:
@@ -148,7 +136,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods):
         handler = CallbackHandler(self.callback_handler.callbacks)
         for cb in [*callback_list(extra), *more]:
             handler.add_callback(cb)
-        handler.keras_model = ModelView(self, handler)  # what Keras-style callbacks see as `self.model`
+        handler.set_run(keras_model=self)  # what Keras-style callbacks see as `self.model`: this model
         return handler
 
     # -- fit, evaluate, predict ------------------------------------------------------------------
@@ -178,6 +166,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods):
                 class_weight=class_weight, sample_weight=sample_weight, initial_epoch=initial_epoch, args=args,
                 **options))
         history, given = History(), [*self.callback_handler.callbacks, *callbacks]
+        self.history = history  # as Keras: the run's History, also while it runs
         handler = self._handler(callbacks, history, *defaults_for(run_args, given))
         trainer = Trainer(self._runtime, self.module, self.config, run_args, handler, StepOverrides.of(self, Model))
         try:

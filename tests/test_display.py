@@ -16,7 +16,7 @@ from helpers import blobs, mlp
 from fitkit import Model, TrainerCallback
 from fitkit.callbacks import ProgressBar
 from fitkit.callbacks.display import progress as progress_module
-from fitkit.callbacks.display.progress import epoch_line
+from fitkit.callbacks.display.progress import format_duration, format_logs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
@@ -146,13 +146,19 @@ def test_verbose_two_prints_plain_lines_even_on_a_terminal(outputs):
     assert epoch_lines(lines[1:-1]) == ["1", "2", "3"] and len(lines) == 8, raw
 
 
-def test_epoch_line_format():
+def test_logged_values_and_durations_format():
     logs = {"loss": 0.12344, "accuracy": 0.96123, "learning_rate": 0.001, "epoch": 3.0,
             "val_loss": 0.2, "val_accuracy": 0.95, "stopped": "why", "flag": True}
-    assert epoch_line(3, 10, 1.234, 0.0041, logs) == (
-        "Epoch 3/10 - 1.2s - 4.1ms/step - loss: 0.1234 - accuracy: 0.9612 - val_loss: 0.2000 - val_accuracy: 0.9500")
-    assert epoch_line(1, 2, 0.25, 0.25, {"loss": 1e-6}) == "Epoch 1/2 - 250ms - 250ms/step - loss: 1.0000e-06"
-    assert epoch_line(4, None, 75, 1.5, {}) == "Epoch 4 - 1m 15s - 1.5s/step"
+    assert format_logs(logs) == "loss: 0.1234 - accuracy: 0.9612 - val_loss: 0.2000 - val_accuracy: 0.9500"
+    assert format_logs({"loss": 1e-6}) == "loss: 1.0000e-06"
+    assert (format_duration(1.234), format_duration(0.25), format_duration(75)) == ("1.2s", "250ms", "1m 15s")
+
+
+def _frame(display):
+    """The text of the frame the bars draw now."""
+    from fitkit.callbacks.display import bar
+
+    return "\n".join("".join(piece for piece, _ in pieces) for pieces in bar.frame(display.rows, bar.time.monotonic()))
 
 
 class _FakeTerminal:
@@ -301,7 +307,7 @@ def test_bar_frame_layout(monkeypatch):
     epoch.values = "loss: 0.1234"
     validation = display.add_row("  validation", total=None)
     validation.update(completed=3)
-    first, second = display.render().plain.split("\n")
+    first, second = _frame(display).split("\n")
     bar = first[len("Epoch 2/10   "):][:BAR_WIDTH]
     assert first.startswith("Epoch 2/10   ") and second.startswith("  validation ")  # titles aligned
     assert bar == "━" * 13 + "╸" + "━" * 16  # 137/300 of 30 cells: 13 full, one half
@@ -309,9 +315,9 @@ def test_bar_frame_layout(monkeypatch):
     assert rate and rate.groups() == ("58.5", "03"), first  # 117 steps in 2 s; 163 left: 2.8 s
     assert " 3/? " in second and "ETA" not in second
     epoch.update(completed=300)
-    assert epoch.finished is not None and "━" * BAR_WIDTH + " 300/300 " in display.render().plain
+    assert epoch.finished is not None and "━" * BAR_WIDTH + " 300/300 " in _frame(display)
     display.remove_row(validation)
-    assert "\n" not in display.render().plain
+    assert "\n" not in _frame(display)
 
 
 def test_lines_printed_while_the_bars_are_up_go_above_them():

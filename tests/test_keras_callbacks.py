@@ -270,9 +270,9 @@ def test_the_model_offers_what_keras_callbacks_use(tmp_path):
     assert seen["lr"] == 0.0 and (tmp_path / "w.pt").exists()
     assert all(g["lr"] == 0.0 for g in model.optimizer.param_groups)
     with pytest.raises(ValueError, match="learning_rate"):
-        from fitkit.callbacks.keras.model_view import OptimizerView
+        from fitkit.facade.keras_api import OptimizerView
 
-        OptimizerView(model.optimizer, None).learning_rate = "fast"
+        OptimizerView(model.optimizer.wrapped, model.runtime).learning_rate = "fast"
 
 
 def test_keras_callback_state_is_checkpointed_like_any_stateful_callback(tmp_path):
@@ -349,3 +349,25 @@ def test_running_averages_cost_one_host_read_per_batch_and_nothing_otherwise(mon
     assert reads([EpochEnd()], 2) == plain  # epoch logs reuse the epoch's one read
     assert reads([BatchEnd()], 2) == plain + 2 * 32  # 32 steps an epoch: one read each
     assert reads([BatchEnd(), BatchEnd()], 2) == plain + 2 * 32  # shared by every callback of the batch
+
+
+def test_self_model_is_the_model_itself_with_keras_optimizer_and_history():
+    # Keras sets the model itself on its callbacks: identity and type, `optimizer.learning_rate`, the
+    # run's `history` while it runs
+    seen = {}
+
+    class Watch(Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            seen.setdefault("model", []).append(self.model)
+            seen["history"] = self.model.history
+            seen["rate"] = float(self.model.optimizer.learning_rate)
+            self.model.optimizer.learning_rate = 0.025
+
+    x, y = data()
+    model = Model(torch.nn.Linear(4, 1)).compile("sgd", "mse", learning_rate=0.05)
+    history = model.fit(x, y, batch_size=BATCH, epochs=2, verbose=0, callbacks=[Watch()])
+    assert all(m is model for m in seen["model"]) and type(seen["model"][0]) is Model
+    assert seen["history"] is history is model.history
+    assert seen["rate"] == pytest.approx(0.025)  # the second epoch read what the first assigned
+    assert model.optimizer is model.optimizer and float(model.optimizer.learning_rate) == pytest.approx(0.025)
+    assert all(g["lr"] == pytest.approx(0.025) for g in model.optimizer.param_groups)

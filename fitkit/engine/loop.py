@@ -81,7 +81,7 @@ class Loop:
         self.first_epoch = 0  # Keras' initial_epoch
         self._module_dict: dict = {}  # the user's module's attributes: Keras' `stop_training` is set there
         # Keras' batch-end logs, read only when a Keras-style callback asks (fitkit.engine.batch_logs)
-        self.running_logs = handler.running_logs = RunningLogs(self)
+        self.running_logs = RunningLogs(self)
         self.epoch_validation: dict[str, float] | None = None  # the epoch's last evaluation (Keras' epoch logs)
 
     # -- training -----------------------------------------------------------------------------
@@ -147,8 +147,8 @@ class Loop:
         if resume:
             assert checkpointer is not None  # a resume comes from the fit's checkpointer
             start = checkpointer.restore_epoch(self, resume, train)
-        batches = (checkpointer.epoch_iterator(train, epoch, start, resume) if checkpointer is not None
-                   else train.batches(epoch, start))
+        batches = train.epoch(epoch, start, rng=resume.rng if resume else None,
+                              epoch_rng=resume.epoch_rng if resume else None)
         n_batches = self.epoch_length
         if self.args.steps_per_epoch is not None:
             assert n_batches is not None  # `steps_per_epoch` gives the epoch its length (`epoch_batches`)
@@ -258,10 +258,10 @@ class Loop:
         state = self.state
         if n_batches is None or not stopped or state.epoch is None:
             state.epoch = float(epoch + 1)
+        self.loss.close()  # the epoch's one host read
         self.control = self.handler.on_epoch_end(self.args, state, self.control)
         if not self.preemption.final:  # a preempted epoch stays where its last step left it
             self.position = (epoch + 1, 0)
-        self.loss.close()  # the epoch's one host read
         self._log_evaluate_save(epoch_end=True)
         self._epoch_summary(epoch)
 

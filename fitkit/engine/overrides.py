@@ -3,11 +3,10 @@
 step uses (`StepTools`: backward, the optimizer, the module, custom events).
 
 The facade hands the engine plain callables (`StepOverrides`), so the engine never imports it.
-With nothing overridden, `StepOverrides.none()` is falsy and the loop keeps its own fast path.
+With nothing overridden, `StepOverrides()` is falsy and the loop keeps its own fast path.
 
     overrides = StepOverrides(train_step=model.train_step)   # bound methods, or None
     tools = StepTools(stepper, handler_call, optimizer_step)  # set on the Runtime during a call
-    data = as_data(batch)                                      # (x, y), (x, y, sw), (x,) or a dict
 """
 
 from __future__ import annotations

@@ -3,8 +3,7 @@ clearing gradients, train/eval mode.
 
 `Stepper` decides once, when a run starts, whether the step can skip Fabric's wrappers: on one
 device in full precision with no Fabric callbacks they only add checks and no-op conversions
-(about 30 us a step), so the module, backward and optimizer are called directly. Every use of
-Fabric's private members lives in this module.
+(about 30 us a step), so the module, backward and optimizer are called directly.
 """
 
 from __future__ import annotations

@@ -121,12 +121,6 @@ class Trainer:
         """The loop of a fit, with its checkpointer, and the callbacks' event keywords wired."""
         fabric, handler = self.runtime.fabric, self.handler
         directions = metric_directions(config.metrics)
-        handler.model, handler.optimizer, handler.lr_scheduler = self.module, optimizer, scheduler
-        handler.train_dataloader = getattr(train, "loader", None)
-        handler.eval_dataloader = eval_loader(val)  # sized for in-memory data too
-        handler.metric_directions = directions
-        handler.steps_per_epoch = None if batches is None else steps_per_epoch(batches,
-                                                                              self.args.gradient_accumulation_steps)
         self.control = TrainerControl()
         self.checkpointer = Checkpointer(fabric, self.args, state, handler, module=wrapped, optimizer=optimizer,
                                          scheduler=scheduler, defer_copy=self.overrides.train_step is None)
@@ -134,7 +128,15 @@ class Trainer:
         loop = Loop(stepper, handler, self.args, state, self.control, metrics=config.logged_metrics,
                     scheduler=scheduler, checkpointer=self.checkpointer, directions=directions,
                     overrides=self.overrides, epoch_length=batches)
-        handler.save_checkpoint = loop.checkpoint
+        handler.set_run(model=self.module, optimizer=optimizer, lr_scheduler=scheduler,
+                        train_dataloader=getattr(train, "loader", None),
+                        eval_dataloader=eval_loader(val),  # sized for in-memory data too
+                        metric_directions=directions, save_checkpoint=loop.checkpoint,
+                        steps_per_epoch=None if batches is None else steps_per_epoch(
+                            batches, self.args.gradient_accumulation_steps),
+                        running_logs=loop.running_logs,
+                        # an asynchronous save's copy of the weights is waited for before any callback runs
+                        before_listeners=self.checkpointer.before_update if self.args.save_async else None)
         return loop
 
     def _sources(self, x: Any, y: Any, sample_weight: Any, validation_data: Any,
@@ -215,13 +217,14 @@ class Trainer:
 
     def _eval_loop(self, state: TrainerState, control: TrainerControl) -> Loop:
         fabric, wrapped = self.runtime.setup(self.module, self.args)
-        self.handler.model = self.module
         self.state, self.control = state, control
         state.is_world_process_zero = fabric.is_global_zero
         state.is_local_process_zero = fabric.local_rank == 0
         loss_fn, metrics = (self.config.loss_fn, self.config.logged_metrics) if self.config else (None, [])
         stepper = Stepper(fabric, wrapped, self.runtime.optimizer, loss_fn, self.overrides.compute_loss)
-        return Loop(stepper, self.handler, self.args, state, control, metrics=metrics, overrides=self.overrides)
+        loop = Loop(stepper, self.handler, self.args, state, control, metrics=metrics, overrides=self.overrides)
+        self.handler.set_run(model=self.module, running_logs=loop.running_logs)
+        return loop
 
 
 def _with_evaluation(args: TrainingArguments, val: DataSource | None) -> TrainingArguments:

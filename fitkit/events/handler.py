@@ -335,16 +335,35 @@ class CallbackHandler(TrainerCallback):
         #: passed to `on_train_begin` as the `steps_per_epoch` keyword (Keras' `params["steps"]`).
         self.steps_per_epoch: int | None = None
         #: Keras-style callbacks: the fitkit `Model` running this handler (`self.model` of such a
-        #: callback, set by the facade) and the loop's running averages (`fitkit.engine.batch_logs`).
+        #: callback: the model itself, given by the facade) and the loop's running averages
+        #: (`fitkit.engine.batch_logs`).
         self.keras_model: Any = None
         self.running_logs: Any = None
         #: Called before any listener runs, when set: the engine waits there for an asynchronous
-        #: checkpoint's copy of the weights, which a callback could otherwise change mid-copy.
+        #: checkpoint's copy of the weights (when one is under way), which a callback could
+        #: otherwise change mid-copy.
         self.before_listeners: Callable[[], None] | None = None
         if not any(_drives_flow(cb) for cb in self.callbacks):
             logger.warning("a run will not log, evaluate or save on schedule without a DefaultFlowCallback among its "
                            "callbacks: add one with handler.add_callback(DefaultFlowCallback). The callbacks are:\n%s",
                            self.callback_list)
+
+    #: What a run hands its callbacks (`set_run`): the objects of HF's event keywords, and fitkit's.
+    RUN_FIELDS = ("model", "optimizer", "lr_scheduler", "train_dataloader", "eval_dataloader", "save_checkpoint",
+                  "metric_directions", "steps_per_epoch", "running_logs", "before_listeners", "keras_model")
+
+    def set_run(self, **objects: Any) -> None:
+        """Give the handler what the run starting hands its callbacks, once, as Keras'
+        `set_model` / `set_params` do (names in `RUN_FIELDS`; the others keep their values)::
+
+            handler.set_run(model=module, optimizer=optimizer, lr_scheduler=scheduler,
+                            train_dataloader=loader, metric_directions={"val_loss": "min"})
+        """
+        unknown = sorted(set(objects) - set(self.RUN_FIELDS))
+        if unknown:
+            raise TypeError(f"CallbackHandler.set_run() got {unknown}: it takes {', '.join(self.RUN_FIELDS)}")
+        for name, value in objects.items():
+            setattr(self, name, value)
 
     # -- the list ---------------------------------------------------------------------
     def add_callback(self, callback: TrainerCallback | type) -> None:

@@ -178,7 +178,7 @@ class TrainerState:
 class TrainerControl:
     """Switches callbacks flip to steer the loop (HF semantics).
 
-    `should_training_stop` is never reset; `should_epoch_stop` is reset at each epoch begin;
+    `should_training_stop` is reset only when a new `fit` begins; `should_epoch_stop` at each epoch begin;
     `should_save`, `should_evaluate` and `should_log` are reset at each step begin.
     """
 

@@ -7,17 +7,21 @@
     weights = model.get_weights(); model.set_weights(weights)
     model.count_params(), model.metrics_names, model(x)
 
-`Model` inherits them; they use only its public members.
+`Model` inherits them; they use only its public members. `model.optimizer` is the run's optimizer
+with Keras' `learning_rate` (`OptimizerView`), also as a Keras-style callback's `self.model`,
+which is the model itself.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from fitkit.adapters.metrics import metric_name
+from fitkit.callbacks._monitor import set_learning_rates
 from fitkit.engine import on_batch
 from fitkit.engine.overrides import StepOverrides
 from fitkit.facade.steps import Steps
@@ -37,6 +41,55 @@ def as_list(logs: dict[str, float], names: list[str]) -> float | list[float]:
     return ordered[0] if len(ordered) == 1 else ordered
 
 
+class OptimizerView:
+    """`Model.optimizer`: the run's optimizer with Keras' `learning_rate` (and `lr`) attribute,
+    which reads the first parameter group's rate and assigns every group's (and the scheduler's
+    base rates); anything else is the optimizer's own::
+
+        lr = float(model.optimizer.learning_rate)
+        model.optimizer.learning_rate = lr * 0.5     # from a Keras-style callback too
+    """
+
+    def __init__(self, optimizer: Any, runtime: Any) -> None:
+        object.__setattr__(self, "_optimizer", optimizer)
+        object.__setattr__(self, "_runtime", runtime)
+
+    @property
+    def learning_rate(self) -> float:
+        groups = self._optimizer.param_groups
+        return float(groups[0]["lr"]) if groups else math.nan
+
+    @learning_rate.setter
+    def learning_rate(self, value: Any) -> None:
+        try:
+            rate = float(value)
+        except (TypeError, ValueError):
+            rate = math.nan
+        if isinstance(value, bool) or not math.isfinite(rate) or rate < 0:
+            raise ValueError(f"`optimizer.learning_rate`={value!r} is invalid: assign a finite number >= 0")
+        scheduler = getattr(self._runtime, "scheduler", None)
+        set_learning_rates(self._optimizer, scheduler, lambda _i, _old: rate)
+
+    lr = learning_rate
+
+    @property
+    def wrapped(self) -> Any:
+        """The optimizer itself."""
+        return self._optimizer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._optimizer, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in ("learning_rate", "lr"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._optimizer, name, value)
+
+    def __repr__(self) -> str:
+        return f"OptimizerView({self._optimizer!r})"
+
+
 class KerasMethods:
     """`train_on_batch`, `test_on_batch`, `predict_on_batch`, `get_weights`, `set_weights`,
     `count_params`, `metrics_names` and calling the model, as Keras has them."""
@@ -49,6 +102,23 @@ class KerasMethods:
 
         @property
         def runtime(self) -> Runtime: ...
+
+    @property
+    def optimizer(self) -> Any:
+        """The optimizer (as Fabric set it up) after the first fit, else None, with Keras'
+        `learning_rate` (`OptimizerView`). It is kept across fits, so its state carries over
+        (Keras); `compile` again starts a fresh one. Inside an overridden `train_step`, its
+        `step()` also clips, fires the optimizer events and steps the scheduler, at the end of a
+        gradient-accumulation cycle."""
+        runtime = self.runtime
+        tools = runtime.tools
+        optimizer = tools.optimizer if tools is not None and tools.optimizer is not None else runtime.optimizer
+        if optimizer is None:
+            return None
+        view = self.__dict__.get("_optimizer_view")
+        if view is None or view.wrapped is not optimizer:
+            view = self.__dict__["_optimizer_view"] = OptimizerView(optimizer, runtime)
+        return view
 
     def _batch_call(self) -> tuple[Runtime, torch.nn.Module, CompileConfig | None, TrainingArguments | None,
                                    StepOverrides]:

@@ -174,18 +174,6 @@ class _Bars:
         self.rows.clear()
         self.print(line)
 
-    def render(self) -> Any:
-        """The current frame as a rich `Text` (for tests, or to print it with rich)."""
-        from rich.text import Text
-
-        text = Text(no_wrap=True, overflow="ellipsis", end="")
-        for i, pieces in enumerate(frame(self.rows, time.monotonic())):
-            if i:
-                text.append("\n")
-            for piece, style in pieces:
-                text.append(piece, style)
-        return text
-
 
 #: Escape codes of the styles, by colour system (rich's default theme).
 _CODES: dict[str | None, dict[str, tuple[str, str]]] = {}

@@ -53,27 +53,6 @@ def format_duration(seconds: float) -> str:
     return f"{hours}h {minutes:02d}m"
 
 
-def format_per_step(seconds: float) -> str:
-    """Time per step the Keras way: `4.1ms/step`, `120ms/step`, `1.5s/step`."""
-    ms = seconds * 1000
-    if ms < 100:
-        return f"{ms:.1f}ms/step"
-    if ms < 1000:
-        return f"{ms:.0f}ms/step"
-    return f"{seconds:.1f}s/step"
-
-
-def epoch_line(epoch: int, epochs: int | None, seconds: float, per_step: float | None, logs: dict) -> str:
-    """`Epoch 3/10 - 1.2s - 4.1ms/step - loss: 0.1234 - accuracy: 0.9612 - val_loss: ...`."""
-    parts = [_epoch_title(epoch, epochs), format_duration(seconds)]
-    if per_step is not None:
-        parts.append(format_per_step(per_step))
-    values = format_logs(logs)
-    if values:
-        parts.append(values)
-    return " - ".join(parts)
-
-
 def keras_number(value: float) -> str:
     """A value as Keras 3 prints it: 4 decimals, scientific below 1e-3."""
     return f"{value:.4f}" if abs(value) > 1e-3 or not math.isfinite(value) else f"{value:.4e}"

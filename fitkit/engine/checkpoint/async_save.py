@@ -189,10 +189,6 @@ class BackgroundWriter:
         except BaseException as err:  # noqa: BLE001 - handed to the training thread by `wait`
             self._error = err
 
-    def busy(self) -> bool:
-        """True while a job runs."""
-        return self._thread is not None and self._thread.is_alive()
-
     def done(self) -> bool:
         """True when a job was submitted and has ended (committed or failed), not yet waited for."""
         return self._thread is not None and not self._thread.is_alive()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import secrets
@@ -39,7 +40,7 @@ from fitkit.common.schedule import steps_per_epoch, unplanned_steps
 from fitkit.engine.checkpoint import files, run_lock
 from fitkit.engine.checkpoint.async_save import HostCopy
 from fitkit.engine.checkpoint.elastic import full_payload
-from fitkit.engine.data.rng import rng_state, set_rng_state
+from fitkit.engine.data.rng import rng_state
 from fitkit.events.state import OffersCheckpoint, TrainerControl, TrainerState
 
 logger = logging.getLogger("fitkit")
@@ -143,7 +144,6 @@ class Checkpointer:
         self.fabric, self.args, self.state, self.handler = fabric, args, state, handler
         self.module, self.optimizer, self.scheduler = module, optimizer, scheduler
         self.last: str | None = None  # the newest checkpoint written into `output_dir`
-        self.epoch_rng: dict | None = None  # RNG at epoch start, for loaders that draw from it
         self._locks: dict[str, Any] | None = None  # by real path, while `writing()` runs
         self._token: str | None = None  # this run's part of temporary names, the same on every process
         self._writer: Any = None  # `async_save.BackgroundWriter`, from the first asynchronous save
@@ -160,6 +160,11 @@ class Checkpointer:
         # host copy's buffers (`reserve_buffers`): fresh memory is slow to fault in, and the first
         # save's copy would otherwise make the loop wait for it.
         self._reserve_due = bool(getattr(args, "save_async", False)) and args.save_strategy != "no"
+
+    @functools.cached_property
+    def run_files(self) -> files.RunFiles:
+        """What every checkpoint of this run writes alike (worked out at its first save)."""
+        return files.RunFiles.of(self.args, self.module, self.optimizer)
 
     # -- holding the directories ---------------------------------------------------------------
     @contextlib.contextmanager
@@ -222,7 +227,7 @@ class Checkpointer:
             return LoopSnapshot(epoch=epoch, batch=0, samples=0, world_size=world_size)
         sums = loop.loss.export()  # over all processes: before the metric states, as every process does
         return LoopSnapshot(epoch=epoch, batch=batch, samples=loop.source.consumed(epoch, batch), world_size=world_size,
-                            **sums, metrics=loop.train_metrics.export_state(), epoch_rng=self.epoch_rng,
+                            **sums, metrics=loop.train_metrics.export_state(), epoch_rng=loop.source.epoch_rng if loop.source is not None else None,
                             data_state=self._data_state(loop.source))
 
     def _data_state(self, source: Any) -> list | None:
@@ -265,7 +270,8 @@ class Checkpointer:
         extra = {"rng": rng_state(), "loop": snapshot.to_payload()}
         if background:
             return self._save_in_background(directory, own, limit, extra)
-        path = files.save_checkpoint(self.fabric, directory, state=state, args=self.args, module=self.module,
+        path = files.save_checkpoint(self.fabric, directory, state=state, args=self.args, run=self.run_files,
+                                     module=self.module,
                                      optimizer=self.optimizer, scheduler=self.scheduler, extra=extra,
                                      token=self._token)
         if self.fabric.is_global_zero:
@@ -305,15 +311,15 @@ class Checkpointer:
         rotation to the writer thread of the global-zero process."""
         from fitkit.engine.checkpoint.async_save import BackgroundWriter
 
-        state, args = self.state, self.args
+        state = self.state
         payload = full_payload(self.fabric, self.module, self.optimizer, self.scheduler, extra)
         path = files.checkpoint_path(directory, state.global_step)
         self._pending.append((own, path))
         if not self.fabric.is_global_zero:
             return path
         copy = self._copy.take(payload, self._settled_storages())
-        texts = files.texts(state, args)  # rendered now: the loop changes the state while the write runs
-        fields = files.manifest_fields(state.global_step, self.optimizer)
+        texts = files.texts(state, self.run_files)  # rendered now: the loop changes the state while the write runs
+        fields = files.manifest_fields(state.global_step, self.run_files)
         step, token = state.global_step, self._token
         assert token is not None  # `save` drew it before this write
 
@@ -325,8 +331,7 @@ class Checkpointer:
             self._writer = BackgroundWriter()
         self._writer.submit(write)
         if copy.deferred:
-            self.copying = copy
-            self.handler.before_listeners = self.before_update
+            self.copying = copy  # `before_update` waits for it
         return path
 
     def _settled_storages(self) -> set[int] | None:
@@ -352,7 +357,6 @@ class Checkpointer:
         """Wait until an asynchronous save's copy of the weights and optimizer state is complete:
         the loop calls it before the optimizer step, the handler before any callback runs."""
         copy, self.copying = self.copying, None
-        self.handler.before_listeners = None
         if copy is not None:
             copy.wait()
 
@@ -428,7 +432,7 @@ class Checkpointer:
         with its path as the `checkpoint` keyword."""
         announced, self._announce = self._announce, []
         for path in announced:  # `checkpoint`: its path (`state.global_step` may be past it with `save_async`)
-            loop.control = self.handler.call_event("on_save", self.args, self.state, loop.control, checkpoint=path)
+            loop.control = self.handler.on_save(self.args, self.state, loop.control, checkpoint=path)
 
     # -- resuming ----------------------------------------------------------------------------------
     def resume_path(self, callbacks: Iterable[Any]) -> str | None:
@@ -486,22 +490,6 @@ class Checkpointer:
         if self.fabric.global_rank == 0:  # metric states were synced over all processes when saved
             loop.train_metrics.load_state(resume.metrics)
         return start
-
-    def epoch_iterator(self, train: Any, epoch: int, start: int, resume: LoopSnapshot | None) -> Iterator[Any]:
-        """The epoch's batches from `start`, with the RNG where the first run had it (and the
-        epoch's starting RNG recorded, for a loader that draws its order from it)."""
-        replay = resume.epoch_rng if resume else None
-        rng = resume.rng if resume else None  # a resumed snapshot's RNG: read from its checkpoint
-        if resume:
-            assert rng is not None
-            set_rng_state(replay or rng)
-        if train.replays_rng:
-            self.epoch_rng = replay or rng_state()
-        batches = train.batches(epoch, start)
-        if replay:  # the epoch's order was drawn as in the first run; now continue its RNG
-            assert rng is not None
-            set_rng_state(rng)
-        return batches
 
     # -- the best model ------------------------------------------------------------------------------
     def load_best(self) -> None:

@@ -33,9 +33,10 @@ from typing import Any, cast
 
 from fitkit.adapters.optimizers import implementation
 from fitkit.common.options import error_line
+from fitkit.common.wrappers import unwrapped
 from fitkit.engine.checkpoint import run_lock
 from fitkit.engine.checkpoint.elastic import load_state, saved_layout
-from fitkit.engine.checkpoint.hf_export import export_pretrained
+from fitkit.engine.checkpoint.hf_export import export_pretrained, is_pretrained
 from fitkit.engine.checkpoint.state_file import ALGORITHM, BLOCK, DirectFile, HashingFile, save_state
 from fitkit.events.state import TrainerState
 
@@ -72,7 +73,24 @@ def checkpoint_path(output_dir: str, global_step: int) -> str:
     return os.path.join(output_dir, f"checkpoint-{global_step}")
 
 
-def save_checkpoint(fabric, output_dir: str, *, state, args, module, optimizer, scheduler=None,
+@dataclasses.dataclass(frozen=True)
+class RunFiles:
+    """What every checkpoint of one run writes alike, worked out once (the arguments are frozen,
+    the module and optimizer stay for the run): the arguments' JSON, the manifest's optimizer
+    fields, and whether `save_pretrained`'s files go beside fitkit's (a Hugging Face model)."""
+
+    args_json: str
+    optimizer: str | None = None
+    optimizer_implementation: str | None = None
+    pretrained: bool = False
+
+    @classmethod
+    def of(cls, args: Any, module: Any, optimizer: Any) -> RunFiles:
+        return cls(args.to_json_string(), optimizer_class(optimizer),
+                   None if optimizer is None else implementation(optimizer), is_pretrained(unwrapped(module)))
+
+
+def save_checkpoint(fabric, output_dir: str, *, state, args, run: RunFiles, module, optimizer, scheduler=None,
                     extra: dict[str, Any] | None = None, token: str = "") -> str:
     """Write a complete checkpoint for `state.global_step` and return its final path.
 
@@ -97,10 +115,10 @@ def save_checkpoint(fabric, output_dir: str, *, state, args, module, optimizer, 
             # `fabric.save` ends with a barrier, which the others have reached and this process skipped
             # (DCP's own error is raised on every process: then all skipped it)
             fabric.barrier()
-        if failure is None and zero:  # a Hugging Face model: what from_pretrained reads, before the manifest
+        if failure is None and zero and run.pretrained:  # what from_pretrained reads, before the manifest
             failure = _attempt(lambda: export_pretrained(tmp, module, args))
         if failure is None and zero:
-            failure = _attempt(lambda: _finish(tmp, final, state, args, optimizer))
+            failure = _attempt(lambda: commit(tmp, final, texts(state, run), manifest_fields(state.global_step, run)))
         failure = agree(fabric, failure)
     if failure is None:
         return final
@@ -117,24 +135,18 @@ def _prepare(output_dir: str, tmp: str) -> None:
     os.makedirs(tmp)
 
 
-def _finish(tmp: str, final: str, state: TrainerState, args: Any, optimizer: Any) -> None:
-    """The global-zero process's part, after the weights: the JSON files, the manifest (last,
-    with every file's digest), then the rename."""
-    commit(tmp, final, texts(state, args), manifest_fields(state.global_step, optimizer))
-
-
-def texts(state: TrainerState, args: Any) -> dict[str, str]:
+def texts(state: TrainerState, run: RunFiles) -> dict[str, str]:
     """The checkpoint's JSON files as text, rendered now (an asynchronous save renders them
     before the loop moves on, and writes them later)."""
     return {STATE_FILE: json.dumps(dataclasses.asdict(state), indent=2, sort_keys=True) + "\n",
-            ARGS_FILE: args.to_json_string()}
+            ARGS_FILE: run.args_json}
 
 
-def manifest_fields(global_step: int, optimizer: Any) -> dict[str, Any]:
+def manifest_fields(global_step: int, run: RunFiles | None) -> dict[str, Any]:
     """What a manifest records besides the files: format, step, optimizer class and implementation."""
     return {"format": "fitkit-checkpoint", "version": FORMAT_VERSION, "global_step": global_step,
-            "optimizer": optimizer_class(optimizer),
-            "optimizer_implementation": None if optimizer is None else implementation(optimizer)}
+            "optimizer": run.optimizer if run else None,
+            "optimizer_implementation": run.optimizer_implementation if run else None}
 
 
 def commit(tmp: str, final: str, files: dict[str, str], fields: dict[str, Any],
@@ -612,7 +624,7 @@ def warn_on_resume(args: Any, state: Any, saved: Any) -> None:
 
 def verified(path: str) -> str:
     """`path`, after checking every file of the checkpoint against its manifest (sizes, digests,
-    JSON, paths inside it: `manifest.verify`); a CheckpointError naming the file otherwise."""
+    JSON, paths inside it: `verify`); a CheckpointError naming the file otherwise."""
     try:
         verify(path, REQUIRED)
     except OSError as err:

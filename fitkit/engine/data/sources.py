@@ -45,6 +45,9 @@ class DataSource:
 
     num_samples: int | None = None
     name = "x"  # the argument the data came from (`x`, `validation_data`, `validation_split`)
+    #: The global RNG state when the current epoch's batches were drawn, kept by sources that
+    #: replay it (`replays_rng`): a checkpoint saves it, a resume hands it back to `epoch`.
+    epoch_rng: dict | None = None
 
     @property
     def replays_rng(self) -> bool:
@@ -64,6 +67,22 @@ class DataSource:
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
         """The batches of `epoch` from batch number `start` on."""
         raise NotImplementedError
+
+    def epoch(self, epoch: int, start: int = 0, *, rng: dict | None = None,
+              epoch_rng: dict | None = None) -> Iterator[Batch]:
+        """The training batches of `epoch` from `start`, with the global RNG where a first run had
+        it: a resume passes the RNG state its checkpoint saved (`rng`) and, for a source that
+        replays it, the state the epoch's order was drawn with (`epoch_rng`); the order is drawn
+        from that, then the RNG continues from `rng`. The state an order is drawn with is kept in
+        `self.epoch_rng` for the next checkpoint."""
+        if rng is not None:
+            set_rng_state(epoch_rng or rng)
+        if self.replays_rng:
+            self.epoch_rng = epoch_rng or rng_state()
+        batches = self.batches(epoch, start)
+        if epoch_rng is not None and rng is not None:
+            set_rng_state(rng)  # the epoch's order was drawn as in the first run; now continue its RNG
+        return batches
 
     def stop_prefetch(self) -> None:
         """Stop the threads reading batches ahead that `batches` started (none here)."""
