@@ -1,6 +1,7 @@
 """The loop: epochs and steps of training, evaluation and prediction, firing the callback events.
 
-The order of events per optimizer step is Hugging Face's. What one step does to the module
+The order of events per optimizer step is Hugging Face's. Evaluation and prediction are in
+`fitkit.engine.inference`, best-model tracking in `fitkit.engine.best_model`. What one step does to the module
 and optimizer is `fitkit.engine.step`; what a checkpoint holds, and saving and resuming one, is
 `fitkit.engine.checkpoint.checkpointer` (the loop decides when); SIGTERM is `fitkit.engine.preemption`.
 Losses are accumulated on the device and read back only when logged: the loop never calls
@@ -11,23 +12,21 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from fitkit.adapters.metrics import MetricSet
 from fitkit.adapters.optimizers import is_plateau
-from fitkit.common.logs import best_metric_key, greater_is_better
-from fitkit.common.tensors import map_tensors, tensors_of, to_cpu
 from fitkit.config.arguments import TrainingArguments
 from fitkit.engine.batch_logs import RunningLogs, epoch_values
+from fitkit.engine.best_model import BestModel
 from fitkit.engine.checkpoint.checkpointer import Checkpointer, LoopSnapshot
-from fitkit.engine.checkpoint.files import checkpoint_path
 from fitkit.engine.data.batch import Batch, as_data
 from fitkit.engine.data.prefetch import stopping
 from fitkit.engine.data.sources import DataSource
-from fitkit.engine.eval_prediction import PredictionCollector
+from fitkit.engine.inference import Inference
 from fitkit.engine.overrides import StepMeans, StepOverrides, StepTools
 from fitkit.engine.preemption import Preemption
 from fitkit.engine.run_metrics import RunMetrics
@@ -39,7 +38,7 @@ from fitkit.events.state import StopTraining, TrainerControl, TrainerState
 logger = logging.getLogger("fitkit")
 
 
-class Loop:
+class Loop(Inference, BestModel):
     """Train / evaluate / predict over one `Stepper`, firing events on `handler`.
 
     `directions` maps logged names to "min"/"max" (from the metric objects) for tracking the
@@ -109,7 +108,7 @@ class Loop:
             self.control.should_training_stop = True
             state.log_history.append({"stopped": reason, "epoch": state.epoch, "step": state.global_step})
         if self.checkpointer is not None:
-            self.checkpointer.finish(self)  # the last background write committed, its on_save fired
+            self.control = self.checkpointer.finish(self.control)  # the last background write committed
             self.checkpointer.load_best()
         self._closing_log(figures, first_step)
         self.control = cb.on_train_end(args, state, self.control, preempted=self.preemption.preempted)
@@ -138,6 +137,11 @@ class Loop:
         return False
 
     def _run_epoch(self, epoch: int, train: DataSource, resume: LoopSnapshot | None) -> None:
+        """One epoch, its events in order: `on_epoch_begin`; the steps (`_steps`: per micro-batch
+        `on_step_begin`, `on_substep_end`; per optimizer step `on_pre_optimizer_step`,
+        `on_optimizer_step`, `on_step_end`, then log / evaluate / save as `control` asks); the
+        epoch's end (`_end_epoch`: its loss sums closed, `on_epoch_end`, its log / evaluation /
+        save, `on_epoch_summary`, Keras' `on_epoch_end` moment)."""
         self.control = self.handler.on_epoch_begin(self.args, self.state, self.control)
         self.train_metrics.reset()
         self.step_means.reset()
@@ -243,7 +247,7 @@ class Loop:
     def _after_step(self) -> bool:
         """Log / evaluate / save as `control` asks; True when the epoch should end here."""
         if self.checkpointer is not None and self.checkpointer.pending:  # a background write that ended
-            self.checkpointer.poll(self)
+            self.control = self.checkpointer.poll(self.control)
         control = self.control
         preempted = self.preemption.due(self.state.global_step)
         if preempted:  # SIGTERM: finish this step, checkpoint, stop
@@ -305,7 +309,7 @@ class Loop:
         self.control.should_evaluate = False
         if self.control.should_save and self.checkpointer is not None and not self.preemption.final:
             self.checkpoint()
-            self.checkpointer.announce(self)  # on_save, once committed (`save_async`: maybe later)
+            self.control = self.checkpointer.announce(self.control)  # on_save once committed (maybe later)
         self.control.should_save = False
 
     def _log_training(self, epoch_end: bool) -> None:
@@ -327,174 +331,9 @@ class Loop:
         logs["learning_rate"] = self.stepper.learning_rate() if rate is None else float(rate)
         self.log(logs)
 
-    def _track_best(self, metrics: dict[str, float]) -> bool:
-        """Update `state.best_metric` from an evaluation (and step a plateau scheduler with it);
-        True when this one is the new best. A checkpoint already written at this step (saved
-        before the evaluation) is recorded as the best one at once, so no rotation removes it."""
-        args, state = self.args, self.state
-        name = best_metric_key(args.metric_for_best_model, metrics, required=self._needs_best())
-        if name is None:
-            if not self._warned_best:
-                logger.warning("`metric_for_best_model`=%r is not among the evaluation values %s; "
-                               "no best model is tracked", args.metric_for_best_model, sorted(metrics))
-                self._warned_best = True
-            return False
-        value = metrics[name]
-        if self.plateau is not None:
-            self.plateau.step(value)
-        if not self._is_better(name, value):
-            return False
-        state.best_metric, state.best_global_step = value, state.global_step
-        last = self.checkpointer.last if self.checkpointer is not None else None
-        if last is not None and last == checkpoint_path(args.output_dir, state.global_step):
-            state.best_model_checkpoint = last
-        return True
-
-    def _needs_best(self) -> bool:
-        """Whether the run relies on `metric_for_best_model` (then a name matching no evaluation
-        value is an error): set by the user, or read by the best model, `save_strategy="best"`
-        or a plateau scheduler."""
-        args = self.args
-        return (args.metric_for_best_model != "val_loss" or args.load_best_model_at_end
-                or args.save_strategy == "best" or self.plateau is not None)
-
-    def _is_better(self, name: str, value: float) -> bool:
-        """Whether `value` of `name` beats `state.best_metric`."""
-        args, state = self.args, self.state
-        greater = greater_is_better(name, self.directions, args.greater_is_better)
-        best = state.best_metric
-        return best is None or (value > best if greater else value < best)
-
     def log(self, logs: dict[str, float]) -> None:
         state = self.state
         if state.epoch is not None:
             logs["epoch"] = round(state.epoch, 4)
         state.log_history.append({**logs, "step": state.global_step})
         self.control = self.handler.on_log(self.args, state, self.control, logs)
-
-    # -- evaluation and prediction ------------------------------------------------------------
-    def evaluate(self, source: DataSource, prefix: str = "", steps: int | None = None) -> dict[str, float]:
-        """Exact averages over `source`: loss weighted by samples, metrics over all of them."""
-        if self.overrides.test_step is not None:
-            return self._own_evaluate(source, prefix, steps)
-        fabric, stepper, carry = self.fabric, self.stepper, self._carry["on_prediction_step"]
-        metrics = self.val_metrics if prefix else MetricSet(self.metric_specs)
-        metrics.reset()
-        collector = PredictionCollector.of(self.args)  # HF's compute_metrics, when set
-        total = torch.zeros((), device=fabric.device, dtype=torch.float64)
-        count, with_loss = 0, False
-        self.call_event("on_evaluate_begin")
-        with stepper.inference(), stopping(source):
-            for batch in first(source.batches(0), steps):
-                self.call_event("on_prediction_step_begin")
-                loss, out = stepper.forward(batch)
-                if loss is not None:
-                    total += loss.detach().double() * batch.size
-                    with_loss = True
-                count += batch.size
-                if metrics and batch.target is not None:
-                    metrics.update(out, batch.target)
-                if collector is not None:
-                    collector.add(out, batch.target)
-                self.running_logs.eval_sums = (total if with_loss else None, count, metrics, None)
-                self._prediction_step(batch, out, loss, carry)
-        if fabric.world_size > 1:
-            total = fabric.all_reduce(total, reduce_op="sum")
-            count = int(fabric.all_reduce(torch.tensor(count, device=fabric.device), reduce_op="sum"))
-        if count == 0:
-            raise ValueError("the evaluation data is empty: pass at least one sample")
-        results: dict[str, float] = {}
-        if with_loss:
-            results[prefix + "loss"] = float(total) / count
-        results.update(metrics.compute())
-        if collector is not None:
-            gather = (lambda t: _gather_blocks(fabric, t)) if fabric.world_size > 1 else (lambda t: t)
-            results.update(collector.compute(gather, prefix))
-        return results
-
-    def _own_evaluate(self, source: DataSource, prefix: str, steps: int | None) -> dict[str, float]:
-        """`evaluate` through an overridden `test_step`: its values, sample-weighted means."""
-        tools, test_step = self.tools, self.overrides.test_step
-        assert tools is not None and test_step is not None  # the overridden step's loop has its tools
-        means, carry = StepMeans(self.fabric.device), self._carry["on_prediction_step"]
-        metrics, trained = self.val_metrics if prefix else MetricSet(self.metric_specs), tools.metrics
-        metrics.reset()
-        tools.metrics, tools.updated, count = metrics, False, 0  # what `compute_metrics` updates
-        self.call_event("on_evaluate_begin")
-        with self.stepper.inference(), stopping(source):
-            for batch in first(source.batches(0), steps):
-                self.call_event("on_prediction_step_begin")
-                values = tools.values(test_step(as_data(batch)), "test_step")
-                means.add(values, batch.size)
-                count += batch.size
-                self.running_logs.eval_sums = (None, count, None, means)
-                self._prediction_step(batch, None, values.get("loss"), carry)
-        if self.fabric.world_size > 1:
-            count = int(self.fabric.all_reduce(torch.tensor(count, device=self.fabric.device), reduce_op="sum"))
-        tools.metrics = trained
-        if count == 0:
-            raise ValueError("the evaluation data is empty: pass at least one sample")
-        return {**means.compute(self.fabric, prefix), **(metrics.compute() if tools.updated else {})}
-
-    def _prediction_step(self, batch: Batch, outputs: Any, loss: Any, carry: bool) -> None:
-        cb = self.handler
-        if carry:
-            self.control = cb.on_prediction_step(self.args, self.state, self.control, batch=as_data(batch),
-                                                 outputs=outputs, loss=loss)
-        else:
-            self.control = cb.on_prediction_step(self.args, self.state, self.control)
-
-    def predict(self, source: DataSource, steps: int | None = None) -> Any:
-        """The outputs for every sample of `source`, in input order, on CPU."""
-        stepper, own_step = self.stepper, self.overrides.predict_step
-        carry = self._carry["on_prediction_step"]
-        outputs: list = []
-        self.call_event("on_predict_begin")
-        with stepper.inference(), stopping(source):
-            for batch in first(source.batches(0), steps):
-                self.call_event("on_prediction_step_begin")
-                if own_step is None:
-                    _, out = stepper.forward(batch, with_loss=False)
-                else:
-                    out = own_step(as_data(batch))
-                outputs.append(map_tensors(torch.Tensor.detach, out))
-                self._prediction_step(batch, out, None, carry)
-        if not outputs and self.fabric.world_size == 1:
-            raise ValueError("`x` is empty: pass at least one sample to predict")
-        out = _concat(outputs) if outputs else None
-        if self.fabric.world_size > 1:
-            out = _gather_blocks(self.fabric, out)
-        return to_cpu(out)
-
-
-def first(batches: Iterable[Batch], steps: int | None) -> Iterable[Batch]:
-    """The first `steps` batches (Keras' `steps` / `validation_steps`), or all for None."""
-    return batches if steps is None else itertools.islice(batches, steps)
-
-
-def _gather_blocks(fabric: Any, out: Any) -> Any:
-    """Every rank's contiguous block of outputs, concatenated in rank order (= input order)."""
-    leaves = tensors_of(out)
-    rows = leaves[0].shape[0] if leaves else 0
-    sizes = fabric.all_gather(torch.tensor([rows], device=fabric.device)).reshape(-1).tolist()
-    most = max(sizes)
-
-    def gather(t: torch.Tensor) -> torch.Tensor:
-        padded = torch.zeros((most, *t.shape[1:]), dtype=t.dtype, device=t.device)
-        padded[: t.shape[0]] = t
-        everyone = fabric.all_gather(padded)
-        return torch.cat([everyone[r, : sizes[r]] for r in range(len(sizes))])
-
-    return map_tensors(gather, out)
-
-
-def _concat(outs: list) -> Any:
-    """Per-batch outputs joined along the batch dimension, structure kept."""
-    first = outs[0]
-    if isinstance(first, torch.Tensor):
-        return torch.cat([o if o.dim() else o.reshape(1) for o in outs]) if len(outs) > 1 else first
-    if isinstance(first, dict):
-        return {k: _concat([o[k] for o in outs]) for k in first}
-    if isinstance(first, (tuple, list)):
-        return type(first)(_concat([o[i] for o in outs]) for i in range(len(first)))
-    return outs

@@ -413,26 +413,29 @@ class Checkpointer:
         for own, path in pending:
             self._committed(own, path)
 
-    def poll(self, loop: TrainingLoop) -> None:
+    def poll(self, control: TrainerControl) -> TrainerControl:
         """Between steps: on one process, a background write that has ended is settled (its error
-        raised, its `on_save` fired) at once; under several processes at the next save or the end."""
+        raised, its `on_save` fired) at once; under several processes at the next save or the end.
+        Returns the control in force after those `on_save`s."""
         if self._pending and self.fabric.world_size == 1 and self._writer is not None and self._writer.done():
             self.settle()
-            self.announce(loop)
+            control = self.announce(control)
         if self._reserve_due:
             self.reserve_buffers()
+        return control
 
-    def finish(self, loop: TrainingLoop) -> None:
+    def finish(self, control: TrainerControl) -> TrainerControl:
         """At the end of training: the last background write committed, its `on_save` fired."""
         self.settle()
-        self.announce(loop)
+        return self.announce(control)
 
-    def announce(self, loop: Any) -> None:
+    def announce(self, control: TrainerControl) -> TrainerControl:
         """Fire `on_save` for every checkpoint committed into `output_dir` since the last call,
-        with its path as the `checkpoint` keyword."""
+        with its path as the `checkpoint` keyword; returns the control in force after them."""
         announced, self._announce = self._announce, []
         for path in announced:  # `checkpoint`: its path (`state.global_step` may be past it with `save_async`)
-            loop.control = self.handler.on_save(self.args, self.state, loop.control, checkpoint=path)
+            control = self.handler.on_save(self.args, self.state, control, checkpoint=path)
+        return control
 
     # -- resuming ----------------------------------------------------------------------------------
     def resume_path(self, callbacks: Iterable[Any]) -> str | None:
