@@ -220,7 +220,8 @@ class Loop(Inference, BestModel):
         """Events some listener may read `batch`, `outputs` and `loss` in: only those get them
         (fitkit's own flow and display callbacks say `takes_batch = False`)."""
         def takes(listener: Any) -> bool:
-            return getattr(getattr(listener, "__self__", None), "takes_batch", True)
+            owner = getattr(listener, "__self__", listener)  # a bound method's callback, or a listener object
+            return getattr(owner, "takes_batch", True)
 
         return {e: any(takes(listener) for listener in self.handler.listeners(e))
                 for e in ("on_step_end", "on_substep_end", "on_prediction_step")}

@@ -160,7 +160,6 @@ class _Listener:
         self.bridge, self.callback, self.event, self.names, self.is_keras = bridge, callback, event, names, is_keras
         # Only a predict-batch-end method reads the batch's outputs (see Loop._carried_events).
         self.takes_batch = "on_predict_batch_end" in names
-        self.__self__ = self  # read like a bound method's owner by the loop
 
     def __call__(self, args, state, control, **kwargs):
         bridge, cb, event = self.bridge, self.callback, self.event
@@ -294,7 +293,6 @@ class _Bookkeeper:
 
     def __init__(self, bridge: KerasBridge, fn: Callable):
         self.bridge, self.fn = bridge, fn
-        self.__self__ = self
 
     def __call__(self, args, state, control, **kwargs):
         if self.fn is _keep_epoch_logs:
