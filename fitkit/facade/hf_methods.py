@@ -12,27 +12,19 @@ from typing import TYPE_CHECKING, Any
 
 from fitkit.config.arguments import TrainingArguments
 from fitkit.config.option_merge import CARRIED, for_evaluation
+from fitkit.facade.members import ModelMembers
 
 if TYPE_CHECKING:  # pragma: no cover
-    import torch
 
-    from fitkit.config.compile_config import CompileConfig
+    pass
 
 
-class HFMethods:
+class HFMethods(ModelMembers):
     """`save_model` and the arguments of `evaluate` / `predict` (they use `config`, `module`,
     `_in_force` and `_last_output_dir` of the `Model`)."""
 
     _in_force: dict[str, Any] | None = None  # the last fit's data options (set by fit)
     _last_output_dir: str | None = None  # the last fit's output_dir (set by fit)
-
-    if TYPE_CHECKING:  # pragma: no cover - the members of `Model` (fitkit.model) these methods use
-        config: CompileConfig | None
-
-        @property
-        def module(self) -> torch.nn.Module: ...
-
-        def _compiled(self, what: str) -> CompileConfig: ...
 
     def save_model(self, output_dir: str | None = None) -> str:
         """HF's `Trainer.save_model` for a Hugging Face model: `save_pretrained`'s files and the

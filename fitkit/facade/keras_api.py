@@ -24,6 +24,7 @@ from fitkit.adapters.metrics import metric_name
 from fitkit.callbacks._monitor import set_learning_rates
 from fitkit.engine import on_batch
 from fitkit.engine.overrides import StepOverrides
+from fitkit.facade.members import ModelMembers
 from fitkit.facade.steps import Steps
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -90,18 +91,9 @@ class OptimizerView:
         return f"OptimizerView({self._optimizer!r})"
 
 
-class KerasMethods:
+class KerasMethods(ModelMembers):
     """`train_on_batch`, `test_on_batch`, `predict_on_batch`, `get_weights`, `set_weights`,
     `count_params`, `metrics_names` and calling the model, as Keras has them."""
-
-    if TYPE_CHECKING:  # pragma: no cover - the members of `Model` (fitkit.model) these methods use
-        config: CompileConfig | None
-
-        @property
-        def module(self) -> torch.nn.Module: ...
-
-        @property
-        def runtime(self) -> Runtime: ...
 
     @property
     def optimizer(self) -> Any:

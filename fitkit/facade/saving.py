@@ -17,25 +17,16 @@ import torch
 from fitkit.common.io import atomic_torch_save
 from fitkit.config.compile_config import CompileConfig
 from fitkit.engine.checkpoint.model_file import write_model_file
+from fitkit.facade.members import ModelMembers
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fitkit.engine.runtime import Runtime
     from fitkit.model import Model
 
 
-class Saving:
+class Saving(ModelMembers):
     """`save` and `load`, which `Model` inherits (they use only its public members)."""
 
     saved_scheduler_state: dict[str, Any] | None = None  # set by `load`: the last fit's scheduler state
-
-    if TYPE_CHECKING:  # pragma: no cover - the members of `Model` (fitkit.model) these methods use
-        config: CompileConfig | None
-
-        @property
-        def module(self) -> torch.nn.Module: ...
-
-        @property
-        def runtime(self) -> Runtime: ...
 
     def save(self, path: str) -> None:
         """Save the weights, the compile configuration and the optimizer's state (and the last

@@ -31,10 +31,10 @@ import torch
 
 from fitkit.common.options import LABEL_KEYS
 from fitkit.engine.step import model_loss
+from fitkit.facade.members import ModelMembers
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fitkit.config.compile_config import CompileConfig
-    from fitkit.engine.runtime import Runtime
+    pass
 
 
 def unpack_data(data: Any) -> tuple[Any, Any, Any]:
@@ -66,21 +66,9 @@ def call_module(module: torch.nn.Module, x: Any, **kwargs: Any) -> Any:
     return module(x, **kwargs)
 
 
-class Steps:
+class Steps(ModelMembers):
     """The default steps, written with the public pieces an override uses; `Model` inherits
-    them. Overriding one replaces fitkit's own step for that call (see DESIGN.md section 3)."""
-
-    if TYPE_CHECKING:  # pragma: no cover - the members of `Model` (fitkit.model) the steps use
-        config: CompileConfig | None
-
-        @property
-        def module(self) -> torch.nn.Module: ...
-
-        @property
-        def optimizer(self) -> Any: ...
-
-        @property
-        def runtime(self) -> Runtime: ...
+    them. Overriding one replaces fitkit's own step for that call (see docs/customizing.md)."""
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of `loss` as the run does it (mixed precision, DDP, FSDP, DeepSpeed; scaled
