@@ -86,6 +86,31 @@ def test_asynchronous_checkpoints_resume_bit_identically(tmp_path):
     assert training_records(resumed.state.log_history)[-10:] == training_records(full.state.log_history)[-10:]
 
 
+def test_a_commit_noticed_at_the_next_saves_step_does_not_cancel_that_save(tmp_path, monkeypatch):
+    """The previous write's `on_save` fires between the step's end and its save: the save the
+    step asked for still happens (a busy machine once lost checkpoint-12 this way)."""
+    step = {"now": 0}
+
+    class Steps(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            step["now"] = state.global_step
+
+    done = BackgroundWriter.done
+
+    def done_only_at_save_steps(self):  # the write ended; the loop notices only at a save's step
+        if step["now"] % 4:
+            return False
+        if self._thread is not None:
+            self._thread.join()
+        return done(self)
+
+    monkeypatch.setattr(BackgroundWriter, "done", done_only_at_save_steps)
+    _, record = _fit(tmp_path, callbacks=[Steps()])
+    assert sorted(os.listdir(tmp_path), key=lambda n: int(n.split("-")[1])) == \
+        [f"checkpoint-{s}" for s in range(4, 25, 4)]
+    assert len(record.saves) == 6
+
+
 def test_the_files_equal_a_synchronous_checkpoints(tmp_path):
     """Same weights, optimizer, RNG and loop record as `fabric.save` writes (the payload compared)."""
     _fit(tmp_path / "a", max_steps=4)

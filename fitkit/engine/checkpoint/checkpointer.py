@@ -433,8 +433,10 @@ class Checkpointer:
         """Fire `on_save` for every checkpoint committed into `output_dir` since the last call,
         with its path as the `checkpoint` keyword; returns the control in force after them."""
         announced, self._announce = self._announce, []
+        wanted = control.should_save  # a save this step asked for is not the one announced here
         for path in announced:  # `checkpoint`: its path (`state.global_step` may be past it with `save_async`)
             control = self.handler.on_save(self.args, self.state, control, checkpoint=path)
+        control.should_save = control.should_save or wanted
         return control
 
     # -- resuming ----------------------------------------------------------------------------------
