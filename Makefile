@@ -17,6 +17,10 @@ define install
 	touch $@
 endef
 
+# the suite's workers: the tests pin torch to one thread each (tests/conftest.py), so two
+# workers use both cores of a 2-core machine; `make test TEST_WORKERS=0` runs in one process
+TEST_WORKERS ?= 2
+
 # the tests' extras: `dev`, and `notebook` (a real Jupyter kernel for tests/test_notebook.py)
 TEST_EXTRAS := dev,notebook
 
@@ -29,7 +33,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m ruff check fitkit tests benchmarks examples
 	$(PY) -m mypy
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope
 
 lint: $(STAMP)
 	$(PY) -m ruff check fitkit tests benchmarks examples
