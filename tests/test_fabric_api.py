@@ -442,3 +442,12 @@ def test_a_member_fabric_lacks_is_an_error_naming_the_way_to_real_fabric(fabrics
     local, _ = fabrics
     with pytest.raises(AttributeError, match=r"no attribute 'setup_everything'.*strategy='single_device'"):
         local.setup_everything  # noqa: B018
+    # the way it names: one device on Lightning's own Fabric
+    x, y = blobs(32)
+    model = Model(torch.nn.Linear(8, 3)).compile("sgd", "cross_entropy", accelerator="cpu", strategy="single_device")
+    model.fit(x, y, epochs=1, batch_size=16, verbose=0)
+    assert isinstance(model.fabric, lightning_fabric.Fabric)
+    assert type(model.fabric.strategy).__name__ == "SingleDeviceStrategy" and model.fabric.device.type == "cpu"
+    with pytest.raises(ValueError, match=r"runs on one device, but `devices`=2: pass devices=1"):
+        Model(torch.nn.Linear(8, 3)).compile("sgd", "cross_entropy", accelerator="cpu", strategy="single_device",
+                                             devices=2).fit(x, y, verbose=0)
