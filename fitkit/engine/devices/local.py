@@ -85,8 +85,8 @@ class LocalFabric(LocalMembers):
     behaves as Fabric's does on one process: `device`, `world_size` (1), `global_rank`,
     `local_rank`, `node_rank` (0), `is_global_zero` (True), `launch`, `setup_module`,
     `setup_optimizers`, `setup_dataloaders`, `backward`, `clip_gradients`, `no_backward_sync`,
-    `all_reduce`, `all_gather`, `broadcast`, `barrier`, `print`, `save` and `load` here, and
-    the rest in `LocalMembers` (`local_members.py`). A set-up module is the module itself (a
+    `all_reduce`, `all_gather`, `broadcast`, `barrier`, `print`, `setup`, `save`, `load` and
+    `load_raw` here, and the rest in `LocalMembers` (`local_members.py`). A set-up module is the module itself (a
     compiled one a `CompiledModule`), not Fabric's `_FabricModule`.
     """
 
@@ -127,6 +127,21 @@ class LocalFabric(LocalMembers):
             raise TypeError(f"`Fabric.launch(function={function})` needs to take at least one argument. The "
                             "launcher will pass in the `Fabric` object so you can use it inside the function.")
         return function(self, *args, **kwargs)
+
+    def setup(self, module: torch.nn.Module, *optimizers: torch.optim.Optimizer, scheduler: Any = None,
+              move_to_device: bool = True, _reapply_compile: bool = True) -> Any:
+        """`setup_module` and `setup_optimizers` at once: the module alone when no optimizer is
+        given, else `(module, *optimizers)`, with `scheduler` last when given (as Fabric)."""
+        if isinstance(module, CompiledModule):
+            raise ValueError("A model should be passed only once to the `setup` method.")
+        if any(isinstance(o, LocalOptimizer) for o in optimizers):
+            raise ValueError("An optimizer should be passed only once to the `setup` method.")
+        module = self.setup_module(module, move_to_device=move_to_device, _reapply_compile=_reapply_compile)
+        wrapped = [self.setup_optimizers(o) for o in optimizers]
+        self.call("on_after_setup", fabric=self, module=module)
+        if not wrapped:
+            return module
+        return (module, *wrapped, scheduler) if scheduler is not None else (module, *wrapped)
 
     def setup_module(self, module: torch.nn.Module, move_to_device: bool = True,
                      _reapply_compile: bool = True) -> torch.nn.Module:
@@ -250,6 +265,17 @@ class LocalFabric(LocalMembers):
             else:
                 state[name] = checkpoint.pop(name)
         return checkpoint
+
+    def load_raw(self, path: str | os.PathLike, obj: Any, strict: bool = True, *,
+                 weights_only: bool | None = None) -> None:
+        """Load a plain state-dict file (`torch.save(net.state_dict(), path)`) into a module or
+        an optimizer; `strict` applies to modules."""
+        target = _unwrap(obj)
+        saved = self._load_file(path, weights_only)
+        if isinstance(target, torch.nn.Module):
+            target.load_state_dict(saved, strict=strict)
+        else:
+            target.load_state_dict(saved)
 
     def _load_file(self, path: str | os.PathLike, weights_only: bool | None) -> Any:
         """What `torch.save` wrote at `path`, its tensors where they were saved from."""

@@ -12,7 +12,6 @@ which are Lightning objects, import Lightning (a one-device Fabric is built on f
     fabric.seed_everything(42)                      # Python, NumPy and torch, as Fabric seeds them
     with fabric.init_module(empty_init=True):       # on the device, torch.nn.init skipped
         net = Net()
-    fabric.load_raw("weights.pt", net)              # a plain state dict file
     fabric.log_dict({"loss": loss})                 # to `fabric.loggers` (none unless you add one)
 """
 
@@ -25,7 +24,7 @@ import os
 import random
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -43,21 +42,12 @@ _RANK_VARIABLES = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
 class LocalMembers:
     """Fabric's members beyond the loop's, on one process and one device (see the module's doc).
 
-    A mixin of `LocalFabric`, which provides `device`, `setup_module`, `setup_optimizers` and
-    `_load_file`.
+    A mixin of `LocalFabric`, which provides `device`.
     """
 
     device: torch.device
     _loggers: list[Any]
     _callbacks: list[Any]
-
-    if TYPE_CHECKING:  # LocalFabric defines them
-        def setup_module(self, module: torch.nn.Module, move_to_device: bool = True,
-                         _reapply_compile: bool = True) -> torch.nn.Module: ...
-
-        def setup_optimizers(self, *optimizers: torch.optim.Optimizer) -> Any: ...
-
-        def _load_file(self, path: str | os.PathLike, weights_only: bool | None) -> Any: ...
 
     # -- Lightning's own objects (the one part that imports Lightning) ------------------------
     @property
@@ -86,24 +76,7 @@ class LocalMembers:
             self.__dict__["_lightning_fabric"] = fabric
         return fabric
 
-    # -- setting up ------------------------------------------------------------------------------
-    def setup(self, module: torch.nn.Module, *optimizers: torch.optim.Optimizer, scheduler: Any = None,
-              move_to_device: bool = True, _reapply_compile: bool = True) -> Any:
-        """`setup_module` and `setup_optimizers` at once: the module alone when no optimizer is
-        given, else `(module, *optimizers)`, with `scheduler` last when given (as Fabric)."""
-        from fitkit.engine.devices.local import CompiledModule, LocalOptimizer
-
-        if isinstance(module, CompiledModule):
-            raise ValueError("A model should be passed only once to the `setup` method.")
-        if any(isinstance(o, LocalOptimizer) for o in optimizers):
-            raise ValueError("An optimizer should be passed only once to the `setup` method.")
-        module = self.setup_module(module, move_to_device=move_to_device, _reapply_compile=_reapply_compile)
-        wrapped = [self.setup_optimizers(o) for o in optimizers]
-        self.call("on_after_setup", fabric=self, module=module)
-        if not wrapped:
-            return module
-        return (module, *wrapped, scheduler) if scheduler is not None else (module, *wrapped)
-
+    # -- moving -----------------------------------------------------------------------------------
     def to_device(self, obj: Any) -> Any:
         """A module moved to the device (the same object), or a tensor or any collection of
         tensors (and of objects with a `.to` method) with each moved, as Fabric's `to_device`."""
@@ -191,20 +164,7 @@ class LocalMembers:
         """Nothing, as Fabric's: a subclass of Fabric overrides it."""
         return None
 
-    # -- files and seeds -----------------------------------------------------------------------------
-    def load_raw(self, path: str | os.PathLike, obj: Any, strict: bool = True, *,
-                 weights_only: bool | None = None) -> None:
-        """Load a plain state-dict file (`torch.save(net.state_dict(), path)`) into a module or
-        an optimizer; `strict` applies to modules."""
-        from fitkit.engine.devices.local import _unwrap
-
-        target = _unwrap(obj)
-        saved = self._load_file(path, weights_only)
-        if isinstance(target, torch.nn.Module):
-            target.load_state_dict(saved, strict=strict)
-        else:
-            target.load_state_dict(saved)
-
+    # -- seeds ------------------------------------------------------------------------------------
     @staticmethod
     def seed_everything(seed: int | None = None, workers: bool | None = None, verbose: bool = True) -> int:
         """Seed Python's `random`, NumPy and torch with `seed` (None: `PL_GLOBAL_SEED`, else 0, with
