@@ -86,8 +86,8 @@ class LocalFabric(LocalMembers):
     `local_rank`, `node_rank` (0), `is_global_zero` (True), `launch`, `setup_module`,
     `setup_optimizers`, `setup_dataloaders`, `backward`, `clip_gradients`, `no_backward_sync`,
     `all_reduce`, `all_gather`, `broadcast`, `barrier`, `print`, `setup`, `save`, `load` and
-    `load_raw` here, and the rest in `LocalMembers` (`local_members.py`). A set-up module is the module itself (a
-    compiled one a `CompiledModule`), not Fabric's `_FabricModule`.
+    `load_raw` here, and the rest in `LocalMembers` (`local_members.py`). A set-up module is the
+    module itself (a compiled one a `CompiledModule`), not Fabric's `_FabricModule`.
     """
 
     world_size = 1
