@@ -32,9 +32,23 @@ FIT = textwrap.dedent("""
     model.fit(x, y, validation_split=0.25, epochs=3, batch_size=8, seed=5, verbose=0, max_grad_norm=1.0,
               output_dir=sys.argv[1], save_strategy="epoch")
     torch.save(net.state_dict(), sys.argv[2])
-    print(json.dumps({"fabric": type(model.fabric).__name__,
-                      "loaded": sorted(m for m in ("lightning_fabric", "lightning", "torchmetrics", "transformers",
-                                                   "scipy") if m in sys.modules)}))
+    # Fabric's members beyond the loop's, none of which needs Lightning (tests/test_fabric_api.py: their results)
+    fabric = model.fabric
+    fabric.seed_everything(3, verbose=False)
+    with fabric.rank_zero_first(), fabric.autocast(), fabric.init_tensor(), fabric.init_module(empty_init=True):
+        other, opt = fabric.setup(torch.nn.Linear(8, 3), torch.optim.SGD(net.parameters(), lr=0.1))
+    fabric.load_raw(sys.argv[2], net)
+    fabric.log_dict({"a": torch.tensor(1.0)}); fabric.log("b", 2); fabric.call("on_anything"); fabric.run()
+    assert fabric.to_device({"x": torch.ones(1)})["x"].device == fabric.device and fabric.loggers == []
+
+    def loaded():
+        return sorted(m for m in ("lightning_fabric", "lightning", "torchmetrics", "transformers", "scipy")
+                      if m in sys.modules)
+
+    before = loaded()
+    strategy = type(fabric.strategy).__name__  # a Lightning object: imports Lightning now
+    print(json.dumps({"fabric": type(model.fabric).__name__, "loaded": before, "strategy": strategy,
+                      "then": "lightning_fabric" in sys.modules}))
 """)
 
 
@@ -58,7 +72,7 @@ def test_a_one_device_fit_imports_no_lightning_and_equals_the_fit_through_fabric
                           text=True, env=env, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert report == {"fabric": "LocalFabric", "loaded": []}
+    assert report == {"fabric": "LocalFabric", "loaded": [], "strategy": "SingleDeviceStrategy", "then": True}
 
     through_fabric = _fit(strategy="lightning", output_dir=str(tmp_path / "fabric"), save_strategy="epoch")
     assert type(through_fabric.fabric).__name__ == "Fabric"

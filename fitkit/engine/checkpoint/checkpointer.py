@@ -41,6 +41,7 @@ from fitkit.engine.checkpoint import files, run_lock
 from fitkit.engine.checkpoint.async_save import HostCopy
 from fitkit.engine.checkpoint.elastic import full_payload
 from fitkit.engine.data.rng import rng_state
+from fitkit.engine.devices.local import strategy_name
 from fitkit.events.state import OffersCheckpoint, TrainerControl, TrainerState
 
 logger = logging.getLogger("fitkit")
@@ -297,7 +298,7 @@ class Checkpointer:
         """`save_async`, where the strategy allows it (DeepSpeed writes its own files: synchronous)."""
         if not getattr(self.args, "save_async", False):
             return False
-        strategy = type(getattr(self.fabric, "strategy", None)).__name__
+        strategy = strategy_name(self.fabric)
         if "DeepSpeed" in strategy:
             if not self._warned_sync:
                 logger.warning("save_async=True is not supported with %s: checkpoints are written synchronously",
@@ -340,7 +341,7 @@ class Checkpointer:
         GPU: the device-to-host copy is queued; an overridden `train_step`; FSDP, whose saved
         tensors are gathered copies already)."""
         if not self._defer_copy or self.fabric.device.type != "cpu" \
-                or "FSDP" in type(getattr(self.fabric, "strategy", None)).__name__:
+                or "FSDP" in strategy_name(self.fabric):
             return None
         optimizer = getattr(self.optimizer, "optimizer", self.optimizer)  # under Fabric's wrapper
         tensors = [*self.module.parameters(), *(v for values in getattr(optimizer, "state", {}).values()

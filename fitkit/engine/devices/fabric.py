@@ -16,7 +16,13 @@ from fitkit.config.devices import check_devices
 from fitkit.engine.devices import early_start
 from fitkit.engine.devices.local import local_fabric
 from fitkit.engine.devices.quiet import QuietWhenSpawned, import_lightning, quiet_lightning
-from fitkit.engine.devices.strategies import SPAWN_STRATEGIES, deepspeed_strategy, fsdp2_strategy, is_deepspeed
+from fitkit.engine.devices.strategies import (
+    SPAWN_STRATEGIES,
+    deepspeed_strategy,
+    fsdp2_strategy,
+    is_deepspeed,
+    single_device_strategy,
+)
 
 
 def _precision(args: TrainingArguments, accelerator: str) -> Any:
@@ -70,9 +76,12 @@ def _fabric(args: TrainingArguments, accelerator: str) -> Any:
     import_lightning()  # the first import, without the notebook note it makes tqdm print
     from lightning_fabric import Fabric
 
-    strategy = args.strategy
+    strategy, devices = args.strategy, args.devices
     precision = _precision(args, accelerator)
-    if is_deepspeed(strategy):
+    if strategy == "single_device":
+        strategy = single_device_strategy(accelerator, devices)
+        devices = 1 if accelerator == "cpu" else [strategy.root_device.index]
+    elif is_deepspeed(strategy):
         if accelerator != "cuda":
             raise ValueError(
                 f"`strategy`={strategy!r}: DeepSpeed runs only on CUDA GPUs and none is in use here "
@@ -86,7 +95,7 @@ def _fabric(args: TrainingArguments, accelerator: str) -> Any:
         if precision in ("bf16-mixed", "16-mixed"):
             precision = "32-true"  # FSDP2's MixedPrecisionPolicy does the casting
     quiet_lightning(args)  # Lightning's banner and notices only when `log_level` asks
-    fabric = Fabric(accelerator=accelerator, devices=args.devices, strategy=strategy, precision=precision,
+    fabric = Fabric(accelerator=accelerator, devices=devices, strategy=strategy, precision=precision,
                     num_nodes=args.num_nodes)
     quiet_lightning(args, fabric.global_rank, fabric.local_rank)  # the ranks, now known
     return fabric

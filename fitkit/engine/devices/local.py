@@ -4,9 +4,10 @@ Such a run needs nothing from Fabric: no processes to launch, no gradients to sy
 precision plugin; the step already calls the module, backward and the optimizer directly
 (`fitkit.engine.step`). Importing `lightning_fabric` would still cost seconds and a hundred
 MiB (it pulls in `torch._dynamo` and torchmetrics, and through torchmetrics `transformers` and
-`scipy` where installed). So `build_fabric` gives such a run this stand-in, which offers the
-part of Fabric's API fitkit and callbacks use, with Fabric's one-process behaviour and its
-checkpoint format (a checkpoint written here loads under Fabric and back)::
+`scipy` where installed). So `build_fabric` gives such a run this stand-in, which offers every
+public member of Fabric with Fabric's one-process behaviour and its checkpoint format (a
+checkpoint written here loads under Fabric and back). This module holds the members the loop
+uses; `fitkit.engine.devices.local_members` the rest::
 
     local = local_fabric(args)       # None when the run needs Fabric (see `needs_lightning`)
     module = local.setup_module(net)
@@ -18,6 +19,7 @@ checkpoint format (a checkpoint written here loads under Fabric and back)::
 from __future__ import annotations
 
 import contextlib
+import inspect
 import io
 import os
 from collections.abc import Callable, Mapping
@@ -25,8 +27,14 @@ from typing import Any
 
 import torch
 
+from fitkit.common.tensors import map_leaves
+from fitkit.engine.devices.local_members import LocalMembers
+
 #: What `precision` may be for a run without Fabric: full 32-bit precision, nothing to apply.
 FULL_PRECISION = (None, "32-true", "32", 32)
+#: The Lightning Fabric release whose public members `LocalFabric` was last checked against
+#: (tests/test_fabric_api.py lists the installed release's and fails on one not covered).
+CHECKED_AGAINST = "lightning-fabric 2.6"
 #: Variables a launcher (torchrun, `fabric run`, SLURM) sets: Fabric then reads the processes.
 _LAUNCHER_VARIABLES = ("WORLD_SIZE", "SLURM_NTASKS")
 
@@ -70,38 +78,77 @@ def local_fabric(args: Any) -> LocalFabric | None:
     return None if device is None else LocalFabric(device)
 
 
-class LocalFabric:
+class LocalFabric(LocalMembers):
     """Fabric's API on one process and one device, in full precision (see the module's doc).
 
-    `model.fabric` is this object on such a run: `device`, `world_size` (1), `global_rank`,
+    `model.fabric` is this object on such a run. Every public member of `lightning_fabric.Fabric`
+    behaves as Fabric's does on one process: `device`, `world_size` (1), `global_rank`,
     `local_rank`, `node_rank` (0), `is_global_zero` (True), `launch`, `setup_module`,
-    `setup_optimizers`, `setup_dataloaders`, `backward`, `clip_gradients`,
-    `no_backward_sync`, `all_reduce`, `all_gather`, `broadcast`, `barrier`, `print`, `save`
-    and `load` behave as Fabric's do on one process.
+    `setup_optimizers`, `setup_dataloaders`, `backward`, `clip_gradients`, `no_backward_sync`,
+    `all_reduce`, `all_gather`, `broadcast`, `barrier`, `print`, `setup`, `save`, `load` and
+    `load_raw` here, and the rest in `LocalMembers` (`local_members.py`). A set-up module is the
+    module itself (a compiled one a `CompiledModule`), not Fabric's `_FabricModule`.
     """
 
     world_size = 1
     global_rank = local_rank = node_rank = 0
     is_global_zero = True
-    strategy = None  # no Fabric strategy: nothing to distribute
-    _callbacks: tuple = ()
 
     def __init__(self, device: torch.device):
         self.device = device
+        self._loggers: list[Any] = []  # Fabric(loggers=...): fitkit passes none
+        self._callbacks: list[Any] = []  # Fabric(callbacks=...): fitkit passes none
         if device.type == "cuda":
             torch.cuda.set_device(device)  # as Fabric's CUDA accelerator does
 
     def __repr__(self) -> str:
         return f"LocalFabric(device={str(self.device)!r})"
 
+    def __getattr__(self, name: str) -> Any:
+        # Reached only for a name no class here defines: a member of a newer Fabric, or a typo.
+        if name.startswith("_"):
+            raise AttributeError(name)
+        raise AttributeError(
+            f"'LocalFabric' object has no attribute {name!r}. `model.fabric` of a one-device run is fitkit's "
+            f"LocalFabric, which offers every public member of lightning_fabric.Fabric as of {CHECKED_AGAINST}; "
+            "to run on Lightning's own Fabric (with anything a newer release added), compile with "
+            "strategy='single_device'"
+        )
+
     # -- launching and setting up ------------------------------------------------------------
     def launch(self, function: Callable[..., Any] | None = None, *args: Any, **kwargs: Any) -> Any:
         """Nothing to start: runs `function(self, *args, **kwargs)` here when given."""
-        return None if function is None else function(self, *args, **kwargs)
+        if function is None:
+            return None
+        if not callable(function):
+            raise TypeError(f"`Fabric.launch(...)` needs to be a callable, but got {function}. HINT: do "
+                            "`.launch(your_fn)` instead of `.launch(your_fn())`")
+        if not inspect.signature(function).parameters:
+            raise TypeError(f"`Fabric.launch(function={function})` needs to take at least one argument. The "
+                            "launcher will pass in the `Fabric` object so you can use it inside the function.")
+        return function(self, *args, **kwargs)
 
-    def setup_module(self, module: torch.nn.Module, move_to_device: bool = True) -> torch.nn.Module:
+    def setup(self, module: torch.nn.Module, *optimizers: torch.optim.Optimizer, scheduler: Any = None,
+              move_to_device: bool = True, _reapply_compile: bool = True) -> Any:
+        """`setup_module` and `setup_optimizers` at once: the module alone when no optimizer is
+        given, else `(module, *optimizers)`, with `scheduler` last when given (as Fabric)."""
+        if isinstance(module, CompiledModule):
+            raise ValueError("A model should be passed only once to the `setup` method.")
+        if any(isinstance(o, LocalOptimizer) for o in optimizers):
+            raise ValueError("An optimizer should be passed only once to the `setup` method.")
+        module = self.setup_module(module, move_to_device=move_to_device, _reapply_compile=_reapply_compile)
+        wrapped = [self.setup_optimizers(o) for o in optimizers]
+        self.call("on_after_setup", fabric=self, module=module)
+        if not wrapped:
+            return module
+        return (module, *wrapped, scheduler) if scheduler is not None else (module, *wrapped)
+
+    def setup_module(self, module: torch.nn.Module, move_to_device: bool = True,
+                     _reapply_compile: bool = True) -> torch.nn.Module:
         """The module itself, on the device; a `torch.compile`d one inside a `CompiledModule`
         (its state dict is the user's module's, without `_orig_mod.`, as under Fabric)."""
+        if isinstance(module, CompiledModule):
+            raise ValueError("A model should be passed only once to the `setup_module` method.")
         if move_to_device:
             module.to(self.device)
         original = _compiled_original(module)
@@ -109,12 +156,20 @@ class LocalFabric:
 
     def setup_optimizers(self, *optimizers: torch.optim.Optimizer) -> Any:
         """Each optimizer in a `LocalOptimizer` (its torch optimizer is `.optimizer`, as Fabric's)."""
+        if not optimizers:
+            raise ValueError("`setup_optimizers` requires at least one optimizer as input.")
+        if any(isinstance(o, LocalOptimizer) for o in optimizers):
+            raise ValueError("An optimizer should be passed only once to the `setup_optimizers` method.")
         wrapped = [LocalOptimizer(o) for o in optimizers]
         return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
 
     def setup_dataloaders(self, *loaders: Any, use_distributed_sampler: bool = True, move_to_device: bool = True) -> Any:
         """Loaders whose batches come on the device: on CPU the loaders themselves; on a GPU
         through Fabric's loader wrapper (the one case here that imports Lightning)."""
+        if not loaders:
+            raise ValueError("`setup_dataloaders` requires at least one dataloader as input.")
+        if any(not isinstance(loader, torch.utils.data.DataLoader) for loader in loaders):
+            raise TypeError("Only PyTorch DataLoader are currently supported in `setup_dataloaders`.")
         if self.device.type == "cpu" or not move_to_device:
             return loaders[0] if len(loaders) == 1 else list(loaders)
         from lightning_fabric.wrappers import _FabricDataLoader
@@ -129,15 +184,19 @@ class LocalFabric:
     def clip_gradients(self, module: torch.nn.Module, optimizer: Any, clip_val: float | None = None,
                        max_norm: float | None = None, norm_type: float = 2.0,
                        error_if_nonfinite: bool = True) -> torch.Tensor | None:
-        """Clip by norm (`max_norm`) or by value (`clip_val`), as Fabric does."""
-        parameters = module.parameters()
-        if max_norm is not None:
-            return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type,
-                                                  error_if_nonfinite=error_if_nonfinite)
+        """Clip the gradients of the parameters `optimizer` updates, by value (`clip_val`) or by
+        norm (`max_norm`, returning the norm before clipping), as Fabric does."""
+        if clip_val is not None and max_norm is not None:
+            raise ValueError("Only one of `clip_val` or `max_norm` can be set as this specifies the underlying "
+                             "clipping algorithm!")
+        parameters = [p for group in optimizer.param_groups for p in group["params"]]
         if clip_val is not None:
             torch.nn.utils.clip_grad_value_(parameters, clip_val)
             return None
-        raise ValueError("clip_gradients needs `max_norm` or `clip_val`")
+        if max_norm is not None:
+            return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type,
+                                                  error_if_nonfinite=error_if_nonfinite)
+        raise ValueError("You have to specify either `clip_val` or `max_norm` to do gradient clipping!")
 
     def no_backward_sync(self, module: torch.nn.Module, enabled: bool = True) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()  # one process: no gradient sync to skip
@@ -159,10 +218,22 @@ class LocalFabric:
         print(*args, **kwargs)
 
     # -- checkpoints: Fabric's format -----------------------------------------------------------
-    def save(self, path: str | os.PathLike, state: dict[str, Any]) -> None:
+    def save(self, path: str | os.PathLike, state: dict[str, Any],
+             filter: dict[str, Callable[[str, Any], bool]] | None = None) -> None:
         """Write `state` with `torch.save`: modules and optimizers (and anything with
-        `state_dict`) as their state dicts, the rest as is."""
-        converted = {key: _state_of(_unwrap(obj)) for key, obj in state.items()}
+        `state_dict`) as their state dicts, the rest as is. `filter` maps a key of `state` to a
+        function `(name, value) -> bool` that picks the entries of its state dict to keep."""
+        if filter is not None:
+            _check_filter(filter, state)
+        converted: dict[str, Any] = {}
+        for key, obj in state.items():
+            saved = _state_of(_unwrap(obj))
+            if filter is not None and key in filter and isinstance(saved, dict):
+                kept = {name: value for name, value in saved.items() if filter[key](name, value)}
+                if kept:  # a key whose filter keeps nothing is left out, as Fabric leaves it
+                    converted[key] = kept
+            else:
+                converted[key] = saved
         buffer = io.BytesIO()  # the whole file at once, as Fabric writes it
         torch.save(converted, buffer)
         directory = os.path.dirname(os.fspath(path))
@@ -176,9 +247,7 @@ class LocalFabric:
         """Restore the objects of `state` in place from `path`; plain values in `state` are
         replaced by the saved ones. Returns what `state` did not ask for (everything without
         `state`)."""
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"Checkpoint file not found: {path}")
-        checkpoint = torch.load(path, map_location=lambda storage, location: storage, weights_only=weights_only)
+        checkpoint = self._load_file(path, weights_only)
         if not state:
             return checkpoint
         missing = [key for key in state if key not in checkpoint]
@@ -196,6 +265,41 @@ class LocalFabric:
             else:
                 state[name] = checkpoint.pop(name)
         return checkpoint
+
+    def load_raw(self, path: str | os.PathLike, obj: Any, strict: bool = True, *,
+                 weights_only: bool | None = None) -> None:
+        """Load a plain state-dict file (`torch.save(net.state_dict(), path)`) into a module or
+        an optimizer; `strict` applies to modules."""
+        target = _unwrap(obj)
+        saved = self._load_file(path, weights_only)
+        if isinstance(target, torch.nn.Module):
+            target.load_state_dict(saved, strict=strict)
+        else:
+            target.load_state_dict(saved)
+
+    def _load_file(self, path: str | os.PathLike, weights_only: bool | None) -> Any:
+        """What `torch.save` wrote at `path`, its tensors where they were saved from."""
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"Checkpoint file not found: {path}")
+        return torch.load(path, map_location=lambda storage, location: storage, weights_only=weights_only)
+
+
+def strategy_name(fabric: Any) -> str:
+    """The class name of `fabric`'s strategy, without importing Lightning for a `LocalFabric`."""
+    if isinstance(fabric, LocalFabric):
+        return "SingleDeviceStrategy"
+    return type(getattr(fabric, "strategy", None)).__name__
+
+
+def _check_filter(filter: Any, state: dict[str, Any]) -> None:
+    """`save`'s `filter` checked as Fabric checks it."""
+    if not isinstance(filter, dict):
+        raise TypeError(f"Filter should be a dictionary, given {filter!r}")
+    if not set(filter).issubset(state):
+        raise ValueError(f"The filter keys {filter.keys() - state} are not present in the state keys {set(state)}.")
+    for key, value in filter.items():
+        if not callable(value):
+            raise TypeError(f"Expected `fabric.save(filter=...)` for key {key!r} to be a callable, given {value!r}")
 
 
 class CompiledModule(torch.nn.Module):
@@ -280,13 +384,16 @@ def _state_of(obj: Any) -> Any:
 
 
 def _as_tensors(data: Any, device: torch.device) -> Any:
-    """Numbers as tensors on `device` (tensors as they are), through dicts, lists and tuples."""
-    if isinstance(data, torch.Tensor):
-        return data.to(device)
-    if isinstance(data, (int, float, bool)):
-        return torch.tensor(data, device=device)
-    if isinstance(data, dict):
-        return type(data)((k, _as_tensors(v, device)) for k, v in data.items())
-    if isinstance(data, (list, tuple)):
-        return type(data)(_as_tensors(v, device) for v in data)
-    return data
+    """Numbers and NumPy arrays as tensors on `device`, tensors moved there, through any
+    collection, with Fabric's types (bool: uint8, int: int32, float: float32)."""
+    import numpy as np
+
+    def convert(value: Any) -> torch.Tensor:
+        if isinstance(value, torch.Tensor):
+            return value.to(device)
+        if isinstance(value, np.ndarray):
+            return torch.from_numpy(value).to(device)
+        dtype = torch.uint8 if isinstance(value, bool) else torch.int if isinstance(value, int) else torch.float
+        return torch.tensor(value, dtype=dtype, device=device)
+
+    return map_leaves(convert, data, lambda v: isinstance(v, (torch.Tensor, np.ndarray, bool, int, float)))

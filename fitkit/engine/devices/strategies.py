@@ -32,6 +32,20 @@ def deepspeed_strategy(strategy: Any):
     return DeepSpeedStrategy(config=strategy)
 
 
+def single_device_strategy(accelerator: str, devices: Any) -> Any:
+    """Fabric's `SingleDeviceStrategy` for `strategy="single_device"` (a name Fabric itself does
+    not take): one process on the CPU or on one GPU (`devices` 1, "auto", or one index)."""
+    from lightning_fabric.strategies import SingleDeviceStrategy
+
+    index = 0
+    if isinstance(devices, (list, tuple)) and len(devices) == 1:
+        index = int(devices[0])
+    elif devices not in (1, "1", "auto"):
+        raise ValueError(f"`strategy`='single_device' runs on one device, but `devices`={devices!r}: pass devices=1 "
+                         "(or one GPU index, devices=[2]), or a strategy for several devices such as 'ddp'")
+    return SingleDeviceStrategy(device=torch.device("cpu") if accelerator == "cpu" else torch.device(accelerator, index))
+
+
 def _wrap_policy(wrap: Any) -> Callable[[torch.nn.Module], bool]:
     """Which submodules become their own FSDP unit: by default every module that holds
     parameters directly (one unit per layer); or instances of the given classes; or a predicate."""
