@@ -404,13 +404,14 @@ def _plain(value):
     return ("object", type(value).__name__)
 
 
-@pytest.fixture(scope="module")
-def fabrics():
-    """`model.fabric` after a one-device fit, and Lightning's Fabric on one CPU."""
+@pytest.fixture(scope="module", params=["cpu", *(["cuda"] if torch.cuda.is_available() else [])])
+def fabrics(request):
+    """`model.fabric` after a one-device fit, and Lightning's Fabric on the same one device
+    (the CPU; a CUDA GPU too where there is one)."""
     x, y = blobs(32)
-    model = Model(torch.nn.Linear(8, 3)).compile("sgd", "cross_entropy", accelerator="cpu")
+    model = Model(torch.nn.Linear(8, 3)).compile("sgd", "cross_entropy", accelerator=request.param)
     model.fit(x, y, epochs=1, batch_size=16, verbose=0)
-    real = lightning_fabric.Fabric(accelerator="cpu", devices=1)
+    real = lightning_fabric.Fabric(accelerator=request.param, devices=1)
     real.launch()
     return model.fabric, real
 
