@@ -1,13 +1,23 @@
-"""The callbacks a `Model` keeps for every later call (`Model` inherits `CallbackOwner`).
+"""The callbacks a `Model` keeps for every later call (`Model` inherits `CallbackOwner`), and the
+handler of one call, with every Keras-style callback in a `KerasAdapter`.
 
     model.add_callback(EarlyStopping(patience=3))   # a class or an instance
     model.callbacks                                  # in firing order, DefaultFlowCallback first
     model.pop_callback(EarlyStopping)                # by class (the first) or instance
+    run_handler(model, [*model.callbacks, *fit_callbacks])   # the handler of one fit / evaluate / predict
 """
 
 from __future__ import annotations
 
-from fitkit.events.handler import CallbackHandler, TrainerCallback
+import functools
+import warnings
+from collections.abc import Iterable
+from typing import Any
+
+from fitkit.callbacks.keras.adapter import KerasAdapter
+from fitkit.callbacks.keras.keras_own import refuse_unsupported
+from fitkit.callbacks.keras.names import is_keras_style, keras_named_methods_warning
+from fitkit.events.handler import CallbackHandler, TrainerCallback, as_callback, callback_list
 
 
 class CallbackOwner:
@@ -21,7 +31,9 @@ class CallbackOwner:
         return list(self.callback_handler.callbacks)
 
     def add_callback(self, callback: TrainerCallback | type) -> None:
-        """Add a callback (a class or an instance) to every later fit / evaluate / predict."""
+        """Add a callback (a class or an instance) to every later fit / evaluate / predict. One of
+        Keras' own that fitkit cannot run raises `TypeError` naming fitkit's equivalent."""
+        refuse_unsupported(as_callback(callback, build=False), "callback")
         self.callback_handler.add_callback(callback)
 
     def pop_callback(self, callback: TrainerCallback | type) -> TrainerCallback | None:
@@ -31,3 +43,38 @@ class CallbackOwner:
     def remove_callback(self, callback: TrainerCallback | type) -> None:
         """Remove a callback (a class or an instance)."""
         self.callback_handler.remove_callback(callback)
+
+
+def checked_callbacks(callbacks: Any) -> list:
+    """The `callbacks` argument of fit / evaluate / predict checked (`callback_list`), and Keras' own
+    callbacks that fitkit cannot run refused with `TypeError` naming `callbacks[i]` and fitkit's
+    equivalent, before anything starts."""
+    found = callback_list(callbacks)
+    for i, cb in enumerate(found):
+        refuse_unsupported(cb, f"callbacks[{i}]")
+    return found
+
+
+def run_handler(model: Any, callbacks: Iterable[Any]) -> CallbackHandler:
+    """The handler of one call of `model`: `callbacks` (checked instances) in order, each Keras-style
+    one (fitkit's or Keras' `Callback`, ...) in a `KerasAdapter` whose `set_model` gives `model`
+    itself, as Keras does; a `TrainerCallback` with Keras' method names gets a warning."""
+    wrapped = []
+    for cb in callbacks:
+        if is_keras_style(cb):
+            wrapped.append(KerasAdapter(cb, model=model))
+            continue
+        _warn_keras_names(type(cb), cb)
+        wrapped.append(cb)
+    return CallbackHandler(wrapped)
+
+
+def _warn_keras_names(cls: type, callback: Any) -> None:
+    message = keras_named_methods_warning(callback)
+    if message:
+        _warn_once(cls, message)
+
+
+@functools.lru_cache(maxsize=256)
+def _warn_once(cls: type, message: str) -> None:
+    warnings.warn(message, UserWarning, stacklevel=6)  # the user's fit / evaluate / predict call
