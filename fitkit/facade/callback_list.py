@@ -17,7 +17,7 @@ from typing import Any
 from fitkit.callbacks.keras.adapter import KerasAdapter
 from fitkit.callbacks.keras.keras_own import refuse_unsupported
 from fitkit.callbacks.keras.names import is_keras_style, keras_named_methods_warning
-from fitkit.events.handler import CallbackHandler, TrainerCallback, as_callback, callback_list
+from fitkit.events.handler import CallbackHandler, TrainerCallback, callback_list
 
 
 class CallbackOwner:
@@ -33,7 +33,7 @@ class CallbackOwner:
     def add_callback(self, callback: TrainerCallback | type) -> None:
         """Add a callback (a class or an instance) to every later fit / evaluate / predict. One of
         Keras' own that fitkit cannot run raises `TypeError` naming fitkit's equivalent."""
-        refuse_unsupported(as_callback(callback, build=False), "callback")
+        refuse_unsupported(callback, "callback")
         self.callback_handler.add_callback(callback)
 
     def pop_callback(self, callback: TrainerCallback | type) -> TrainerCallback | None:
@@ -49,10 +49,9 @@ def checked_callbacks(callbacks: Any) -> list:
     """The `callbacks` argument of fit / evaluate / predict checked (`callback_list`), and Keras' own
     callbacks that fitkit cannot run refused with `TypeError` naming `callbacks[i]` and fitkit's
     equivalent, before anything starts."""
-    found = callback_list(callbacks)
-    for i, cb in enumerate(found):
-        refuse_unsupported(cb, f"callbacks[{i}]")
-    return found
+    for i, cb in enumerate(callbacks if isinstance(callbacks, (list, tuple)) else ()):
+        refuse_unsupported(cb, f"callbacks[{i}]")  # also a class, before it is built
+    return callback_list(callbacks)
 
 
 def run_handler(model: Any, callbacks: Iterable[Any]) -> CallbackHandler:

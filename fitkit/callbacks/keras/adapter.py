@@ -33,6 +33,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from fitkit.callbacks.keras.keras_own import CHANGES_LEARNING_RATE, keras_callback_name
 from fitkit.callbacks.keras.names import KERAS_NAMES, is_default, keras_methods
 from fitkit.events.handler import TrainerCallback
 from fitkit.events.state import Order, TrainerControl, TrainerState
@@ -70,7 +71,8 @@ class KerasAdapter(TrainerCallback):
         self.wrapped = callback
         self.keras_model = model
         self.order = getattr(callback, "order", Order.USER)
-        self.changes_learning_rate = bool(getattr(callback, "changes_learning_rate", False))
+        self.changes_learning_rate = bool(getattr(callback, "changes_learning_rate", False)
+                                          or keras_callback_name(callback) in CHANGES_LEARNING_RATE)
         self.methods = keras_methods(callback)
         self.hf = _hf_methods(callback, self.methods)
         # Only a predict-batch-end method, or an HF step method, reads a batch's outputs.

@@ -26,6 +26,12 @@ RUNS: frozenset[str] = frozenset({
     "RemoteMonitor",          # posts each epoch's logs
 })
 
+#: Keras' callbacks that change the optimizer's rate: `History` records `learning_rate` beside them, as Keras'.
+CHANGES_LEARNING_RATE: frozenset[str] = frozenset({"LearningRateScheduler", "ReduceLROnPlateau"})
+#: fitkit's callback that does what a Keras monitor callback does, taking the direction from the metric.
+_MONITOR_EQUIVALENT = {"EarlyStopping": "fitkit.callbacks.EarlyStopping",
+                       "ReduceLROnPlateau": "fitkit.callbacks.ReduceLROnPlateau"}
+
 #: Keras' callbacks fitkit refuses, and why, with what to use instead.
 REFUSED: dict[str, str] = {
     "ModelCheckpoint": "it writes Keras' model format through Keras' `Model.save`; use "
@@ -43,7 +49,7 @@ REFUSED: dict[str, str] = {
                       "does not keep; fitkit has no equivalent yet: keep a torch.optim.swa_utils.AveragedModel in a "
                       "fitkit.callbacks.Callback (on_train_batch_end) and evaluate with it",
     "CallbackList": "it is Keras' container of callbacks, not a callback; pass the callbacks themselves in a list, "
-                    "callbacks=[...]",
+                    "callbacks=[...] (each a fitkit.callbacks.Callback, or one of Keras' own that fitkit runs)",
 }
 
 
@@ -61,12 +67,32 @@ def refuse_unsupported(callback: Any, where: str) -> None:
     """Raise `TypeError` naming `where` and fitkit's equivalent when `callback` (an instance or a
     class) is one of Keras' own callbacks that fitkit cannot run."""
     name = keras_callback_name(callback)
-    if name is None or name in RUNS:
+    if name is None:
+        return
+    if name in RUNS:
+        problem = None if isinstance(callback, type) else _monitor_problem(callback, name)
+        if problem:
+            raise TypeError(f"`{where}` is {problem}")
         return
     reason = REFUSED.get(name)
     if reason is None:  # a class a newer Keras added: not tried on fitkit
         reason = ("fitkit has not been checked against it; write the behaviour as a fitkit.callbacks.Callback, "
                   "or see docs/callbacks.md for fitkit's callbacks")
     shown = type(callback).__name__ if not isinstance(callback, type) else callback.__name__
-    kind = "" if shown == name else f" (a subclass of keras.callbacks.{name})"
-    raise TypeError(f"`{where}` is keras.callbacks.{name}{kind}, which fitkit does not run: {reason}")
+    what = f"keras.callbacks.{name}" if shown == name else f"{shown} (a subclass of keras.callbacks.{name})"
+    raise TypeError(f"`{where}` is {what}, which fitkit does not run: {reason}")
+
+
+def _monitor_problem(callback: Any, name: str) -> str | None:
+    """Keras' monitor callbacks (`EarlyStopping`, `ReduceLROnPlateau`) with `mode="auto"` read the
+    direction of a monitored metric from Keras' own metric objects, which a fitkit model has not: such
+    a callback would fail at its first epoch's end. Why, with the fix, or None when it runs."""
+    if not any(k.__name__ == "MonitorCallback" for k in type(callback).__mro__):
+        return None
+    monitor, mode = str(getattr(callback, "monitor", "")), getattr(callback, "mode", "auto")
+    if mode in ("min", "max") or monitor.removeprefix("val_") == "loss":
+        return None
+    return (f"keras.callbacks.{name}(monitor={monitor!r}, mode={mode!r}): Keras takes the direction of a metric "
+            f"from Keras' metric objects, which a fitkit model has not; pass mode='min' or mode='max', or use "
+            f"{_MONITOR_EQUIVALENT.get(name, 'fitkit.callbacks.EarlyStopping')} (the same arguments; it takes the "
+            "direction from the metric)")
