@@ -307,16 +307,16 @@ def test_keras_methods_are_called_positionally_whatever_their_parameters_are_nam
     seen = []
 
     class OddNames(Callback):  # Keras calls (epoch, logs) positionally: any names work
-        def on_train_begin(self, l=None):  # noqa: E741
+        def on_train_begin(self, l=None):
             seen.append(("begin", l))
 
-        def on_epoch_end(self, e, l=None):  # noqa: E741
+        def on_epoch_end(self, e, l=None):
             seen.append(("epoch", e, sorted(l)))
 
         def on_batch_end(self, b, values):  # the alias, without a default
             seen.append(("batch", b, sorted(values)))
 
-    record = LambdaCallback(on_epoch_end=lambda e, l: seen.append(("lambda", e, l["loss"])))  # noqa: E741
+    record = LambdaCallback(on_epoch_end=lambda e, l: seen.append(("lambda", e, l["loss"])))
     _, history = run_fitkit([OddNames(), record], epochs=1)
     assert seen[0] == ("begin", {})
     assert [s[1] for s in seen if s[0] == "batch"] == [0, 1, 2]
@@ -348,13 +348,14 @@ def test_an_object_with_keras_only_methods_is_keras_style_and_a_trainer_callback
 
 
 def test_the_handler_knows_nothing_of_keras_and_a_callback_without_overrides_costs_nothing():
+    import ast
+
     import fitkit.events.handler as handler_module
     from fitkit.callbacks.keras.adapter import KerasAdapter
     from fitkit.events.handler import CallbackHandler
 
-    import ast
-
-    tree = ast.parse(open(handler_module.__file__).read())
+    with open(handler_module.__file__) as source:
+        tree = ast.parse(source.read())
     imported = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     imported += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | {

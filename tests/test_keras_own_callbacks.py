@@ -53,7 +53,7 @@ def runs_callback(tmp_path):
     seen = []
 
     class OddNames(keras.callbacks.Callback):  # Keras calls positionally: the parameters' names do not matter
-        def on_epoch_end(self, epoch, l=None):  # noqa: E741
+        def on_epoch_end(self, epoch, l=None):
             seen.append((epoch, sorted(l), self.model))
 
     model, history = fit([OddNames()])
@@ -63,9 +63,9 @@ def runs_callback(tmp_path):
 
 def runs_lambda_callback(tmp_path):
     seen = []
-    cb = keras.callbacks.LambdaCallback(on_train_begin=lambda l: seen.append(("begin", l)),  # noqa: E741
-                                        on_train_batch_end=lambda b, l: seen.append(("batch", b)),  # noqa: E741
-                                        on_epoch_end=lambda e, l: seen.append(("epoch", e, l["loss"])))  # noqa: E741
+    cb = keras.callbacks.LambdaCallback(on_train_begin=lambda l: seen.append(("begin", l)),
+                                        on_train_batch_end=lambda b, l: seen.append(("batch", b)),
+                                        on_epoch_end=lambda e, l: seen.append(("epoch", e, l["loss"])))
     _, history = fit([cb], epochs=2)
     assert seen[0] == ("begin", {}) and [s[1] for s in seen if s[0] == "batch"] == [0, 1, 2, 0, 1, 2]
     assert [s[2] for s in seen if s[0] == "epoch"] == pytest.approx(history.history["loss"], rel=1e-6)
@@ -82,7 +82,8 @@ def runs_history(tmp_path):
 def runs_csv_logger(tmp_path):
     path = tmp_path / "log.csv"
     _, history = fit([keras.callbacks.CSVLogger(str(path))])
-    rows = list(csv.DictReader(open(path)))
+    with open(path) as rows_file:
+        rows = list(csv.DictReader(rows_file))
     assert [int(r["epoch"]) for r in rows] == history.epoch
     assert [float(r["val_loss"]) for r in rows] == pytest.approx(history.history["val_loss"], rel=1e-6)
 

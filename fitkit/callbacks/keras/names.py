@@ -110,7 +110,7 @@ def keras_methods(callback: Any) -> dict[str, Callable[..., Any]]:
 def keras_named_methods_warning(callback: Any) -> str | None:
     """For a `TrainerCallback` that defines Keras-only method names: why they are never called,
     and what to do instead (None when it defines none)."""
-    cls = type(callback)
+    cls: type = type(callback)  # `type`: mypy takes a `type[Any]` for unhashable
     if not _trainer_callback(cls) or keras_class(cls):
         return None
     bad = [n for n in HF_INSTEAD if callable(getattr(callback, n, None))
