@@ -316,8 +316,10 @@ def test_keras_methods_are_called_positionally_whatever_their_parameters_are_nam
         def on_batch_end(self, b, values):  # the alias, without a default
             seen.append(("batch", b, sorted(values)))
 
-    record = LambdaCallback(on_epoch_end=lambda e, l: seen.append(("lambda", e, l["loss"])))
+    record = LambdaCallback(on_epoch_end=lambda e, l: seen.append(("lambda", e, l["loss"])),
+                            on_batch_end=lambda b, l: seen.append(("alias", b)))  # Keras' alias of on_train_batch_end
     _, history = run_fitkit([OddNames(), record], epochs=1)
+    assert [s[1] for s in seen if s[0] == "alias"] == [0, 1, 2]
     assert seen[0] == ("begin", {})
     assert [s[1] for s in seen if s[0] == "batch"] == [0, 1, 2]
     assert ("epoch", 0, ["loss", "mean_absolute_error", "val_loss", "val_mean_absolute_error"]) in seen

@@ -200,6 +200,8 @@ def _listening(callback: Any, event: str) -> tuple[bool, bool]:
     instance holds the event itself or the class makes attributes on the fly."""
     cls: type = type(callback)  # `type`: mypy takes a `type[Any]` for unhashable
     if event in getattr(callback, "__dict__", ()) or _makes_attributes(cls):
+        if event not in EVENTS and not _really_defined(callback, event):
+            return False, False  # a custom event reaches only a method really written, not one made on the fly
         method = getattr(callback, event, None)
         return callable(method) and not _is_default(method), from_transformers(callback, event)
     return _class_listening(cls, event)
@@ -210,6 +212,10 @@ def _class_listening(cls: type, event: str) -> tuple[bool, bool]:
     method = getattr(cls, event, None)
     listens = callable(method) and not _is_default(method)
     return listens, class_from_transformers(cls, event)
+
+
+def _really_defined(callback: Any, name: str) -> bool:
+    return name in getattr(callback, "__dict__", ()) or any(name in k.__dict__ for k in type(callback).__mro__)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -93,10 +93,8 @@ def keras_methods(callback: Any) -> dict[str, Callable[..., Any]]:
     marked as a base class's empty default. `on_train_batch_begin/end` stand for their aliases
     `on_batch_begin/end` too, as Keras' base class calls the alias."""
     declared = getattr(callback, "keras_functions", None)
-    if declared:
-        return dict(declared)
-    found: dict[str, Callable[..., Any]] = {}
-    for name in KERAS_NAMES:
+    found: dict[str, Callable[..., Any]] = dict(declared) if declared else {}
+    for name in KERAS_NAMES if not declared else ():
         method = getattr(callback, name, None)
         if callable(method) and not is_default(method):
             found[name] = method
