@@ -381,9 +381,9 @@ class CallbackHandler(TrainerCallback):
             setattr(self, name, value)
 
     # -- the list ---------------------------------------------------------------------
-    def add_callback(self, callback: TrainerCallback | type) -> None:
-        """Add a callback (an instance, or a class built with no argument); anything else raises
-        `TypeError` (see `as_callback`)."""
+    def add_callback(self, callback: TrainerCallback | type | Any) -> None:
+        """Add a callback (an instance, or a class built with no argument; any object with event
+        methods is one too); anything else raises `TypeError` (see `as_callback`)."""
         cb = as_callback(callback)
         cb_class = callback_class(cb)
         if any(callback_class(c) is cb_class for c in self.callbacks):
@@ -395,7 +395,7 @@ class CallbackHandler(TrainerCallback):
         self.callbacks.append(cb)
         self._sort()
 
-    def pop_callback(self, callback: TrainerCallback | type) -> TrainerCallback | None:
+    def pop_callback(self, callback: TrainerCallback | type | Any) -> Any:
         for i, cb in enumerate(self.callbacks):
             if (isinstance(callback, type) and callback_class(cb) is callback) or cb is callback \
                     or getattr(cb, "wrapped", None) is callback:
@@ -403,7 +403,7 @@ class CallbackHandler(TrainerCallback):
                 return self.callbacks.pop(i)
         return None
 
-    def remove_callback(self, callback: TrainerCallback | type) -> None:
+    def remove_callback(self, callback: TrainerCallback | type | Any) -> None:
         self.pop_callback(callback)
 
     @property

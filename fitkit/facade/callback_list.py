@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from fitkit.callbacks.keras.adapter import KerasAdapter
+from fitkit.callbacks.keras.callback import Callback
 from fitkit.callbacks.keras.keras_own import refuse_unsupported
 from fitkit.callbacks.keras.names import is_keras_style, keras_named_methods_warning
 from fitkit.events.handler import CallbackHandler, TrainerCallback, callback_list
@@ -26,21 +27,21 @@ class CallbackOwner:
     callback_handler: CallbackHandler
 
     @property
-    def callbacks(self) -> list[TrainerCallback]:
+    def callbacks(self) -> list[TrainerCallback | Callback]:
         """The callbacks in firing order (`DefaultFlowCallback` first)."""
         return list(self.callback_handler.callbacks)
 
-    def add_callback(self, callback: TrainerCallback | type) -> None:
+    def add_callback(self, callback: TrainerCallback | Callback | type) -> None:
         """Add a callback (a class or an instance) to every later fit / evaluate / predict. One of
         Keras' own that fitkit cannot run raises `TypeError` naming fitkit's equivalent."""
         refuse_unsupported(callback, "callback")
         self.callback_handler.add_callback(callback)
 
-    def pop_callback(self, callback: TrainerCallback | type) -> TrainerCallback | None:
+    def pop_callback(self, callback: TrainerCallback | Callback | type) -> TrainerCallback | Callback | None:
         """Remove and return a callback (by class: the first of that class), or None."""
         return self.callback_handler.pop_callback(callback)
 
-    def remove_callback(self, callback: TrainerCallback | type) -> None:
+    def remove_callback(self, callback: TrainerCallback | Callback | type) -> None:
         """Remove a callback (a class or an instance)."""
         self.callback_handler.remove_callback(callback)
 
