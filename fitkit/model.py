@@ -31,8 +31,8 @@ from fitkit.config.option_merge import in_force
 from fitkit.engine.overrides import StepOverrides
 from fitkit.engine.runtime import Runtime, pack_result, unpack_result
 from fitkit.engine.trainer import Trainer
-from fitkit.events.handler import CallbackHandler, TrainerCallback, TrainerControl, TrainerState, callback_list
-from fitkit.facade.callback_list import CallbackOwner
+from fitkit.events.handler import CallbackHandler, TrainerCallback, TrainerControl, TrainerState
+from fitkit.facade.callback_list import CallbackOwner, checked_callbacks, run_handler
 from fitkit.facade.defaults import defaults_for
 from fitkit.facade.hf_methods import HFMethods
 from fitkit.facade.keras_api import KerasMethods, as_list
@@ -133,11 +133,8 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods):
         return self.config
 
     def _handler(self, extra: Sequence[Any] | None, *more: TrainerCallback) -> CallbackHandler:
-        handler = CallbackHandler(self.callback_handler.callbacks)
-        for cb in [*callback_list(extra), *more]:
-            handler.add_callback(cb)
-        handler.set_run(keras_model=self)  # what Keras-style callbacks see as `self.model`: this model
-        return handler
+        # Keras-style callbacks get this model as `self.model`, as Keras gives its own
+        return run_handler(self, [*self.callback_handler.callbacks, *checked_callbacks(extra), *more])
 
     # -- fit, evaluate, predict ------------------------------------------------------------------
     def fit(self, x: Any = None, y: Any = None, *, batch_size: int | None = None, epochs: int | None = None,
@@ -157,7 +154,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods):
         """
         run_args = self.training_arguments(args, batch_size=batch_size, epochs=epochs, shuffle=shuffle,
                                            max_steps=max_steps, **options)
-        callbacks = callback_list(callbacks)
+        callbacks = checked_callbacks(callbacks)
         self._in_force, self._last_output_dir = in_force(run_args), run_args.output_dir
         if self._runtime.must_spawn(run_args):
             return self._spawned("fit", run_args, dict(

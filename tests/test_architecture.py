@@ -140,7 +140,7 @@ LAYER_ROLES = {
     "fitkit.facade": "`Model`'s mixins: the overridable steps, Keras' and HF's methods, saving, summary, default callbacks",
     "fitkit.search": "`hyperparameter_search` over Optuna (imported on use)",
     "fitkit.integrations": "trackers behind `report_to` (imported on use)",
-    "fitkit.callbacks.keras": "Keras-style callbacks (`Callback`) and what their `self.model` is",
+    "fitkit.callbacks.keras": "Keras-style callbacks (`Callback`, `LambdaCallback`), the one adapter that runs them on the event set, and Keras' own callbacks",
     "fitkit.callbacks": "one built-in callback a module, and their shared bases",
     "fitkit.callbacks.display": "the progress bar, epoch lines, the printer",
     "fitkit.engine": "the loop, the step, the first-batch checks, one call from user input to the loop",

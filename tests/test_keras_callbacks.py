@@ -302,25 +302,77 @@ def test_keras_callback_state_is_checkpointed_like_any_stateful_callback(tmp_pat
     assert first.batches == 6 and again.batches == 9
 
 
-# -- TrainerCallback subclasses with Keras names --------------------------------------------------------------------------
-def test_trainer_callback_with_keras_named_methods_gets_keras_calls_or_a_warning():
-    class LossHistory(TrainerCallback):  # the guide's LossHistory, on fitkit's base class
-        def on_train_begin(self, logs=None):
+# -- Keras-style by type, never by signature ------------------------------------------------------------------------------
+def test_keras_methods_are_called_positionally_whatever_their_parameters_are_named():
+    seen = []
+
+    class OddNames(Callback):  # Keras calls (epoch, logs) positionally: any names work
+        def on_train_begin(self, l=None):
+            seen.append(("begin", l))
+
+        def on_epoch_end(self, e, l=None):
+            seen.append(("epoch", e, sorted(l)))
+
+        def on_batch_end(self, b, values):  # the alias, without a default
+            seen.append(("batch", b, sorted(values)))
+
+    record = LambdaCallback(on_epoch_end=lambda e, l: seen.append(("lambda", e, l["loss"])),
+                            on_batch_end=lambda b, l: seen.append(("alias", b)))  # Keras' alias of on_train_batch_end
+    _, history = run_fitkit([OddNames(), record], epochs=1)
+    assert [s[1] for s in seen if s[0] == "alias"] == [0, 1, 2]
+    assert seen[0] == ("begin", {})
+    assert [s[1] for s in seen if s[0] == "batch"] == [0, 1, 2]
+    assert ("epoch", 0, ["loss", "mean_absolute_error", "val_loss", "val_mean_absolute_error"]) in seen
+    assert [s[2] for s in seen if s[0] == "lambda"] == pytest.approx(history.history["loss"])
+
+
+def test_an_object_with_keras_only_methods_is_keras_style_and_a_trainer_callback_with_them_is_warned():
+    class Duck:  # no base class: Keras' method names make it Keras-style
+        def __init__(self):
             self.losses = []
 
-        def on_batch_end(self, batch, logs=None):
-            self.losses.append(logs.get("loss"))
+        def on_train_batch_end(self, batch, logs=None):
+            self.losses.append(logs["loss"])
 
-    history = LossHistory()
-    run_fitkit([history], epochs=2)
-    assert len(history.losses) == 6 and all(isinstance(v, float) for v in history.losses)
+        def on_epoch_end(self, epoch, logs=None):
+            self.losses.append(("epoch", epoch))
 
-    class Mixed(TrainerCallback):
-        def on_train_batch_end(self, args, state, control, **kwargs):  # HF's arguments under Keras' name
+    duck = Duck()
+    run_fitkit([duck], epochs=2)
+    assert len(duck.losses) == 8 and duck.losses[3] == ("epoch", 0) and isinstance(duck.losses[0], float)
+
+    class Mixed(TrainerCallback):  # a TrainerCallback's methods are HF's events: Keras' names are never called
+        def on_train_batch_end(self, args, state, control, **kwargs):
+            raise AssertionError("not called")
+
+    with pytest.warns(UserWarning, match=r"Mixed\.on_train_batch_end.*fitkit\.callbacks\.Callback.*on_step_end"):
+        run_fitkit([Mixed()], epochs=1)
+
+
+def test_the_handler_knows_nothing_of_keras_and_a_callback_without_overrides_costs_nothing():
+    import ast
+
+    import fitkit.events.handler as handler_module
+    from fitkit.callbacks.keras.adapter import KerasAdapter
+    from fitkit.events.handler import CallbackHandler
+
+    with open(handler_module.__file__) as source:
+        tree = ast.parse(source.read())
+    imported = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    imported += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | {
+        n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    assert not [m for m in imported if "keras" in m] and not [n for n in names if "keras" in n.lower()]
+
+    class EpochOnly(Callback):
+        def on_epoch_end(self, epoch, logs=None):
             pass
 
-    with pytest.warns(UserWarning, match=r"Mixed\.on_train_batch_end.*on_step_end"):
-        run_fitkit([Mixed()], epochs=1)
+    handler = CallbackHandler([KerasAdapter(EpochOnly()), KerasAdapter(Callback())])
+    listening = {e for e in ("on_step_begin", "on_step_end", "on_prediction_step", "on_prediction_step_begin",
+                             "on_epoch_begin", "on_epoch_summary", "on_log", "on_evaluate") if handler.has_listeners(e)}
+    assert listening == {"on_epoch_summary"}
+    assert not KerasAdapter(EpochOnly()).takes_batch
 
 
 # -- cost -----------------------------------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and the API docs; noth
     from fitkit.callbacks.hf_compat import EarlyStoppingCallback, ProgressCallback
     from fitkit.callbacks.history import History
     from fitkit.callbacks.keras.callback import Callback
-    from fitkit.callbacks.lambda_callback import LambdaCallback
+    from fitkit.callbacks.keras.lambda_callback import LambdaCallback
     from fitkit.callbacks.learning_rate_scheduler import LearningRateScheduler
     from fitkit.callbacks.model_checkpoint import ModelCheckpoint
     from fitkit.callbacks.reduce_lr_on_plateau import ReduceLROnPlateau

@@ -23,6 +23,7 @@ class RunningLogs:
         self.loop = loop
         #: Set by the evaluation loop at each batch: (loss sum, sample count, metrics, step means).
         self.eval_sums: tuple[Any, int, Any, Any] | None = None
+        self._memo: tuple[str, Any, dict[str, float]] | None = None  # (phase, batch key, logs)
 
     def samples(self) -> int:
         """Samples this process trained on so far in the epoch (a host count: no device read)."""
@@ -33,6 +34,20 @@ class RunningLogs:
         return getattr(self.loop, "epoch_tokens", 0)
 
     def read(self, phase: str) -> dict[str, float]:
+        """The running averages of `phase` now. Read from the device once per batch however many
+        callbacks ask: they share the dict, as Keras' callbacks share a batch's logs."""
+        loop = self.loop
+        # What changes from one batch to the next: the step and the samples counted (training),
+        # the evaluation's per-batch sums (held here, so compared by identity).
+        key: Any = (loop.state.global_step, loop.loss.running.count) if phase == "train" else self.eval_sums
+        memo = self._memo
+        if memo is not None and memo[0] == phase and (memo[1] == key if phase == "train" else memo[1] is key):
+            return memo[2]
+        logs = self._read_now(phase)
+        self._memo = (phase, key, logs)
+        return logs
+
+    def _read_now(self, phase: str) -> dict[str, float]:
         loop = self.loop
         if phase == "train":
             running = loop.loss.running

@@ -57,7 +57,7 @@ class Inference:
         collector = PredictionCollector.of(self.args)  # HF's compute_metrics, when set
         total = torch.zeros((), device=fabric.device, dtype=torch.float64)
         count, with_loss = 0, False
-        self.call_event("on_evaluate_begin")
+        self.call_event("on_evaluate_begin", running_logs=self.running_logs)
         with stepper.inference(), stopping(source):
             for batch in first(source.batches(0), steps):
                 self.call_event("on_prediction_step_begin")
@@ -94,7 +94,7 @@ class Inference:
         metrics, trained = self.val_metrics if prefix else MetricSet(self.metric_specs), tools.metrics
         metrics.reset()
         tools.metrics, tools.updated, count = metrics, False, 0  # what `compute_metrics` updates
-        self.call_event("on_evaluate_begin")
+        self.call_event("on_evaluate_begin", running_logs=self.running_logs)
         with self.stepper.inference(), stopping(source):
             for batch in first(source.batches(0), steps):
                 self.call_event("on_prediction_step_begin")

@@ -14,7 +14,7 @@ CALLBACK_CLASSES = {
     "Callback": "fitkit.callbacks.keras.callback",
     "CSVLogger": "fitkit.callbacks.csv_logger",
     "EarlyStopping": "fitkit.callbacks.early_stopping",
-    "LambdaCallback": "fitkit.callbacks.lambda_callback",
+    "LambdaCallback": "fitkit.callbacks.keras.lambda_callback",
     "LearningRateScheduler": "fitkit.callbacks.learning_rate_scheduler",
     "ModelCheckpoint": "fitkit.callbacks.model_checkpoint",
     "ReduceLROnPlateau": "fitkit.callbacks.reduce_lr_on_plateau",

@@ -182,8 +182,8 @@ class TrainerCallback:
 
 
 def _is_default(handler: Any) -> bool:
-    """True for a base class's empty hook: one marked `no_op` (fitkit's `TrainerCallback` and
-    Keras-style `Callback` mark theirs), or transformers' own `TrainerCallback` hook. Calling it
+    """True for a base class's empty hook: one marked `no_op` (fitkit's `TrainerCallback` marks
+    its own), or transformers' own `TrainerCallback` hook. Calling it
     would do nothing, so the handler skips it; a callback that does not override an event is
     skipped by the same test."""
     func = getattr(handler, "__func__", handler)
@@ -200,6 +200,8 @@ def _listening(callback: Any, event: str) -> tuple[bool, bool]:
     instance holds the event itself or the class makes attributes on the fly."""
     cls: type = type(callback)  # `type`: mypy takes a `type[Any]` for unhashable
     if event in getattr(callback, "__dict__", ()) or _makes_attributes(cls):
+        if event not in EVENTS and not _really_defined(callback, event):
+            return False, False  # a custom event reaches only a method really written, not one made on the fly
         method = getattr(callback, event, None)
         return callable(method) and not _is_default(method), from_transformers(callback, event)
     return _class_listening(cls, event)
@@ -212,13 +214,28 @@ def _class_listening(cls: type, event: str) -> tuple[bool, bool]:
     return listens, class_from_transformers(cls, event)
 
 
+def _really_defined(callback: Any, name: str) -> bool:
+    return name in getattr(callback, "__dict__", ()) or any(name in k.__dict__ for k in type(callback).__mro__)
+
+
 @functools.lru_cache(maxsize=1024)
 def _makes_attributes(cls: type) -> bool:
     return cls.__getattribute__ is not object.__getattribute__ or hasattr(cls, "__getattr__")
 
 
 def _defines_an_event(obj: Any) -> bool:
-    return any(callable(getattr(obj, event, None)) for event in EVENTS)
+    """Whether `obj` has an event method: one of the documented events, or any other `on_*` method
+    (a custom event's, or one an adapter of the layers above calls, such as Keras' `on_train_batch_end`)."""
+    return any(callable(getattr(obj, event, None)) for event in EVENTS) or any(
+        name.startswith("on_") and callable(getattr(obj, name, None)) for name in dir(obj))
+
+
+def callback_class(callback: Any) -> type:
+    """The class a callback of the list stands for: its own, or for an adapter (an object with
+    `wrapped`, such as `fitkit.callbacks.keras.adapter.KerasAdapter`) the wrapped callback's. Checkpoints
+    keep states under its name, and `pop_callback(cls)` finds it by it."""
+    wrapped = getattr(callback, "wrapped", None)
+    return type(wrapped if wrapped is not None else callback)
 
 
 def _drives_flow(callback: Any) -> bool:
@@ -334,10 +351,8 @@ class CallbackHandler(TrainerCallback):
         #: Optimizer steps per epoch of the run starting (None: unknown), set by the engine and
         #: passed to `on_train_begin` as the `steps_per_epoch` keyword (Keras' `params["steps"]`).
         self.steps_per_epoch: int | None = None
-        #: Keras-style callbacks: the fitkit `Model` running this handler (`self.model` of such a
-        #: callback: the model itself, given by the facade) and the loop's running averages
-        #: (`fitkit.engine.batch_logs`).
-        self.keras_model: Any = None
+        #: The loop's running averages (`fitkit.engine.batch_logs`), passed to `on_train_begin` as
+        #: the `running_logs` keyword.
         self.running_logs: Any = None
         #: Called before any listener runs, when set: the engine waits there for an asynchronous
         #: checkpoint's copy of the weights (when one is under way), which a callback could
@@ -350,7 +365,7 @@ class CallbackHandler(TrainerCallback):
 
     #: What a run hands its callbacks (`set_run`): the objects of HF's event keywords, and fitkit's.
     RUN_FIELDS = ("model", "optimizer", "lr_scheduler", "train_dataloader", "eval_dataloader", "save_checkpoint",
-                  "metric_directions", "steps_per_epoch", "running_logs", "before_listeners", "keras_model")
+                  "metric_directions", "steps_per_epoch", "running_logs", "before_listeners")
 
     def set_run(self, **objects: Any) -> None:
         """Give the handler what the run starting hands its callbacks, once, as Keras'
@@ -366,12 +381,12 @@ class CallbackHandler(TrainerCallback):
             setattr(self, name, value)
 
     # -- the list ---------------------------------------------------------------------
-    def add_callback(self, callback: TrainerCallback | type) -> None:
-        """Add a callback (an instance, or a class built with no argument); anything else raises
-        `TypeError` (see `as_callback`)."""
+    def add_callback(self, callback: TrainerCallback | type | Any) -> None:
+        """Add a callback (an instance, or a class built with no argument; any object with event
+        methods is one too); anything else raises `TypeError` (see `as_callback`)."""
         cb = as_callback(callback)
-        cb_class = type(cb)
-        if any(type(c) is cb_class for c in self.callbacks):
+        cb_class = callback_class(cb)
+        if any(callback_class(c) is cb_class for c in self.callbacks):
             warnings.warn(
                 f"You are adding a {cb_class.__name__} to the callbacks but there is already one. "
                 f"The current list of callbacks is: {self.callback_list}",
@@ -380,19 +395,20 @@ class CallbackHandler(TrainerCallback):
         self.callbacks.append(cb)
         self._sort()
 
-    def pop_callback(self, callback: TrainerCallback | type) -> TrainerCallback | None:
+    def pop_callback(self, callback: TrainerCallback | type | Any) -> Any:
         for i, cb in enumerate(self.callbacks):
-            if (isinstance(callback, type) and type(cb) is callback) or cb is callback:
+            if (isinstance(callback, type) and callback_class(cb) is callback) or cb is callback \
+                    or getattr(cb, "wrapped", None) is callback:
                 self._listeners.clear()
                 return self.callbacks.pop(i)
         return None
 
-    def remove_callback(self, callback: TrainerCallback | type) -> None:
+    def remove_callback(self, callback: TrainerCallback | type | Any) -> None:
         self.pop_callback(callback)
 
     @property
     def callback_list(self) -> str:
-        return "\n".join(type(cb).__name__ for cb in self.callbacks)
+        return "\n".join(callback_class(cb).__name__ for cb in self.callbacks)
 
     def _sort(self) -> None:
         # Stable: equal `order` keeps insertion order.
@@ -403,16 +419,12 @@ class CallbackHandler(TrainerCallback):
         """The bound methods that handle `event`, cached."""
         found = self._listeners.get(event)
         if found is None:
-            from fitkit.events.keras_bridge import keras_bridge, with_bookkeeping  # Keras-style callbacks
-
-            found, bridge = [], keras_bridge(self)
+            found = []
             for cb in self.callbacks:
-                keras, native = bridge.listeners(cb, event)
-                listens, hf = _listening(cb, event) if native else (False, False)
+                listens, hf = _listening(cb, event)
                 if listens:
                     found.append(self._hf_wrapped(event, getattr(cb, event)) if hf else getattr(cb, event))
-                found.extend(keras)
-            found = self._listeners[event] = with_bookkeeping(bridge, event, found, self.callbacks)
+            self._listeners[event] = found
         return found
 
     def _hf_wrapped(self, event: str, method: Any) -> Any:
@@ -463,7 +475,7 @@ class CallbackHandler(TrainerCallback):
             state = getattr(cb, "state", None)  # HF's `ExportableState` has it, any callback may
             if not callable(state):
                 continue
-            name, value = type(cb).__name__, state()
+            name, value = callback_class(cb).__name__, state()
             if name in states:
                 states[name] = (states[name] if isinstance(states[name], list) else [states[name]]) + [value]
             else:
@@ -489,12 +501,12 @@ class CallbackHandler(TrainerCallback):
             if key in names and isinstance(value, bool):
                 setattr(control, key, value)
         seen: dict[str, int] = {}
-        absent = sorted(set(states) - {"TrainerControl"} - {type(cb).__name__ for cb in self.callbacks})
+        absent = sorted(set(states) - {"TrainerControl"} - {callback_class(cb).__name__ for cb in self.callbacks})
         if absent:
             logger.warning("Checkpoint included callbacks not included in current configuration. Ignoring. (%s)",
                            ", ".join(absent))
         for cb in self.callbacks:
-            name = type(cb).__name__
+            name = callback_class(cb).__name__
             if name == "TrainerControl" or name not in states:
                 continue
             saved = states[name]
@@ -546,7 +558,7 @@ class CallbackHandler(TrainerCallback):
                 try:
                     close()
                 except Exception as err:  # noqa: BLE001 - called on the way out, maybe after another error
-                    logger.warning("%s.close_run() failed: %s", type(cb).__name__, err)
+                    logger.warning("%s.close_run() failed: %s", callback_class(cb).__name__, err)
 
     def has_listeners(self, event: str) -> bool:
         return bool(self.listeners(event))

@@ -18,19 +18,20 @@ A callback written for Keras moves over with its import changed (a subclass of
 
 `self.model` is the fitkit `Model` (its `optimizer.learning_rate` reads and assigns the rate of
 every parameter group), `self.params` holds `epochs`, `steps` (optimizer steps per epoch) and
-`verbose`. Each method has its Keras 3 meaning; `fitkit.events.keras_bridge` maps them onto
-the `TrainerCallback` events (the table is in docs/callbacks.md, "Keras-style callbacks").
+`verbose`. Each method has its Keras 3 meaning and is called positionally as Keras calls it;
+`fitkit.callbacks.keras.adapter.KerasAdapter` runs them at the `TrainerCallback` events (the table is
+in docs/callbacks.md, "Keras-style callbacks"). A `Callback` is its own type, not a `TrainerCallback`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from fitkit.events.handler import TrainerCallback, no_op
-from fitkit.events.keras_names import KERAS_NAMES, keras_class, overrides  # noqa: F401 - re-exported
+from fitkit.events.handler import no_op
+from fitkit.events.state import Order
 
 
-class Callback(TrainerCallback):
+class Callback:
     """Keras 3's `keras.callbacks.Callback`: override any of its methods.
 
     `on_train_begin/end(logs=None)`, `on_epoch_begin/end(epoch, logs=None)` (0-based `epoch`;
@@ -45,7 +46,8 @@ class Callback(TrainerCallback):
     run overrides a batch-end method; a fit whose callbacks override none pays nothing for them.
     A subclass may also define `TrainerCallback` events that Keras has no name for (`on_log`,
     `on_step_end`, ...): they are called HF-style, `(args, state, control, **kwargs)`. Define
-    `state()` / `load_state(state)` to have the callback's state saved in checkpoints.
+    `state()` / `load_state(state)` to have the callback's state saved in checkpoints; `order`
+    places it among the other callbacks as a `TrainerCallback`'s does.
 
     Example::
 
@@ -63,6 +65,8 @@ class Callback(TrainerCallback):
             x, y, epochs=5, callbacks=[Stopper()], verbose=0)
         assert history.epoch == [0, 1]
     """
+
+    order: int = Order.USER
 
     def __init__(self) -> None:
         self.params: dict[str, Any] = {}
@@ -95,11 +99,15 @@ class Callback(TrainerCallback):
     def on_epoch_end(self, epoch, logs=None):
         """Called after the epoch and its validation; `logs` hold `loss`, metrics and `val_` values."""
 
+    @no_op  # a default as in Keras: a subclass that overrides neither this nor the alias costs nothing
     def on_train_batch_begin(self, batch, logs=None):
-        self.on_batch_begin(batch, logs=logs)
+        """Called before each training batch (calls `on_batch_begin`)."""
+        self.on_batch_begin(batch, logs)
 
+    @no_op
     def on_train_batch_end(self, batch, logs=None):
-        self.on_batch_end(batch, logs=logs)
+        """Called after each training batch; `logs` hold the running averages (calls `on_batch_end`)."""
+        self.on_batch_end(batch, logs)
 
     @no_op
     def on_batch_begin(self, batch, logs=None):

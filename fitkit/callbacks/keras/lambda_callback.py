@@ -1,18 +1,20 @@
-"""`LambdaCallback`: a callback made of plain functions, one per event (Keras)."""
+"""`LambdaCallback`: a callback made of plain functions, one per event (Keras), with HF's or Keras'
+arguments."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
+from fitkit.callbacks.keras.names import EVENT_OF, KERAS_NAMES, KERAS_ONLY_NAMES, MOMENTS
 from fitkit.common.options import closest, did_you_mean
 from fitkit.events.handler import EVENTS, TrainerCallback
-from fitkit.events.keras_names import EVENT_OF, KERAS_ONLY_NAMES, MOMENTS, keras_signature
 
 #: What an HF-style function given under a Keras-only name should be given as.
-KERAS_EVENTS: dict[str, str] = {name: EVENT_OF[name] for name in KERAS_ONLY_NAMES}
+KERAS_EVENTS: dict[str, str] = {name: EVENT_OF[name] for name in KERAS_ONLY_NAMES if name not in MOMENTS}
 #: The names a function may be given under: HF's events, fitkit's added moments, Keras' methods.
-NAMES: tuple[str, ...] = EVENTS + MOMENTS + tuple(n for n in KERAS_EVENTS if n not in MOMENTS)
+NAMES: tuple[str, ...] = EVENTS + MOMENTS + tuple(KERAS_EVENTS)
 
 
 class LambdaCallback(TrainerCallback):
@@ -30,13 +32,14 @@ class LambdaCallback(TrainerCallback):
     (`LambdaCallback(custom_method=fn).custom_method is fn`); a function stored under a
     custom event's name is called by that event (`model.call_event("on_verify_batch", ...)`).
 
-    Keras' signatures work too, decided per function by its parameters: `on_epoch_end=lambda
-    epoch, logs: ...`, `on_train_batch_end=lambda batch, logs: ...` (running averages),
-    `on_train_begin=lambda logs: ...`, `on_test_end`, `on_predict_batch_end`, ... are called with
-    Keras 3's meanings (see `fitkit.callbacks.Callback`); a function taking `(args, state, control,
-    **kwargs)` (or `**kwargs`) is called HF-style. A Keras-only name (`on_train_batch_end`) given
-    an HF-style function, and a name close to an event (a typo such as `on_epoch_ned`), raise
-    `TypeError` naming the event to use.
+    Keras' functions work too: `on_epoch_end=lambda epoch, logs: ...`, `on_train_batch_end=lambda
+    batch, logs: ...` (running averages), `on_train_begin=lambda logs: ...`, `on_test_end`,
+    `on_predict_batch_end`, ... are called positionally with Keras 3's meanings (see
+    `fitkit.callbacks.Callback`), whatever their parameters are named. Which convention a function
+    follows is settled once, here: a function whose parameters start `(args, state, control` or that
+    takes `**kwargs` is HF's, any other under a Keras name is Keras' (`keras_functions` holds those).
+    A Keras-only name (`on_train_batch_end`) given an HF-style function, and a name close to an event
+    (a typo such as `on_epoch_ned`), raise `TypeError` naming the event to use.
 
     Example::
 
@@ -65,15 +68,18 @@ class LambdaCallback(TrainerCallback):
                 raise TypeError(f"LambdaCallback: `{name}` must be a function (args, state, control, **kwargs), "
                                 f"or Keras' ({'epoch, ' if 'epoch' in name else 'batch, ' if 'batch' in name else ''}"
                                 f"logs), got {fn!r}")
-            if name in KERAS_EVENTS and fn is not None and keras_signature(fn, name) is not True:
+            if name in KERAS_EVENTS and fn is not None and _hf_shaped(fn, name):
                 raise TypeError(f"LambdaCallback: `{name}` is Keras' method, called as {name}("
                                 f"{'batch, ' if 'batch' in name else ''}logs); this function takes other arguments. "
                                 f"For fitkit's event at that moment pass it as `{KERAS_EVENTS[name]}` "
                                 "(args, state, control, **kwargs)")
         self._functions: dict[str, Callable] = {k: v for k, v in event_functions.items()
                                                 if k in NAMES and v is not None}
+        #: The functions called with Keras' arguments (`KerasAdapter` runs them), by Keras method name.
+        self.keras_functions: dict[str, Callable] = {k: v for k, v in self._functions.items()
+                                                     if k in KERAS_NAMES and not _hf_shaped(v, k)}
         for name, value in event_functions.items():
-            if name not in NAMES or value is not None:
+            if name not in self.keras_functions and (name not in NAMES or value is not None):
                 setattr(self, name, value)
 
     def __repr__(self) -> str:
@@ -90,3 +96,16 @@ def _name_problem(name: str) -> str | None:
         return (f"{did_you_mean(name, NAMES)}`{name}` is not one of the events: {', '.join(NAMES)} (for a custom "
                 "event of that name, subclass TrainerCallback)")
     return None
+
+
+def _hf_shaped(fn: Callable, name: str) -> bool:
+    """Whether `fn`, given under `name`, takes HF's event arguments: `(args, state, control, ...)`; under
+    a name HF's events share with Keras (`on_epoch_end`), also any function with `**kwargs` (HF passes
+    its values by keyword) or without a readable signature."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return name not in KERAS_ONLY_NAMES
+    if [p.name for p in params[:3]] == ["args", "state", "control"]:
+        return True
+    return name not in KERAS_ONLY_NAMES and any(p.kind is p.VAR_KEYWORD for p in params)

@@ -1,0 +1,127 @@
+"""Keras 3's callback method names, and which of them a callback object really has: decided by its
+type and by the markers its base classes put on their empty methods (fitkit's `no_op`, Keras'
+`utils.default`), never by reading signatures::
+
+    keras_methods(cb)      # {"on_epoch_end": cb.on_epoch_end, ...}: what `KerasAdapter` calls
+    is_keras_style(cb)     # True for fitkit's `Callback`, `keras.callbacks.Callback`, or an object
+                           # (not a `TrainerCallback`) with Keras-only method names
+
+keras is never imported here: a `keras.callbacks.Callback` is recognised by its class's module.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any
+
+#: Keras' methods whose names are also `TrainerCallback` events (with other arguments).
+SHARED_NAMES: tuple[str, ...] = ("on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end")
+#: Keras' methods that fitkit's documented event set has no method of that name for.
+KERAS_ONLY_NAMES: tuple[str, ...] = (
+    "on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end",
+    "on_test_begin", "on_test_end", "on_test_batch_begin", "on_test_batch_end",
+    "on_predict_begin", "on_predict_end", "on_predict_batch_begin", "on_predict_batch_end",
+)
+KERAS_NAMES: tuple[str, ...] = SHARED_NAMES + KERAS_ONLY_NAMES
+#: Keras' aliases: the base `on_train_batch_*` calls `on_batch_*`.
+ALIASES: dict[str, str] = {"on_train_batch_begin": "on_batch_begin", "on_train_batch_end": "on_batch_end"}
+#: The fitkit event each Keras method is called from (the custom events are the loop's own moments).
+EVENT_OF: dict[str, str] = {
+    "on_train_begin": "on_train_begin", "on_train_end": "on_train_end",
+    "on_epoch_begin": "on_epoch_begin", "on_epoch_end": "on_epoch_summary",
+    "on_train_batch_begin": "on_step_begin", "on_train_batch_end": "on_step_end",
+    "on_batch_begin": "on_step_begin", "on_batch_end": "on_step_end",
+    "on_test_begin": "on_evaluate_begin", "on_test_end": "on_evaluate",
+    "on_test_batch_begin": "on_prediction_step_begin", "on_test_batch_end": "on_prediction_step",
+    "on_predict_begin": "on_predict_begin", "on_predict_end": "on_predict",
+    "on_predict_batch_begin": "on_prediction_step_begin", "on_predict_batch_end": "on_prediction_step",
+}
+#: The events the loop fires for moments HF has none (Keras' test / predict begins, each evaluation or
+#: prediction batch's start, the epoch's end after its validation).
+MOMENTS: tuple[str, ...] = ("on_evaluate_begin", "on_prediction_step_begin", "on_predict_begin", "on_epoch_summary")
+#: The HF event to use instead of a Keras-only name, for a `TrainerCallback` that defines one.
+HF_INSTEAD: dict[str, str] = {
+    "on_train_batch_begin": "on_step_begin", "on_batch_begin": "on_step_begin",
+    "on_train_batch_end": "on_step_end", "on_batch_end": "on_step_end",
+    "on_test_begin": "on_evaluate_begin", "on_test_end": "on_evaluate",
+    "on_test_batch_begin": "on_prediction_step_begin", "on_test_batch_end": "on_prediction_step",
+    "on_predict_end": "on_predict", "on_predict_batch_begin": "on_prediction_step_begin",
+    "on_predict_batch_end": "on_prediction_step",
+}
+
+_NO_OP = "__fitkit_no_op__"  # fitkit.events.handler.NO_OP
+_KERAS_DEFAULT = "_is_default"  # keras.src.utils.python_utils.default
+
+
+def is_default(method: Any) -> bool:
+    """True for a base class's empty method: marked by fitkit's `no_op` or Keras' `utils.default`."""
+    func = getattr(method, "__func__", method)
+    return bool(getattr(func, _NO_OP, False) or getattr(func, _KERAS_DEFAULT, False))
+
+
+@functools.lru_cache(maxsize=1024)
+def keras_class(cls: type) -> bool:
+    """True for a subclass of fitkit's `Callback` or of `keras.callbacks.Callback`."""
+    return any(k.__name__ == "Callback" and (k.__module__ == "fitkit.callbacks.keras.callback"
+                                             or k.__module__.startswith("keras."))
+               for k in cls.__mro__)
+
+
+def _trainer_callback(cls: type) -> bool:
+    """A subclass of fitkit's or transformers' `TrainerCallback` (HF's event set, by type)."""
+    return any(k.__name__ == "TrainerCallback" and (k.__module__.startswith("fitkit.events")
+                                                    or k.__module__.startswith("transformers"))
+               for k in cls.__mro__)
+
+
+def is_keras_style(callback: Any) -> bool:
+    """Whether `callback` is called with Keras' methods: a fitkit or Keras `Callback`; an object
+    declaring `keras_functions` (fitkit's `LambdaCallback` with Keras' functions); or an object that
+    is no `TrainerCallback` and has a Keras-only method (`on_train_batch_end`, `on_test_end`, ...)."""
+    cls: type = type(callback)
+    if keras_class(cls):
+        return True
+    if getattr(callback, "keras_functions", None):
+        return True
+    return not _trainer_callback(cls) and any(callable(getattr(callback, n, None)) for n in KERAS_ONLY_NAMES)
+
+
+def keras_methods(callback: Any) -> dict[str, Callable[..., Any]]:
+    """The Keras methods of a Keras-style `callback` that do something, by name: the ones not
+    marked as a base class's empty default. `on_train_batch_begin/end` stand for their aliases
+    `on_batch_begin/end` too, as Keras' base class calls the alias."""
+    declared = getattr(callback, "keras_functions", None)
+    found: dict[str, Callable[..., Any]] = dict(declared) if declared else {}
+    for name in KERAS_NAMES if not declared else ():
+        method = getattr(callback, name, None)
+        if callable(method) and not is_default(method):
+            found[name] = method
+    for name, alias in ALIASES.items():
+        if alias in found and name not in found:  # the base's `name` calls the alias, when there is one
+            found[name] = getattr(callback, name, None) or found[alias]
+        found.pop(alias, None)
+    return found
+
+
+def keras_named_methods_warning(callback: Any) -> str | None:
+    """For a `TrainerCallback` that defines Keras-only method names: why they are never called,
+    and what to do instead (None when it defines none)."""
+    cls: type = type(callback)  # `type`: mypy takes a `type[Any]` for unhashable
+    if not _trainer_callback(cls) or keras_class(cls):
+        return None
+    bad = [n for n in HF_INSTEAD if callable(getattr(callback, n, None))
+           and not _from_transformers_base(cls, n)]
+    if not bad:
+        return None
+    return (f"{cls.__name__} is a TrainerCallback, whose methods are HF's events (args, state, control, **kwargs); "
+            f"{', '.join(f'{cls.__name__}.{n}' for n in bad)} (Keras' method names) are never called. For Keras' "
+            "methods subclass fitkit.callbacks.Callback; for fitkit's events at those moments use "
+            + ", ".join(f"{HF_INSTEAD[n]} instead of {n}" for n in bad))
+
+
+def _from_transformers_base(cls: type, name: str) -> bool:
+    hf = sys.modules.get("transformers.trainer_callback")
+    base = getattr(getattr(hf, "TrainerCallback", None), name, None)
+    return base is not None and getattr(cls, name, None) is base
