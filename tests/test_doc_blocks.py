@@ -336,21 +336,26 @@ def page_runs(request, tmp_path_factory):
     started: list[Preloaded] = []
     lock = threading.Lock()
 
+    def folder(name: str) -> str:
+        with lock:  # pytest's temporary folders are made by one thread at a time
+            return str(tmp_path_factory.mktemp(name))
+
     def run(page: str, blocks: list[Block]) -> dict:
-        folder = str(tmp_path_factory.mktemp(os.path.basename(page).replace(".", "_")))
+        where = folder(os.path.basename(page).replace(".", "_"))
         if not PRELOAD:
-            return run_page(page, blocks, folder)
+            return run_page(page, blocks, where)
         try:
             server = servers.get_nowait()
         except queue.Empty:
-            server = Preloaded(str(tmp_path_factory.mktemp("preloaded")))
+            server = Preloaded(folder("preloaded"))
             with lock:
                 started.append(server)
         try:
-            return run_page(page, blocks, folder, server)
+            return run_page(page, blocks, where, server)
         finally:
             servers.put(server)
 
+    tmp_path_factory.getbasetemp()  # made (and an old one removed) before the threads start
     pool = concurrent.futures.ThreadPoolExecutor(max(1, min(WORKERS, len(todo))))
     futures = {page: pool.submit(run, page, blocks) for page, blocks in todo}
     yield lambda page: futures[page].result()
