@@ -48,11 +48,6 @@ def _float_pair(y_true: torch.Tensor, y_pred: torch.Tensor) -> tuple[torch.Tenso
     return same_rank(y_true.to(y_pred.dtype), y_pred)
 
 
-def _exact_accuracy(y_true: torch.Tensor, y_pred: torch.Tensor) -> torch.Tensor:
-    y_true, y_pred = _float_pair(y_true, y_pred)
-    return (y_true == y_pred).float()
-
-
 def _binary_accuracy(y_true: torch.Tensor, y_pred: torch.Tensor) -> torch.Tensor:
     y_true, y_pred = _float_pair(y_true, y_pred)
     return (y_true == (y_pred > 0).float()).float()  # logits > 0 is sigmoid > 0.5
@@ -256,7 +251,8 @@ class KerasEntry:
 def _table() -> dict[str, KerasEntry]:
     up, down = True, False
     groups: list[tuple[tuple[str, ...], KerasEntry]] = [
-        (("Accuracy",), KerasEntry(_exact_accuracy, higher_is_better=up)),
+        # "Accuracy" as text is Keras' "accuracy" too (Keras' compile reads the name case-blind); its exact-match
+        # class is reachable as an object, keras.metrics.Accuracy()
         (("accuracy", "acc"), KerasEntry(_accuracy, higher_is_better=up)),
         (("binary_accuracy", "BinaryAccuracy"), KerasEntry(_binary_accuracy, higher_is_better=up)),
         (("categorical_accuracy", "CategoricalAccuracy"), KerasEntry(_categorical_accuracy, higher_is_better=up)),
@@ -413,12 +409,19 @@ def is_keras_metric(obj: Any) -> bool:
         c.__name__ == "Metric" and c.__module__.startswith("keras") for c in type(obj).__mro__)
 
 
+def check_keras_object(obj: Any) -> None:
+    """Refuse Keras' `Mean` and `Sum` trackers in `metrics` (Keras' compile fails on them too)."""
+    if type(obj).__name__ in ("Mean", "Sum") and type(obj).__module__.startswith("keras"):
+        raise ValueError(f"metric {obj.name!r}: {KERAS_REFUSED[type(obj).__name__]} (Keras' compile refuses it too)")
+
+
 class KerasObjectMetric:
     """A `keras.metrics.Metric` object run as it is: `update_state(y_true, y_pred, sample_weight)`
     each batch, `result()` at the end, `reset_state()` between epochs; a fresh copy per phase
     (training, validation), so the object given to `compile` keeps its own state."""
 
     def __init__(self, obj: Any):
+        check_keras_object(obj)
         if distributed():
             raise ValueError(f"the Keras metric object {obj.name!r} keeps its state in this process only: under several "
                              "processes, pass a fitkit metric name or a torchmetrics.Metric (they sum across processes)")
@@ -430,7 +433,7 @@ class KerasObjectMetric:
         self.higher_is_better = getattr(KERAS_MEANS.get(type(obj).__name__), "higher_is_better", None)
 
     def update(self, preds: Any, target: Any, sample_weight: Any = None) -> None:
-        self.obj.update_state(target, preds, sample_weight=sample_weight)
+        self.obj.update_state(target, preds, sample_weight=sample_weight)  # as Keras' compiled metrics call it
 
     def compute(self) -> torch.Tensor:
         value = torch.as_tensor(self.obj.result())

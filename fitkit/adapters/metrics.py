@@ -19,6 +19,7 @@ from fitkit.adapters.keras_metrics import (
     KerasMean,
     KerasObjectMetric,
     Weighted,
+    check_keras_object,
     distributed,
     function_mean,
     is_keras_metric,
@@ -99,13 +100,16 @@ def check_metrics(specs: Any) -> list:
         specs = [specs]
     out: list[Any] = []  # names, metric objects, callables, OutputMetric and LossParts specs
     for spec in specs:
-        if isinstance(spec, (OutputMetric, LossParts)):
+        if isinstance(spec, (OutputMetric, LossParts, Weighted)):
             out.append(spec)
             continue
         if isinstance(spec, str):
             _check_name(spec)
             out.append(spec)
-        elif is_keras_metric(spec) or callable(spec) or _is_metric(spec):
+        elif is_keras_metric(spec):
+            check_keras_object(spec)
+            out.append(spec)
+        elif callable(spec) or _is_metric(spec):
             out.append(spec)
         else:
             raise TypeError(f"`metrics` items must be names, torchmetrics.Metric objects or callables; got {spec!r}")
@@ -285,6 +289,8 @@ def _keras_task(name: str, preds: torch.Tensor, target: torch.Tensor) -> tuple[s
     Predictions are fitkit's logits: a Keras model's sigmoid / softmax outputs thresholded at
     0.5 / compared by argmax give the same values."""
     classes = preds.shape[-1] if preds.dim() >= 2 else 1
+    if name in ("accuracy", "acc") and classes > 1 and target.shape == preds.shape:
+        return "onehot", classes  # Keras' "accuracy" on targets of the outputs' shape: categorical (argmax) accuracy
     if name == "sparse_categorical_accuracy" and classes > 1:
         return "multiclass", classes
     if name == "categorical_accuracy" and classes > 1:
