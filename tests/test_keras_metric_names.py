@@ -306,3 +306,14 @@ def test_a_keras_order_function_averages_per_sample_as_keras():
     assert sorted(ours) == sorted(theirs)
     for name, value in theirs.items():
         assert ours[name] == pytest.approx(value, rel=1e-5), name
+
+
+def test_a_torchmetrics_object_never_logs_another_value_under_a_keras_name():
+    """torchmetrics' MAPE is a fraction where Keras' is a percentage: logged under its own name."""
+    import torchmetrics
+
+    x, y, _ = _data("regression")
+    ours = Model(torch.nn.Linear(6, 3)).compile("sgd", "mse", metrics=[
+        torchmetrics.MeanAbsolutePercentageError(), "mape", torchmetrics.MeanAbsoluteError()]).evaluate(x, y, verbose=0)
+    assert ours["mape"] == pytest.approx(100 * ours["torchmetrics_mean_absolute_percentage_error"], rel=1e-5)
+    assert "mean_absolute_error" in ours  # the same value as Keras': Keras' name kept

@@ -174,8 +174,20 @@ def metric_name(spec: Any) -> str:
     if is_keras_metric(spec):
         return str(spec.name)
     if _is_metric(spec):
-        return _snake(type(spec).__name__)
+        name = _snake(type(spec).__name__)
+        return f"torchmetrics_{name}" if _not_keras_value(spec, name) else name
     return getattr(spec, "__name__", type(spec).__name__)
+
+
+def _not_keras_value(spec: Any, name: str) -> bool:
+    """A torchmetrics object whose snake-case name is a Keras metric's but whose value is not
+    Keras' (a fraction where Keras gives a percentage, a sum where Keras averages): it is logged
+    as `torchmetrics_<name>`, so a Keras name never carries another value."""
+    if not type(spec).__module__.startswith("torchmetrics"):
+        return False
+    if name == "mean_absolute_percentage_error":
+        return True
+    return name == "cosine_similarity" and getattr(spec, "reduction", "sum") != "mean"
 
 
 # The torchmetrics class each metric name becomes (every task's class of a name improves the
