@@ -317,3 +317,57 @@ def test_a_torchmetrics_object_never_logs_another_value_under_a_keras_name():
         torchmetrics.MeanAbsolutePercentageError(), "mape", torchmetrics.MeanAbsoluteError()]).evaluate(x, y, verbose=0)
     assert ours["mape"] == pytest.approx(100 * ours["torchmetrics_mean_absolute_percentage_error"], rel=1e-5)
     assert "mean_absolute_error" in ours  # the same value as Keras': Keras' name kept
+
+
+def test_weighted_metrics_in_a_custom_train_step_equal_keras():
+    """The guide's custom `train_step` handing `sample_weight` to `compute_metrics`: the
+    weighted metrics see it, the others do not, as in Keras."""
+    keras = real_keras()
+    x, y, w = _data("regression")
+    kmodel, net = twin_dense(keras, 6, 3)
+    kmodel.compile("sgd", "mse", metrics=["mae"], weighted_metrics=["mae", "mape"])
+    theirs = kmodel.fit(x.numpy(), y.numpy(), sample_weight=w.numpy(), batch_size=BATCH, epochs=2, shuffle=False,
+                        verbose=0).history
+
+    class Custom(Model):
+        def train_step(self, data):
+            x, y, sample_weight = data
+            y_pred = self(x)
+            loss = self.compute_loss(y=y, y_pred=y_pred, sample_weight=sample_weight)
+            self.backward(loss)
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+            return self.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+
+    model = Custom(net).compile("sgd", "mse", metrics=["mae"], weighted_metrics=["mae", "mape"])
+    ours = model.fit(x, y, sample_weight=w, batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history
+    assert sorted(ours) == sorted(theirs)
+    for key, values in theirs.items():
+        assert ours[key] == pytest.approx(values, rel=1e-5), key
+
+
+def test_weighted_metrics_survive_save_and_load(tmp_path):
+    x, y, w = _data("regression")
+    model = Model(torch.nn.Linear(6, 3)).compile("sgd", "mse", metrics=["mae"], weighted_metrics=["mae", "msle"])
+    before = model.evaluate(x, y, sample_weight=w, verbose=0)
+    model.save(tmp_path / "model.pt")
+    loaded = Model.load(tmp_path / "model.pt", torch.nn.Linear(6, 3))
+    assert loaded.evaluate(x, y, sample_weight=w, verbose=0) == pytest.approx(before)
+    assert {"weighted_mae", "msle"} <= set(before)
+
+
+def test_keras_metric_states_resume_exactly():
+    """A checkpoint taken mid-epoch holds the running sums of Keras' metrics (names and objects)."""
+    keras = real_keras()
+    from fitkit.adapters.metrics import MetricSet, weighted_metrics
+
+    x, y, w = _data("binary")
+    specs = check_metrics(["mape", keras.metrics.AUC(name="auc_object")])
+    specs += weighted_metrics(["Precision"], specs)
+    whole, first, resumed = MetricSet(specs), MetricSet(specs), MetricSet(specs)
+    for part in (slice(0, 16), slice(16, 32)):
+        whole.update(x[part, :1], y[part], w[part])
+    first.update(x[:16, :1], y[:16], w[:16])
+    resumed.load_state(first.export_state())
+    resumed.update(x[16:, :1], y[16:], w[16:])
+    assert resumed.compute() == pytest.approx(whole.compute(), rel=1e-6)

@@ -58,7 +58,9 @@ class CompileConfig:
         loss_fn = build_loss(loss, options.pop("loss_weights", None))  # kept in `options` for Model.save
         _run_eagerly(options)
         specs = check_metrics(metrics)
-        specs += weighted_metrics(options.pop("weighted_metrics", None), specs)  # kept in `options` for Model.save
+        if "weighted_metrics" in options:  # kept in `options` for Model.save; a built config's metrics hold them too
+            specs = [spec for spec in specs if not _is_weighted(spec)]
+            specs += weighted_metrics(options.pop("weighted_metrics"), specs)
         args = TrainingArguments.from_options(**options)
         check_devices(args)
         parts = LossParts(loss_fn) if loss_fn is not None else None
