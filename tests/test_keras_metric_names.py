@@ -371,3 +371,18 @@ def test_keras_metric_states_resume_exactly():
     resumed.load_state(first.export_state())
     resumed.update(x[16:, :1], y[16:], w[16:])
     assert resumed.compute() == pytest.approx(whole.compute(), rel=1e-6)
+
+
+def test_keras_precision_and_recall_by_class_name_on_several_labels_equal_keras():
+    """`"Precision"` / `"Recall"` are Keras' classes: every element thresholded (micro), not
+    fitkit's `"precision"` (macro over classes)."""
+    keras = real_keras()
+    x, y, w = _data("onehot")
+    kmodel, net = twin_dense(keras, 6, 6, activation="sigmoid")
+    kmodel.compile("sgd", "binary_crossentropy", metrics=["Precision", "Recall"], weighted_metrics=["Precision"])
+    theirs = kmodel.evaluate(x.numpy(), y.numpy(), sample_weight=w.numpy(), verbose=0, return_dict=True)
+    ours = Model(net).compile("sgd", "binary_crossentropy", metrics=["Precision", "Recall"],
+                              weighted_metrics=["Precision"]).evaluate(x, y, sample_weight=w, verbose=0)
+    assert sorted(ours) == sorted(theirs)
+    for name, value in theirs.items():
+        assert ours[name] == pytest.approx(value, rel=1e-5), name

@@ -54,8 +54,10 @@ _WEIGHTED_AS = {"precision": "Precision", "recall": "Recall"}
 
 def keras_computed(name: str) -> bool:
     """Whether a metric name is one of Keras' that `fitkit.adapters.keras_metrics` computes
-    (rather than fitkit's torchmetrics names, which give the same values unweighted)."""
-    return name in KERAS_MEANS and name.lower() not in _TORCHMETRICS_NAMES
+    (rather than fitkit's torchmetrics names, which give the same values unweighted). Class names
+    (`"Precision"`, `"MAE"`) are Keras' metrics, computed there, even where the lower-case name is
+    fitkit's."""
+    return name in KERAS_MEANS and name not in _TORCHMETRICS_NAMES
 
 
 def _weighted_entry(name: str) -> str:
