@@ -374,14 +374,16 @@ def test_keras_metric_states_resume_exactly():
 
 
 def test_keras_precision_and_recall_by_class_name_on_several_labels_equal_keras():
-    """`"Precision"` / `"Recall"` are Keras' classes: every element thresholded (micro), not
-    fitkit's `"precision"` (macro over classes)."""
+    """`"Precision"` / `"Recall"` are Keras' classes: every element thresholded (micro); so are
+    `"precision"` / `"recall"` on targets of the outputs' shape (on class indices, which Keras'
+    metric does not take, they are fitkit's macro average over the classes)."""
     keras = real_keras()
     x, y, w = _data("onehot")
     kmodel, net = twin_dense(keras, 6, 6, activation="sigmoid")
-    kmodel.compile("sgd", "binary_crossentropy", metrics=["Precision", "Recall"], weighted_metrics=["Precision"])
+    names = ["Precision", "Recall", "precision", "recall"]
+    kmodel.compile("sgd", "binary_crossentropy", metrics=names, weighted_metrics=["Precision"])
     theirs = kmodel.evaluate(x.numpy(), y.numpy(), sample_weight=w.numpy(), verbose=0, return_dict=True)
-    ours = Model(net).compile("sgd", "binary_crossentropy", metrics=["Precision", "Recall"],
+    ours = Model(net).compile("sgd", "binary_crossentropy", metrics=names,
                               weighted_metrics=["Precision"]).evaluate(x, y, sample_weight=w, verbose=0)
     assert sorted(ours) == sorted(theirs)
     for name, value in theirs.items():

@@ -47,9 +47,9 @@ _ALIASES = {"acc": "accuracy", **KERAS_NAMES}
 #: Names fitkit computes with torchmetrics (Keras' values where Keras has the name); every other
 #: Keras name is `fitkit.adapters.keras_metrics`'.
 _TORCHMETRICS_NAMES = {*NAMES, *_ALIASES}
-#: Keras' `weighted_metrics` names that fitkit's torchmetrics names stand for unweighted: weighted,
-#: the Keras metric of the same meaning (`KERAS_MEANS`) computes them.
-_WEIGHTED_AS = {"precision": "Precision", "recall": "Recall"}
+#: fitkit's names that are Keras' classes where Keras' meaning applies: weighted, and on targets of
+#: the outputs' shape (`_keras_elementwise`), the Keras metric (`KERAS_MEANS`) computes them.
+_KERAS_CLASS_OF = {"precision": "Precision", "recall": "Recall"}
 
 
 def keras_computed(name: str) -> bool:
@@ -62,7 +62,7 @@ def keras_computed(name: str) -> bool:
 
 def _weighted_entry(name: str) -> str:
     """The `KERAS_MEANS` name a weighted metric name is computed by, or a clear error."""
-    key = name if name in KERAS_MEANS else _WEIGHTED_AS.get(name.lower(), name.lower())
+    key = name if name in KERAS_MEANS else _KERAS_CLASS_OF.get(name.lower(), name.lower())
     if key not in KERAS_MEANS:
         raise ValueError(f"`weighted_metrics` cannot weight {name!r} (fitkit computes it over all samples, unweighted): "
                          f"pass it in `metrics=`, or a `keras.metrics` object (e.g. keras.metrics.AUC()) in "
@@ -298,6 +298,18 @@ def _infer(key: str, preds: torch.Tensor, target: torch.Tensor) -> tuple[str, in
     return ("multiclass" if classes > 1 else "binary"), classes
 
 
+def _keras_elementwise(name: str, preds: Any, target: Any, saved: dict | None) -> bool:
+    """Whether fitkit's `"precision"` / `"recall"` take Keras' meaning: targets of the outputs'
+    shape (one-hot or several labels) are thresholded element by element, as Keras' `Precision`
+    does; class indices, which Keras' metric does not take, keep fitkit's macro average. A saved
+    state tells by having no task."""
+    if name.lower() not in _KERAS_CLASS_OF:
+        return False
+    if saved is not None:
+        return "_task" not in saved
+    return isinstance(preds, torch.Tensor) and isinstance(target, torch.Tensor) and preds.shape == target.shape
+
+
 def _keras_task(name: str, preds: torch.Tensor, target: torch.Tensor) -> tuple[str, int] | None:
     """The task a Keras metric name fixes (None: inferred from the batch as for fitkit's names).
     Predictions are fitkit's logits: a Keras model's sigmoid / softmax outputs thresholded at
@@ -435,6 +447,8 @@ class MetricSet:
                 metric, kind, key = keras_mean(_weighted_entry(base) if weight is not None else base), "keras", name
             elif is_keras_metric(base):
                 metric, kind, key = KerasObjectMetric(base), "keras", name
+            elif isinstance(base, str) and _keras_elementwise(base, preds, tgt, saved.get(self.prefix + name) if saved is not None else None):
+                metric, kind, key = keras_mean(_KERAS_CLASS_OF[base.lower()]), "keras", name
             elif isinstance(base, str):
                 key = _ALIASES.get(base.lower(), base.lower())
                 if saved is not None:
