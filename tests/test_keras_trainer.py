@@ -248,8 +248,7 @@ def test_keras_only_data_options_name_the_fitkit_way():
         model.fit(x, y, use_multiprocessing=True, verbose=0)
 
 
-@pytest.mark.parametrize("name, value, hint", [("weighted_metrics", ["accuracy"], "sample_weight"),
-                                               ("steps_per_execution", 4, "every step"),
+@pytest.mark.parametrize("name, value, hint", [("steps_per_execution", 4, "every step"),
                                                ("auto_scale_loss", True, "16-mixed")])
 def test_keras_only_compile_options_name_the_fitkit_way(name, value, hint):
     with pytest.raises(TypeError, match=f"`{name}` is a Keras option.*{hint}") as raised:

@@ -75,18 +75,42 @@ def keras_order(fn: Any) -> bool:
     return params[:2] == ["y_true", "y_pred"]
 
 
+def same_rank(values: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`values` and `weight` brought to the same rank as Keras does before weighting: a trailing
+    axis of size 1 on one side is dropped, or a rank-1 side gains one (`(N,)` against `(N, 1)`)."""
+    if values.dim() == weight.dim() + 1 and values.shape[-1] == 1:
+        if weight.dim() == 1:
+            weight = weight.unsqueeze(-1)
+        else:
+            values = values.squeeze(-1)
+    elif weight.dim() == values.dim() + 1 and weight.shape[-1] == 1:
+        if values.dim() == 1:
+            values = values.unsqueeze(-1)
+        else:
+            weight = weight.squeeze(-1)
+    return values, weight
+
+
 def reduce_loss(values: torch.Tensor, sample_weight: torch.Tensor | None = None) -> torch.Tensor:
     """Keras' `sum_over_batch_size` reduction of the values a loss returned: their mean; with
-    `sample_weight` (one per sample), each sample's mean value weighted, averaged over the batch::
+    `sample_weight`, the values times the weights (shapes matched as Keras matches them: `(N,)`,
+    `(N, 1)`, or one weight per element such as per time step), summed and divided by the
+    number of values::
 
-        reduce_loss(torch.tensor([1.0, 3.0]))                            # 2.0
-        reduce_loss(torch.tensor([1.0, 3.0]), torch.tensor([1.0, 0.0]))  # 0.5
+        reduce_loss(torch.tensor([1.0, 3.0]))                                 # 2.0
+        reduce_loss(torch.tensor([1.0, 3.0]), torch.tensor([1.0, 0.0]))       # 0.5
+        reduce_loss(torch.tensor([1.0, 3.0]), torch.tensor([[1.0], [0.0]]))   # 0.5 as well
     """
-    if sample_weight is None:
+    if sample_weight is None or values.dim() == 0:
         return values if values.dim() == 0 else values.mean()
-    if values.dim() > 1:
-        values = values.reshape(values.shape[0], -1).mean(dim=1)
-    return (values * sample_weight.to(values.dtype)).mean()
+    values, weight = same_rank(values, sample_weight.to(values.dtype))
+    if weight.dim() < values.dim():  # (N,) weights on (N, T) values: one weight a sample
+        weight = weight.reshape(*weight.shape, *([1] * (values.dim() - weight.dim())))
+    weighted = values * weight
+    if weighted.shape != values.shape:
+        raise ValueError(f"`sample_weight` of shape {tuple(sample_weight.shape)} does not match the loss values of "
+                         f"shape {tuple(values.shape)}: pass one weight per sample, shape (N,) or (N, 1)")
+    return weighted.sum() / max(values.numel(), 1)
 
 
 class Loss:

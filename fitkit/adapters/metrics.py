@@ -13,7 +13,28 @@ from typing import Any
 
 import torch
 
-from fitkit.adapters.outputs import PREDICTION_KEYS, LossParts, OutputMetric, is_structure, single_output
+from fitkit.adapters.keras_metrics import (
+    KERAS_MEANS,
+    KERAS_REFUSED,
+    KerasMean,
+    KerasObjectMetric,
+    Weighted,
+    check_keras_object,
+    distributed,
+    function_mean,
+    is_keras_metric,
+    keras_mean,
+)
+from fitkit.adapters.losses import keras_order
+from fitkit.adapters.outputs import (
+    PREDICTION_KEYS,
+    LossParts,
+    OutputMetric,
+    is_structure,
+    output_names,
+    pick,
+    single_output,
+)
 from fitkit.common.options import did_you_mean
 
 NAMES = ("accuracy", "mae", "mse", "f1", "precision", "recall", "auroc")
@@ -22,7 +43,31 @@ NAMES = ("accuracy", "mae", "mse", "f1", "precision", "recall", "auroc")
 KERAS_NAMES = {"sparse_categorical_accuracy": "accuracy", "categorical_accuracy": "accuracy",
                "binary_accuracy": "accuracy", "top_k_categorical_accuracy": "top_k", "auc": "auroc",
                "mean_absolute_error": "mae", "mean_squared_error": "mse"}
-_ALIASES = {"acc": "accuracy", "f1_score": "f1", **KERAS_NAMES}
+_ALIASES = {"acc": "accuracy", **KERAS_NAMES}
+#: Names fitkit computes with torchmetrics (Keras' values where Keras has the name); every other
+#: Keras name is `fitkit.adapters.keras_metrics`'.
+_TORCHMETRICS_NAMES = {*NAMES, *_ALIASES}
+#: fitkit's names that are Keras' classes where Keras' meaning applies: weighted, and on targets of
+#: the outputs' shape (`_keras_elementwise`), the Keras metric (`KERAS_MEANS`) computes them.
+_KERAS_CLASS_OF = {"precision": "Precision", "recall": "Recall"}
+
+
+def keras_computed(name: str) -> bool:
+    """Whether a metric name is one of Keras' that `fitkit.adapters.keras_metrics` computes
+    (rather than fitkit's torchmetrics names, which give the same values unweighted). Class names
+    (`"Precision"`, `"MAE"`) are Keras' metrics, computed there, even where the lower-case name is
+    fitkit's."""
+    return name in KERAS_MEANS and name not in _TORCHMETRICS_NAMES
+
+
+def _weighted_entry(name: str) -> str:
+    """The `KERAS_MEANS` name a weighted metric name is computed by, or a clear error."""
+    key = name if name in KERAS_MEANS else _KERAS_CLASS_OF.get(name.lower(), name.lower())
+    if key not in KERAS_MEANS:
+        raise ValueError(f"`weighted_metrics` cannot weight {name!r} (fitkit computes it over all samples, unweighted): "
+                         f"pass it in `metrics=`, or a `keras.metrics` object (e.g. keras.metrics.AUC()) in "
+                         "`weighted_metrics`, which runs weighted as in Keras")
+    return key
 
 
 def _snake(name: str) -> str:
@@ -57,23 +102,61 @@ def check_metrics(specs: Any) -> list:
         specs = [specs]
     out: list[Any] = []  # names, metric objects, callables, OutputMetric and LossParts specs
     for spec in specs:
-        if isinstance(spec, (OutputMetric, LossParts)):
+        if isinstance(spec, (OutputMetric, LossParts, Weighted)):
             out.append(spec)
             continue
         if isinstance(spec, str):
-            key = _ALIASES.get(spec.lower(), spec.lower())
-            if key not in NAMES and key != "top_k":
-                raise ValueError(
-                    f"{did_you_mean(spec, (*NAMES, *KERAS_NAMES))}unknown metric {spec!r} in `metrics`; valid names are: "
-                    f"{', '.join(NAMES)} and Keras' {', '.join(KERAS_NAMES)} "
-                    "(or pass torchmetrics.Metric instances or callables (preds, target) -> tensor)"
-                )
+            _check_name(spec)
+            out.append(spec)
+        elif is_keras_metric(spec):
+            check_keras_object(spec)
             out.append(spec)
         elif callable(spec) or _is_metric(spec):
             out.append(spec)
         else:
             raise TypeError(f"`metrics` items must be names, torchmetrics.Metric objects or callables; got {spec!r}")
     return out
+
+
+def _check_name(spec: str) -> None:
+    if spec in KERAS_REFUSED:
+        raise ValueError(f"metric {spec!r}: {KERAS_REFUSED[spec]}")
+    if keras_computed(spec) or _ALIASES.get(spec.lower(), spec.lower()) in (*NAMES, "top_k"):
+        return
+    known = (*NAMES, *sorted(n for n in KERAS_MEANS if n[0].islower()))
+    raise ValueError(
+        f"{did_you_mean(spec, known)}unknown metric {spec!r} in `metrics`; valid names are fitkit's {', '.join(NAMES)} "
+        f"and every name of Keras' `keras.metrics` ({', '.join(known[len(NAMES):])}, ...); or pass torchmetrics.Metric "
+        "or keras.metrics objects, or callables (preds, target) -> tensor"
+    )
+
+
+def weighted_metrics(specs: Any, unweighted: list) -> list:
+    """Keras' `weighted_metrics`, checked as `metrics` are and marked `Weighted`; one whose logged
+    name an unweighted metric of the same output already has becomes `weighted_<name>` (Keras)."""
+    taken = {_name_key(spec) for spec in unweighted if not isinstance(spec, LossParts)}
+    out = []
+    for spec in check_metrics(specs):
+        inner = spec.spec if isinstance(spec, OutputMetric) else spec
+        if isinstance(inner, str):
+            _weighted_entry(inner)  # refused now, not at the first batch
+        elif not (is_keras_metric(inner) or (callable(inner) and keras_order(inner))):
+            raise ValueError(f"`weighted_metrics` takes metric names, keras.metrics objects or functions (y_true, y_pred) "
+                             f"-> one value per sample, which are weighted as in Keras; {inner!r} cannot be weighted: "
+                             "pass it in `metrics=`")
+        key = _name_key(spec)
+        rename = f"weighted_{metric_name(inner)}" if key in taken else None
+        taken.add(key if rename is None else (key[0], rename))
+        marked = Weighted(inner, rename)
+        out.append(OutputMetric(marked, spec.key) if isinstance(spec, OutputMetric) else marked)
+    return out
+
+
+def _name_key(spec: Any) -> tuple[Any, str]:
+    """(output key or None, name without the output): what two metrics must not share."""
+    if isinstance(spec, OutputMetric):
+        return spec.key, metric_name(spec.spec)
+    return None, metric_name(spec)
 
 
 def _is_metric(obj: Any) -> bool:
@@ -86,11 +169,27 @@ def metric_name(spec: Any) -> str:
     `__name__`; `<output>_<name>` for a metric of one output."""
     if isinstance(spec, OutputMetric):
         return f"{spec.output}_{metric_name(spec.spec)}"
+    if isinstance(spec, Weighted):
+        return spec.name or metric_name(spec.spec)
     if isinstance(spec, str):
         return spec
+    if is_keras_metric(spec):
+        return str(spec.name)
     if _is_metric(spec):
-        return _snake(type(spec).__name__)
+        name = _snake(type(spec).__name__)
+        return f"torchmetrics_{name}" if _not_keras_value(spec, name) else name
     return getattr(spec, "__name__", type(spec).__name__)
+
+
+def _not_keras_value(spec: Any, name: str) -> bool:
+    """A torchmetrics object whose snake-case name is a Keras metric's but whose value is not
+    Keras' (a fraction where Keras gives a percentage, a sum where Keras averages): it is logged
+    as `torchmetrics_<name>`, so a Keras name never carries another value."""
+    if not type(spec).__module__.startswith("torchmetrics"):
+        return False
+    if name == "mean_absolute_percentage_error":
+        return True
+    return name == "cosine_similarity" and getattr(spec, "reduction", "sum") != "mean"
 
 
 # The torchmetrics class each metric name becomes (every task's class of a name improves the
@@ -110,6 +209,12 @@ _NAME_CLASSES = {
 def _higher_is_better(spec: Any) -> bool | None:
     """`higher_is_better` of a metric spec without building it: a named metric's torchmetrics
     class, a metric object's own; None for a callable (nothing says)."""
+    if isinstance(spec, Weighted):
+        spec = spec.spec
+    if isinstance(spec, str) and keras_computed(spec):
+        return KERAS_MEANS[spec].higher_is_better
+    if is_keras_metric(spec):
+        return getattr(KERAS_MEANS.get(type(spec).__name__), "higher_is_better", None)
     if isinstance(spec, str):
         from fitkit.common.quiet_import import quiet_import
 
@@ -144,8 +249,7 @@ def metric_directions(specs: Any) -> dict[str, str]:
     return directions
 
 
-def _distributed() -> bool:
-    return torch.distributed.is_available() and torch.distributed.is_initialized()
+_distributed = distributed
 
 
 class _Mean:
@@ -194,11 +298,25 @@ def _infer(key: str, preds: torch.Tensor, target: torch.Tensor) -> tuple[str, in
     return ("multiclass" if classes > 1 else "binary"), classes
 
 
+def _keras_elementwise(name: str, preds: Any, target: Any, saved: dict | None) -> bool:
+    """Whether fitkit's `"precision"` / `"recall"` take Keras' meaning: targets of the outputs'
+    shape (one-hot or several labels) are thresholded element by element, as Keras' `Precision`
+    does; class indices, which Keras' metric does not take, keep fitkit's macro average. A saved
+    state tells by having no task."""
+    if name.lower() not in _KERAS_CLASS_OF:
+        return False
+    if saved is not None:
+        return "_task" not in saved
+    return isinstance(preds, torch.Tensor) and isinstance(target, torch.Tensor) and preds.shape == target.shape
+
+
 def _keras_task(name: str, preds: torch.Tensor, target: torch.Tensor) -> tuple[str, int] | None:
     """The task a Keras metric name fixes (None: inferred from the batch as for fitkit's names).
     Predictions are fitkit's logits: a Keras model's sigmoid / softmax outputs thresholded at
     0.5 / compared by argmax give the same values."""
     classes = preds.shape[-1] if preds.dim() >= 2 else 1
+    if name in ("accuracy", "acc") and classes > 1 and target.shape == preds.shape:
+        return "onehot", classes  # Keras' "accuracy" on targets of the outputs' shape: categorical (argmax) accuracy
     if name == "sparse_categorical_accuracy" and classes > 1:
         return "multiclass", classes
     if name == "categorical_accuracy" and classes > 1:
@@ -269,9 +387,10 @@ def _prepare(kind: str, name: str, preds: torch.Tensor, target: torch.Tensor):
     return (preds > 0).long(), target.long()  # logits -> hard labels (binary and multilabel)
 
 
-#: One built metric of a `MetricSet`: (log name, metric, kind, key, select), `select` being the
-#: `OutputMetric.select` of a metric of one output (None: the whole model's output).
-_Item = tuple[str, Any, str, str, Callable[[Any, Any], tuple[Any, Any]] | None]
+#: One built metric of a `MetricSet`: (log name, metric, kind, key, select, weight), `select` being
+#: the `OutputMetric.select` of a metric of one output (None: the whole model's output) and `weight`
+#: what picks its sample weights from a batch's (None: an unweighted metric).
+_Item = tuple[str, Any, str, str, Callable[[Any, Any], tuple[Any, Any]] | None, Callable[[Any, Any], Any] | None]
 
 
 class MetricSet:
@@ -312,15 +431,25 @@ class MetricSet:
             if isinstance(spec, LossParts):
                 names = spec.names() if saved is None else [
                     k[len(self.prefix):] for k in saved if k.startswith(self.prefix) and k.endswith("_loss")]
-                items.extend((self.prefix + name, _Part(spec, name[: -len("_loss")]), "part", name, None)
+                items.extend((self.prefix + name, _Part(spec, name[: -len("_loss")]), "part", name, None, None)
                              for name in names)
                 continue
             name, select = metric_name(spec), (spec.select if isinstance(spec, OutputMetric) else None)
             base = spec.spec if isinstance(spec, OutputMetric) else spec
+            weight = None
+            if isinstance(base, Weighted):
+                base, weight = base.spec, _weight_picker(spec)
             preds: Any  # the batch's output and target (None: rebuilt from a saved state)
             tgt: Any
             preds, tgt = (None, None) if saved is not None else _select(select, outputs, target)
-            if isinstance(base, str):
+            metric: Any
+            if isinstance(base, str) and (weight is not None or keras_computed(base)):
+                metric, kind, key = keras_mean(_weighted_entry(base) if weight is not None else base), "keras", name
+            elif is_keras_metric(base):
+                metric, kind, key = KerasObjectMetric(base), "keras", name
+            elif isinstance(base, str) and _keras_elementwise(base, preds, tgt, saved.get(self.prefix + name) if saved is not None else None):
+                metric, kind, key = keras_mean(_KERAS_CLASS_OF[base.lower()]), "keras", name
+            elif isinstance(base, str):
                 key = _ALIASES.get(base.lower(), base.lower())
                 if saved is not None:
                     kind, classes = saved[self.prefix + name]["_task"]
@@ -331,11 +460,13 @@ class MetricSet:
             elif _is_metric(base):
                 metric = base.clone() if hasattr(base, "clone") else base
                 kind, key = "custom", name
+            elif keras_order(base):  # Keras' MeanMetricWrapper of a function of (y_true, y_pred)
+                metric, kind, key = function_mean(base), "keras", name
             else:
                 metric, kind, key = _Mean(base), "custom", name
             if hasattr(metric, "to"):
                 metric = metric.to(preds.device if preds is not None else self.device)
-            items.append((self.prefix + name, metric, kind, key, select))
+            items.append((self.prefix + name, metric, kind, key, select, weight))
         self._items = items
         if self._pending:
             self._apply(self._pending)
@@ -345,10 +476,13 @@ class MetricSet:
         """The accumulated values (tensors and numbers), to resume an epoch exactly."""
         if not self._items:
             return None
-        out = {}
+        out: dict[str, dict[str, Any]] = {}
         for name, metric, *_ in self._items:
-            if isinstance(metric, _Mean):
-                out[name] = {"total": torch.as_tensor(metric.total).cpu(), "count": metric.count}
+            if isinstance(metric, (_Mean, KerasMean)):
+                out[name] = {"total": torch.as_tensor(metric.total).cpu(), "count": torch.as_tensor(metric.count).cpu()
+                             if isinstance(metric, KerasMean) else metric.count}
+            elif isinstance(metric, KerasObjectMetric):
+                out[name] = metric.export()
             else:
                 # Under several processes, the states of all of them (rank 0 saves and restores).
                 synced = _distributed() and not getattr(metric, "_is_synced", True)
@@ -380,8 +514,11 @@ class MetricSet:
             saved = states.get(name)
             if saved is None:
                 continue
-            if isinstance(metric, _Mean):
+            if isinstance(metric, (_Mean, KerasMean)):
                 metric.total, metric.count = saved["total"], saved["count"]
+                continue
+            if isinstance(metric, KerasObjectMetric):
+                metric.load(saved)
                 continue
             device = metric.device
             for key, value in saved.items():
@@ -396,28 +533,31 @@ class MetricSet:
             return {}
         return {name: getattr(metric, "higher_is_better", None) for name, metric, *_ in self._items}
 
-    def update(self, outputs: Any, target: Any) -> None:
+    def update(self, outputs: Any, target: Any, sample_weight: Any = None) -> None:
+        """Add one batch; `sample_weight` reaches the metrics of `weighted_metrics` only (Keras)."""
         if self._items is None:
             self._build(outputs, target)
         assert self._items is not None  # set by `_build`
         plain = None
-        for _, metric, kind, key, select in self._items:
+        for _, metric, kind, key, select, weight in self._items:
             if select is None and kind != "part":
                 if plain is None:
                     plain = _select(None, outputs, target)
                 preds, tgt = plain
             else:
                 preds, tgt = _select(select, outputs, target) if kind != "part" else (None, target)
-            _update(metric, kind, key, preds, tgt)
+            w = weight(outputs, sample_weight) if weight is not None and sample_weight is not None else None
+            _update(metric, kind, key, preds, tgt, w)
 
-    def update_one(self, index: int, outputs: Any, target: Any) -> None:
+    def update_one(self, index: int, outputs: Any, target: Any, sample_weight: Any = None) -> None:
         """Update only the `index`-th metric (`Model.metrics[i].update_state` in a custom step)."""
         if self._items is None:
             self._build(outputs, target)
         assert self._items is not None  # set by `_build`
-        _, metric, kind, key, select = self._items[index]
+        _, metric, kind, key, select, weight = self._items[index]
         preds, tgt = _select(select, outputs, target) if kind != "part" else (None, target)
-        _update(metric, kind, key, preds, tgt)
+        w = weight(outputs, sample_weight) if weight is not None and sample_weight is not None else None
+        _update(metric, kind, key, preds, tgt, w)
 
     def compute(self) -> dict[str, float]:
         if not self._items:
@@ -456,9 +596,30 @@ def _select(select: Any, outputs: Any, target: Any) -> tuple[Any, Any]:
     return (preds.detach() if isinstance(preds, torch.Tensor) else preds), tgt
 
 
-def _update(metric: Any, kind: str, key: str, preds: Any, target: Any) -> None:
+def _weight_picker(spec: Any) -> Callable[[Any, Any], Any]:
+    """What picks a weighted metric's sample weights from a batch's: one array weighs every
+    output; a list or dict gives each output its own (the first for all when there are fewer
+    weights than outputs, as Keras repeats it)."""
+    key = spec.key if isinstance(spec, OutputMetric) else None
+
+    def pick_weight(outputs: Any, sample_weight: Any) -> Any:
+        if not is_structure(sample_weight):
+            return sample_weight
+        if key is None or not is_structure(outputs):
+            return next(iter(sample_weight.values())) if isinstance(sample_weight, dict) else sample_weight[0]
+        names = output_names(outputs)
+        if isinstance(sample_weight, (list, tuple)) and len(sample_weight) < len(names):
+            return sample_weight[0]
+        return pick(sample_weight, key, names)
+
+    return pick_weight
+
+
+def _update(metric: Any, kind: str, key: str, preds: Any, target: Any, weight: Any = None) -> None:
     if kind == "part":
         metric.update(target)
+    elif kind == "keras":
+        metric.update(preds, target, weight)
     elif kind == "custom":
         metric.update(preds, target)
     else:

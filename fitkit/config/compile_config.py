@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fitkit.adapters.keras_metrics import Weighted
 from fitkit.adapters.losses import build_loss
-from fitkit.adapters.metrics import check_metrics
+from fitkit.adapters.metrics import check_metrics, weighted_metrics
 from fitkit.adapters.optimizers import check_optimizer
 from fitkit.adapters.outputs import LossParts, OutputMetric
 from fitkit.common.options import FIT_DEFAULTS, check_output_dir
@@ -57,6 +58,9 @@ class CompileConfig:
         loss_fn = build_loss(loss, options.pop("loss_weights", None))  # kept in `options` for Model.save
         _run_eagerly(options)
         specs = check_metrics(metrics)
+        if "weighted_metrics" in options:  # kept in `options` for Model.save; a built config's metrics hold them too
+            specs = [spec for spec in specs if not _is_weighted(spec)]
+            specs += weighted_metrics(options.pop("weighted_metrics"), specs)
         args = TrainingArguments.from_options(**options)
         check_devices(args)
         parts = LossParts(loss_fn) if loss_fn is not None else None
@@ -92,8 +96,9 @@ class CompileConfig:
     def to_dict(self) -> dict[str, Any]:
         """JSON-able: names stay names; a class, object or callable becomes `{"object": its name}`."""
         return {"optimizer": _spec(self.optimizer), "loss": _spec(self.loss),
-                "metrics": [_metric_spec(m) for m in self.metrics],
-                "options": {k: _spec(v) if _holds_callable(v) else _jsonable(v) for k, v in self.options.items()}}
+                "metrics": [_metric_spec(m) for m in self.metrics if not _is_weighted(m)],  # those: in options
+                "options": {k: _spec(v) if _holds_callable(v) or k == "weighted_metrics" else _jsonable(v)
+                            for k, v in self.options.items()}}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())
@@ -132,6 +137,10 @@ def _spec(value: Any) -> Any:
     if isinstance(value, dict):
         return {str(k): _spec(v) for k, v in value.items()}
     return value if value is None or isinstance(value, str) else {"object": _jsonable(value)}
+
+
+def _is_weighted(spec: Any) -> bool:
+    return isinstance(spec.spec if isinstance(spec, OutputMetric) else spec, Weighted)
 
 
 def _metric_spec(spec: Any) -> Any:

@@ -36,8 +36,6 @@ KERAS_ONLY = {
     "workers": "load data in parallel with a DataLoader's `num_workers` (fit(DataLoader(dataset, num_workers=4)))",
     "use_multiprocessing": "load data in worker processes with a DataLoader's `num_workers`",
     "max_queue_size": "a DataLoader's `prefetch_factor` (with `num_workers` > 0) sets how many batches wait",
-    "weighted_metrics": "metrics are not weighted by `sample_weight` here: pass them as `metrics=[...]` "
-                        "(unweighted; the loss is weighted), or compute a weighted one in `compute_metrics`",
     "steps_per_execution": "every step is its own call here (no compiled graph runs several steps at once) and "
                            "batch callbacks see every step: leave it out",
     "auto_scale_loss": "with `precision=\"16-mixed\"` the loss is scaled for you (a gradient scaler); bf16 and 32-bit "

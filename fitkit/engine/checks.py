@@ -42,7 +42,8 @@ from typing import Any
 
 import torch
 
-from fitkit.adapters.losses import LOSS_KINDS, Loss
+from fitkit.adapters.keras_metrics import Weighted, is_keras_metric
+from fitkit.adapters.losses import LOSS_KINDS, Loss, keras_order
 from fitkit.adapters.metrics import metric_name
 from fitkit.adapters.outputs import (
     LossParts,
@@ -600,7 +601,11 @@ def _check_metrics(specs: Any, outputs: Any, target: Any, names: _Names) -> None
 
 
 def _check_metric(spec: Any, preds: Any, target: Any, names: _Names) -> None:
+    if isinstance(spec, Weighted):
+        spec = spec.spec
     if isinstance(spec, str) or not callable(spec) or (hasattr(spec, "update") and hasattr(spec, "compute")):
+        return
+    if is_keras_metric(spec) or keras_order(spec):  # Keras' objects and per-sample functions: run as Keras runs them
         return
     name = metric_name(spec)
     try:

@@ -67,7 +67,7 @@ class Inference:
                     with_loss = True
                 count += batch.size
                 if metrics and batch.target is not None:
-                    metrics.update(out, batch.target)
+                    metrics.update(out, batch.target, batch.sample_weight)
                 if collector is not None:
                     collector.add(out, batch.target)
                 self.running_logs.eval_sums = (total if with_loss else None, count, metrics, None)

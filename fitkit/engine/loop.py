@@ -181,7 +181,7 @@ class Loop(Inference, BestModel):
                 loss, out = stepper.forward_backward(batch, cycle, last=micro == cycle)
                 add_loss(loss, batch.size)
                 if metrics is not None and batch.target is not None:
-                    metrics.update(out, batch.target)
+                    metrics.update(out, batch.target, batch.sample_weight)
             else:
                 loss, out = self._own_train_step(batch, cycle, last=micro == cycle)
             if micro < cycle:

@@ -84,7 +84,7 @@ def _logs(metric_specs: list, loss: torch.Tensor | None, out: Any, batch: Batch)
         logs["loss"] = float(loss.detach())
     if metric_specs and out is not None and batch.target is not None:
         metrics = MetricSet(metric_specs)
-        metrics.update(out, batch.target)
+        metrics.update(out, batch.target, batch.sample_weight)
         logs.update(metrics.compute())
     return logs
 

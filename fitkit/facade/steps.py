@@ -113,11 +113,11 @@ class Steps(ModelMembers):
                 return self.compute_metrics(x, y, y_pred)
 
         The loop logs the compiled metrics exactly over the epoch (or evaluation), not as a mean
-        of these per-step values; `sample_weight` does not weight fitkit's metrics."""
+        of these per-step values; `sample_weight` weighs the `weighted_metrics` only (Keras)."""
         tools = self._step_tools("compute_metrics")
         metrics = tools.compiled_metrics(self.config.metrics if self.config is not None else [])
         if metrics and y is not None:
-            metrics.update(y_pred, y)
+            metrics.update(y_pred, y, sample_weight)
             tools.reported = True
         values: dict[str, Any] = {} if tools.last_loss is None else {"loss": tools.last_loss}
         values.update(metrics.results() if metrics else {})
@@ -181,7 +181,7 @@ class StepMetric:
             self.tools.last_loss = args[0]
             return
         y, y_pred = args[:2]
-        self.tools.metrics.update_one(self.index, y_pred, y)
+        self.tools.metrics.update_one(self.index, y_pred, y, sample_weight)
         self.tools.reported = True
 
     def result(self) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, Subset
 
@@ -21,6 +22,15 @@ def class_weight_table(class_weight: dict, device: torch.device) -> torch.Tensor
     """Keras' `class_weight` dict as a table indexed by class (classes not named weigh 1)."""
     if not isinstance(class_weight, dict) or not class_weight:
         raise ValueError("`class_weight` must be a non-empty dict {class index: weight}")
+    for key, value in class_weight.items():
+        if isinstance(key, bool) or not isinstance(key, (int, np.integer)) or int(key) < 0:
+            hint = (" (a dict by output name is not Keras' form: `class_weight` is for a model with one output; "
+                    "for several, pass `sample_weight` per output)" if isinstance(value, dict) else "")
+            raise ValueError(f"`class_weight` keys are class indices (ints from 0), as in Keras; got {key!r}{hint}: "
+                             "pass {0: 1.0, 1: 5.0, ...}, or weigh samples with `sample_weight`")
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+            raise ValueError(f"`class_weight` values are numbers (the weight of each sample of that class); "
+                             f"class {key} has {value!r}: pass {{{key}: 2.0}} and the like")
     size = max(int(k) for k in class_weight) + 1
     weights = torch.ones(size, dtype=torch.float32)
     for k, v in class_weight.items():
@@ -29,15 +39,17 @@ def class_weight_table(class_weight: dict, device: torch.device) -> torch.Tensor
 
 
 def class_weights_for(table: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Per-sample weights from a class-weight table; classes missing from the table weigh 1 (Keras)."""
+    """Per-sample weights from a class-weight table, read as Keras reads the targets: one-hot
+    rows by their argmax, a column of size 1 by its value, values rounded to the nearest class;
+    classes missing from the table weigh 1."""
     if not isinstance(target, torch.Tensor):
         raise ValueError("`class_weight` is for a model with one output (Keras refuses it for several): pass "
                          "`sample_weight` (one array, or one per output) instead")
-    target = target.long()
-    if target.dim() > 1:  # one-hot targets
-        target = target.argmax(-1)
-    inside = target < table.shape[0]
-    return torch.where(inside, table[target.clamp(max=table.shape[0] - 1)], torch.ones((), device=table.device))
+    if target.dim() > 1:
+        target = target.argmax(-1) if target.shape[-1] != 1 else target.squeeze(-1)
+    target = target.round().long() if target.is_floating_point() else target.long()
+    inside = (target >= 0) & (target < table.shape[0])
+    return torch.where(inside, table[target.clamp(0, table.shape[0] - 1)], torch.ones((), device=table.device))
 
 
 def _split_point(n: int, fraction: float) -> int:
