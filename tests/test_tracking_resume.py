@@ -1,0 +1,165 @@
+"""What the trackers show across a crash and a resume, read back with their own readers:
+TensorBoard's EventAccumulator, MLflow's MlflowClient over a SQLite store, the CSV files.
+
+One uninterrupted run is the reference. Two runs are interrupted at step 7 (an exception
+raised from a callback; SIGTERM sent in-process) and resumed with `resume_from_checkpoint`.
+Steps 1-7 and 8-12 train bit-identical weights, so every logged value equals the reference's:
+each tracker must hold one run, each step once, the reference's values, and the right status.
+"""
+
+import csv
+import os
+import signal
+
+import pytest
+import torch
+
+from fitkit import Model, TrainerCallback
+from fitkit.callbacks import CSVLogger
+from tests.helpers import blobs, mlp
+
+pytest.importorskip("mlflow")
+pytest.importorskip("tensorboard")
+from mlflow.tracking import MlflowClient
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+STEPS = 12  # 2 epochs of 6 steps
+LOGGED = [2, 4, 6, 8, 10, 12]  # logging_steps=2
+
+
+class Interrupt(TrainerCallback):
+    """At the end of step `step`: raise, or send SIGTERM to this process (as a scheduler would)."""
+
+    def __init__(self, how, step=7):
+        self.how, self.step = how, step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            if self.how == "exception":
+                raise RuntimeError("boom at step 7")
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _fit(out, uri, experiment, *, callbacks=(), resume=False):
+    os.environ["MLFLOW_TRACKING_URI"] = uri
+    os.environ["MLFLOW_EXPERIMENT_NAME"] = experiment
+    x, y = blobs(24, seed=0)
+    model = Model(mlp()).compile("adam", "cross_entropy", learning_rate=1e-2)
+    model.fit(x, y, batch_size=4, epochs=2, seed=3, verbose=0, output_dir=str(out), logging_strategy="steps",
+              logging_steps=2, save_strategy="steps", save_steps=4, report_to=["tensorboard", "mlflow", "csv"],
+              callbacks=[CSVLogger(str(out / "epochs.csv")), *callbacks], resume_from_checkpoint=resume)
+    return model
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The reference run and the two interrupted-then-resumed ones, with the MLflow status each
+    interrupted run had before its resume."""
+    tmp = tmp_path_factory.mktemp("tracking")
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME")}
+    try:
+        found = {"reference": (tmp / "reference", _fit(tmp / "reference", uri, "reference"), None)}
+        client = MlflowClient(tracking_uri=uri)
+        for how, stop in (("exception", RuntimeError), ("sigterm", SystemExit)):
+            out = tmp / how
+            with pytest.raises(stop):
+                _fit(out, uri, how, callbacks=[Interrupt(how)])
+            (interrupted,) = _mlflow_runs(client, how)
+            model = _fit(out, uri, how, resume=True)
+            found[how] = (out, model, interrupted.info.status)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return uri, found
+
+
+def _mlflow_runs(client, experiment):
+    exp = client.get_experiment_by_name(experiment)
+    return client.search_runs([exp.experiment_id])
+
+
+def _tb(out, tag):
+    acc = EventAccumulator(str(out / "runs"), size_guidance={"scalars": 0})
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+def _reference_losses(runs):
+    out, model, _ = runs[1]["reference"]
+    return [(r["step"], r["loss"]) for r in model.state.log_history if "loss" in r]
+
+
+def test_one_record_per_logging_step_in_an_uninterrupted_run(runs):
+    """logging_strategy="steps": each logging step once, no epoch-mean record at an epoch's last step."""
+    out, model, _ = runs[1]["reference"]
+    losses = _reference_losses(runs)
+    assert [step for step, _ in losses] == LOGGED
+    assert [step for step, _ in _tb(out, "loss")] == LOGGED
+    assert [step for step, _ in _tb(out, "learning_rate")] == LOGGED
+
+
+@pytest.mark.parametrize("how, status", [("exception", "FAILED"), ("sigterm", "KILLED")])
+def test_mlflow_continues_the_run_once_per_step(runs, how, status):
+    uri, found = runs
+    _, model, before = found[how]
+    assert before == status  # ended as it ended, in this very process: not left RUNNING
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = _mlflow_runs(client, how)  # the resume continued it: still one run
+    assert run.info.status == "FINISHED"
+    history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss"))
+    assert history == [(step, pytest.approx(value, abs=1e-6)) for step, value in _reference_losses(runs)]
+    assert model.state.global_step == STEPS
+
+
+@pytest.mark.parametrize("how", ["exception", "sigterm"])
+def test_tensorboard_holds_each_step_once_with_the_reference_values(runs, how):
+    uri, found = runs
+    out, model, _ = found[how]
+    reference_dir = found["reference"][0]
+    for tag in ("loss", "learning_rate"):
+        got, want = _tb(out, tag), _tb(reference_dir, tag)
+        assert [s for s, _ in got] == [s for s, _ in want] == LOGGED, tag
+        assert [v for _, v in got] == pytest.approx([v for _, v in want], abs=1e-6), tag
+
+
+@pytest.mark.parametrize("how", ["exception", "sigterm"])
+def test_csv_files_equal_the_uninterrupted_run(runs, how):
+    uri, found = runs
+    out, _, _ = found[how]
+    reference_dir = found["reference"][0]
+
+    def rows(path, drop=()):
+        with open(path, newline="") as f:
+            return [{k: v for k, v in row.items() if k not in drop} for row in csv.DictReader(f)]
+
+    # one row per epoch (Keras), and one per log record (report_to="csv"), as in the reference
+    assert rows(out / "epochs.csv") == rows(reference_dir / "epochs.csv")
+    closing = ("train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss")
+    mine = [r for r in rows(out / "logs.csv", closing) if r.get("loss")]
+    theirs = [r for r in rows(reference_dir / "logs.csv", closing) if r.get("loss")]
+    assert [r["step"] for r in mine] == [str(s) for s in LOGGED]
+    assert [float(r["loss"]) for r in mine] == pytest.approx([float(r["loss"]) for r in theirs], abs=1e-6)
+
+
+def test_the_checkpoint_records_each_trackers_run(runs):
+    import json
+
+    uri, found = runs
+    out, _, _ = found["exception"]
+    with open(out / "checkpoint-4" / "trainer_state.json") as f:
+        saved = json.load(f)["stateful_callbacks"]
+    (run,) = _mlflow_runs(MlflowClient(tracking_uri=uri), "exception")
+    assert saved["MLflowCallback"]["run"]["run_id"] == run.info.run_id
+    assert saved["TensorBoardCallback"]["run"]["log_dir"] == str((out / "runs").resolve())
+
+
+def test_weights_equal_the_uninterrupted_run(runs):
+    _, found = runs
+    reference = found["reference"][1]
+    for how in ("exception", "sigterm"):
+        for a, b in zip(found[how][1].module.parameters(), reference.module.parameters()):
+            assert torch.equal(a, b), how
