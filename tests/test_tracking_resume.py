@@ -8,6 +8,7 @@ each tracker must hold one run, each step once, the reference's values, and the 
 """
 
 import csv
+import glob
 import os
 import signal
 
@@ -163,3 +164,49 @@ def test_weights_equal_the_uninterrupted_run(runs):
     for how in ("exception", "sigterm"):
         for a, b in zip(found[how][1].module.parameters(), reference.module.parameters()):
             assert torch.equal(a, b), how
+
+
+def test_wandb_and_comet_offline_continue_the_run_and_mark_the_failure(tmp_path, monkeypatch):
+    """Offline W&B and Comet: the resumed run has the interrupted run's id / experiment key; the
+    interrupted one ended as failed (W&B exit code 1, Comet's `fitkit_status`)."""
+    pytest.importorskip("wandb")
+    pytest.importorskip("comet_ml")
+    from tests.test_integrations_comet import read_archive
+    from tests.test_integrations_wandb import _records
+    from wandb.proto import wandb_internal_pb2
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("COMET_MODE", "OFFLINE")
+    for name in ("WANDB_DIR", "WANDB_RUN_ID", "WANDB_DISABLED", "COMET_EXPERIMENT_KEY", "COMET_OFFLINE_DIRECTORY"):
+        monkeypatch.delenv(name, raising=False)
+    x, y = blobs(24, seed=0)
+
+    def fit(**options):
+        model = Model(mlp()).compile("adam", "cross_entropy", learning_rate=1e-2)
+        model.fit(x, y, batch_size=4, epochs=2, seed=3, verbose=0, output_dir=str(tmp_path), logging_steps=2,
+                  logging_strategy="steps", save_strategy="steps", save_steps=4, report_to=["wandb", "comet_ml"],
+                  **options)
+
+    with pytest.raises(RuntimeError):
+        fit(callbacks=[Interrupt("exception")])
+    fit(resume_from_checkpoint=True)
+
+    def exit_code(run_file):
+        for raw in _records(run_file):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(raw)
+            if record.WhichOneof("record_type") == "exit":
+                return record.exit.exit_code
+        return None
+
+    run_files = sorted(glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb")), key=os.path.getmtime)
+    assert {os.path.basename(f) for f in run_files} == {os.path.basename(run_files[0])}  # one run id
+    if len(run_files) == 2:  # wandb reuses the folder when both start within the same second
+        assert exit_code(run_files[0]) == 1
+    assert exit_code(run_files[-1]) == 0
+
+    archives = sorted(glob.glob(str(tmp_path / "comet" / "*.zip")), key=os.path.getmtime)
+    read = [read_archive(a) for a in archives]
+    assert {r["experiment"]["experiment_key"] for r in read} == {read[0]["experiment"]["experiment_key"]}
+    assert [r["others"].get("fitkit_status") for r in read] == ["failed", "finished"]
