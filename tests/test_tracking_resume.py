@@ -1,8 +1,9 @@
 """What the trackers show across a crash and a resume, read back with their own readers:
 TensorBoard's EventAccumulator, MLflow's MlflowClient over a SQLite store, the CSV files.
 
-One uninterrupted run is the reference. Two runs are interrupted at step 7 (an exception
-raised from a callback; SIGTERM sent in-process) and resumed with `resume_from_checkpoint`.
+One uninterrupted run is the reference. Three runs are interrupted at step 7 (an exception
+raised from a callback; SIGTERM sent in-process; SIGKILL in a child process, tests/scripts/
+tracked_kill.py) and resumed with `resume_from_checkpoint`.
 Steps 1-7 and 8-12 train bit-identical weights, so every logged value equals the reference's:
 each tracker must hold one run, each step once, the reference's values, and the right status.
 """
@@ -11,6 +12,8 @@ import csv
 import glob
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -29,7 +32,8 @@ LOGGED = [2, 4, 6, 8, 10, 12]  # logging_steps=2
 
 
 class Interrupt(TrainerCallback):
-    """At the end of step `step`: raise, or send SIGTERM to this process (as a scheduler would)."""
+    """At the end of step `step`: raise, or send SIGTERM (as a scheduler would) or SIGKILL to
+    this process."""
 
     def __init__(self, how, step=7):
         self.how, self.step = how, step
@@ -38,7 +42,7 @@ class Interrupt(TrainerCallback):
         if state.global_step == self.step:
             if self.how == "exception":
                 raise RuntimeError("boom at step 7")
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGKILL if self.how == "kill" else signal.SIGTERM)
 
 
 def _fit(out, uri, experiment, *, callbacks=(), resume=False):
@@ -69,6 +73,13 @@ def runs(tmp_path_factory):
             (interrupted,) = _mlflow_runs(client, how)
             model = _fit(out, uri, how, resume=True)
             found[how] = (out, model, interrupted.info.status)
+        out = tmp / "kill"
+        script = os.path.join(os.path.dirname(__file__), "scripts", "tracked_kill.py")
+        proc = subprocess.run([sys.executable, script, str(out), uri, "kill"], capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
+        (interrupted,) = _mlflow_runs(client, "kill")
+        found["kill"] = (out, _fit(out, uri, "kill", resume=True), interrupted.info.status)
     finally:
         for key, value in saved.items():
             if value is None:
@@ -103,11 +114,11 @@ def test_one_record_per_logging_step_in_an_uninterrupted_run(runs):
     assert [step for step, _ in _tb(out, "learning_rate")] == LOGGED
 
 
-@pytest.mark.parametrize("how, status", [("exception", "FAILED"), ("sigterm", "KILLED")])
+@pytest.mark.parametrize("how, status", [("exception", "FAILED"), ("sigterm", "KILLED"), ("kill", "RUNNING")])
 def test_mlflow_continues_the_run_once_per_step(runs, how, status):
     uri, found = runs
     _, model, before = found[how]
-    assert before == status  # ended as it ended, in this very process: not left RUNNING
+    assert before == status  # ended as it ended, in this very process (kill -9 leaves it RUNNING)
     client = MlflowClient(tracking_uri=uri)
     (run,) = _mlflow_runs(client, how)  # the resume continued it: still one run
     assert run.info.status == "FINISHED"
@@ -116,7 +127,7 @@ def test_mlflow_continues_the_run_once_per_step(runs, how, status):
     assert model.state.global_step == STEPS
 
 
-@pytest.mark.parametrize("how", ["exception", "sigterm"])
+@pytest.mark.parametrize("how", ["exception", "sigterm", "kill"])
 def test_tensorboard_holds_each_step_once_with_the_reference_values(runs, how):
     uri, found = runs
     out, model, _ = found[how]
@@ -127,7 +138,7 @@ def test_tensorboard_holds_each_step_once_with_the_reference_values(runs, how):
         assert [v for _, v in got] == pytest.approx([v for _, v in want], abs=1e-6), tag
 
 
-@pytest.mark.parametrize("how", ["exception", "sigterm"])
+@pytest.mark.parametrize("how", ["exception", "sigterm", "kill"])
 def test_csv_files_equal_the_uninterrupted_run(runs, how):
     uri, found = runs
     out, _, _ = found[how]
@@ -161,7 +172,7 @@ def test_the_checkpoint_records_each_trackers_run(runs):
 def test_weights_equal_the_uninterrupted_run(runs):
     _, found = runs
     reference = found["reference"][1]
-    for how in ("exception", "sigterm"):
+    for how in ("exception", "sigterm", "kill"):
         for a, b in zip(found[how][1].module.parameters(), reference.module.parameters()):
             assert torch.equal(a, b), how
 
@@ -178,6 +189,7 @@ def test_wandb_and_comet_offline_continue_the_run_and_mark_the_failure(tmp_path,
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("COMET_MODE", "OFFLINE")
+    monkeypatch.setenv("COMET_ERROR_TRACKING_ENABLE", "false")  # no error reports over the network
     for name in ("WANDB_DIR", "WANDB_RUN_ID", "WANDB_DISABLED", "COMET_EXPERIMENT_KEY", "COMET_OFFLINE_DIRECTORY"):
         monkeypatch.delenv(name, raising=False)
     x, y = blobs(24, seed=0)
@@ -208,5 +220,6 @@ def test_wandb_and_comet_offline_continue_the_run_and_mark_the_failure(tmp_path,
 
     archives = sorted(glob.glob(str(tmp_path / "comet" / "*.zip")), key=os.path.getmtime)
     read = [read_archive(a) for a in archives]
-    assert {r["experiment"]["experiment_key"] for r in read} == {read[0]["experiment"]["experiment_key"]}
+    assert len(read) == 2 and read[1]["experiment"]["offline_id"] == read[0]["experiment"]["offline_id"]
+    assert read[1]["experiment"]["resume_strategy"] == "get"  # Comet's "continue this experiment"
     assert [r["others"].get("fitkit_status") for r in read] == ["failed", "finished"]

@@ -196,6 +196,11 @@ class TrackingCallback(TrainerCallback):
     def close(self, args, state, final: dict[str, float], model) -> None:
         """Flush and release; default: nothing."""
 
+    def flush(self) -> None:
+        """Put what was written so far on disk (called at each checkpoint, so that a run killed
+        afterwards, even by kill -9, loses nothing its resume does not log again); default:
+        nothing."""
+
     def run_record(self) -> dict[str, Any]:
         """What continues this tracker's run when training resumes from a checkpoint (JSON
         values: a run id, a folder); default: nothing."""
@@ -266,6 +271,10 @@ class TrackingCallback(TrainerCallback):
         values = self.numbers(logs) if self.numbers_only else dict(logs)
         if values:
             self.write(values, state.global_step, state)
+
+    def on_save(self, args, state, control, **kwargs):
+        if self._active:
+            self.flush()
 
     def on_train_end(self, args, state, control, model=None, preempted=False, **kwargs):
         if not self._active:

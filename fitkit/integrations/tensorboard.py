@@ -69,6 +69,10 @@ class TensorBoardCallback(TrackingCallback):
         purge = state.global_step + 1 if state.global_step > 0 else None
         self.writer, self._owns_writer = SummaryWriter(log_dir=log_dir, purge_step=purge), True
 
+    def flush(self) -> None:
+        if self.writer is not None:
+            self.writer.flush()
+
     def run_record(self) -> dict[str, Any]:
         return {"log_dir": os.path.abspath(self._dir)} if self._owns_writer and self._dir else {}
 
