@@ -182,9 +182,10 @@ def test_wandb_and_comet_offline_continue_the_run_and_mark_the_failure(tmp_path,
     interrupted one ended as failed (W&B exit code 1, Comet's `fitkit_status`)."""
     pytest.importorskip("wandb")
     pytest.importorskip("comet_ml")
+    from wandb.proto import wandb_internal_pb2
+
     from tests.test_integrations_comet import read_archive
     from tests.test_integrations_wandb import _records
-    from wandb.proto import wandb_internal_pb2
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")

@@ -60,6 +60,8 @@ class History(TrainerCallback):
             self._rebuild()
 
     def on_epoch_end(self, args, state, control, **kwargs):
+        if getattr(args, "logging_strategy", None) != "steps":  # the epoch-end log brings them, or none do
+            return
         values = unlogged_epoch_values(args, self._running_logs)
         if values:
             self._add(state.epoch, values)

@@ -10,7 +10,7 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # the repository: `tests` imports
 
-from tests.test_tracking_resume import Interrupt, _fit  # noqa: E402 - after the path is set
+from tests.test_tracking_resume import Interrupt, _fit
 
 if __name__ == "__main__":
     out, uri, experiment = sys.argv[1:4]
