@@ -224,3 +224,34 @@ def test_wandb_and_comet_offline_continue_the_run_and_mark_the_failure(tmp_path,
     assert len(read) == 2 and read[1]["experiment"]["offline_id"] == read[0]["experiment"]["offline_id"]
     assert read[1]["experiment"]["resume_strategy"] == "get"  # Comet's "continue this experiment"
     assert [r["others"].get("fitkit_status") for r in read] == ["failed", "finished"]
+
+
+def _fit_by_epochs(out, callbacks=(), resume=False):
+    """Epoch logging and evaluation, TensorBoard only."""
+    x, y = blobs(32, seed=0)
+    model = Model(mlp()).compile("adam", "cross_entropy", learning_rate=1e-2)
+    model.fit(x[:24], y[:24], validation_data=(x[24:], y[24:]), batch_size=4, epochs=2, seed=3, verbose=0,
+              output_dir=str(out), logging_strategy="epoch", eval_strategy="epoch", save_strategy="steps",
+              save_steps=4, report_to="tensorboard", callbacks=list(callbacks), resume_from_checkpoint=resume)
+    return model
+
+
+@pytest.fixture(scope="module")
+def by_epochs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("by-epochs")
+    _fit_by_epochs(out)
+    return out
+
+
+@pytest.mark.parametrize("at", [7, 6], ids=["mid-epoch", "epoch's-last-step"])
+def test_a_preempted_epoch_is_logged_and_evaluated_once_by_its_resume(by_epochs, tmp_path, at):
+    """SIGTERM mid-epoch logged no partial-epoch record or evaluation at the SIGTERM step, and at an
+    epoch's last step the epoch's record and evaluation came twice (before and after the resume)."""
+    with pytest.raises(SystemExit):
+        _fit_by_epochs(tmp_path, [Interrupt("sigterm", step=at)])
+    model = _fit_by_epochs(tmp_path, resume=True)
+    for tag in ("loss", "val_loss"):
+        got, want = _tb(tmp_path, tag), _tb(by_epochs, tag)
+        assert [s for s, _ in got] == [s for s, _ in want] == [6, 12], tag
+        assert [v for _, v in got] == pytest.approx([v for _, v in want], abs=1e-6), tag
+    assert [r["step"] for r in model.state.log_history if "val_loss" in r] == [6, 12]

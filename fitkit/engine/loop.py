@@ -267,6 +267,8 @@ class Loop(Inference, BestModel):
         self.control = self.handler.on_epoch_end(self.args, state, self.control)
         if not self.preemption.final:  # a preempted epoch stays where its last step left it
             self.position = (epoch + 1, 0)
+        else:  # ... and the resumed run ends it: its log and evaluation come there, once
+            self.control.should_log = self.control.should_evaluate = False
         self._log_evaluate_save(epoch_end=True)
         self._epoch_summary(epoch)
 
