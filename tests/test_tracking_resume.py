@@ -255,3 +255,26 @@ def test_a_preempted_epoch_is_logged_and_evaluated_once_by_its_resume(by_epochs,
         assert [s for s, _ in got] == [s for s, _ in want] == [6, 12], tag
         assert [v for _, v in got] == pytest.approx([v for _, v in want], abs=1e-6), tag
     assert [r["step"] for r in model.state.log_history if "val_loss" in r] == [6, 12]
+
+
+def test_ctrl_c_ends_the_run_killed_and_another_run_name_starts_a_fresh_one(runs, tmp_path, monkeypatch):
+    uri, _ = runs
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME"):  # `_fit` sets them: restored after the test
+        monkeypatch.setenv(name, "")
+
+    class CtrlC(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 5:
+                raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _fit(tmp_path, uri, "fresh", callbacks=[CtrlC()])
+    client = MlflowClient(tracking_uri=uri)
+    (first,) = _mlflow_runs(client, "fresh")
+    assert first.info.status == "KILLED"
+    monkeypatch.setenv("MLFLOW_RUN_NAME", "fresh")
+    _fit(tmp_path, uri, "fresh", resume=True)  # from checkpoint-4, into a new run named "fresh"
+    second = next(r for r in _mlflow_runs(client, "fresh") if r.info.run_id != first.info.run_id)
+    assert second.info.run_name == "fresh" and second.info.status == "FINISHED"
+    assert client.get_run(first.info.run_id).info.status == "KILLED"  # left as it ended
+    assert [m.step for m in client.get_metric_history(second.info.run_id, "loss")] == [6, 8, 10, 12]
