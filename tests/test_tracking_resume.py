@@ -226,13 +226,13 @@ def test_wandb_and_comet_offline_continue_the_run_and_mark_the_failure(tmp_path,
     assert [r["others"].get("fitkit_status") for r in read] == ["failed", "finished"]
 
 
-def _fit_by_epochs(out, callbacks=(), resume=False):
+def _fit_by_epochs(out, callbacks=(), resume=False, save_steps=4):
     """Epoch logging and evaluation, TensorBoard only."""
     x, y = blobs(32, seed=0)
     model = Model(mlp()).compile("adam", "cross_entropy", learning_rate=1e-2)
     model.fit(x[:24], y[:24], validation_data=(x[24:], y[24:]), batch_size=4, epochs=2, seed=3, verbose=0,
               output_dir=str(out), logging_strategy="epoch", eval_strategy="epoch", save_strategy="steps",
-              save_steps=4, report_to="tensorboard", callbacks=list(callbacks), resume_from_checkpoint=resume)
+              save_steps=save_steps, report_to="tensorboard", callbacks=list(callbacks), resume_from_checkpoint=resume)
     return model
 
 
@@ -278,3 +278,15 @@ def test_ctrl_c_ends_the_run_killed_and_another_run_name_starts_a_fresh_one(runs
     assert second.info.run_name == "fresh" and second.info.status == "FINISHED"
     assert client.get_run(first.info.run_id).info.status == "KILLED"  # left as it ended
     assert [m.step for m in client.get_metric_history(second.info.run_id, "loss")] == [6, 8, 10, 12]
+
+
+def test_records_of_the_checkpoint_step_logged_after_the_checkpoint_are_there_once(by_epochs, tmp_path):
+    """checkpoint-6 is written at step 6, before that epoch's end logs and evaluates at step 6; a
+    crash at step 7 and the resume (which ends epoch 1 again) must leave one step-6 record."""
+    with pytest.raises(RuntimeError):
+        _fit_by_epochs(tmp_path, [Interrupt("exception", step=7)], save_steps=6)
+    _fit_by_epochs(tmp_path, resume=True, save_steps=6)
+    for tag in ("loss", "val_loss"):
+        got, want = _tb(tmp_path, tag), _tb(by_epochs, tag)
+        assert [s for s, _ in got] == [s for s, _ in want] == [6, 12], tag
+        assert [v for _, v in got] == pytest.approx([v for _, v in want], abs=1e-6), tag

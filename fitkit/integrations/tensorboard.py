@@ -26,8 +26,9 @@ class TensorBoardCallback(TrackingCallback):
     appended. `tb_writer` takes a ready `SummaryWriter` (flushed at train end, not closed).
 
     Resumed from a checkpoint, the run writes into the log directory of the checkpoint's run
-    (unless `log_dir` or `args.logging_dir` names one) with `purge_step` set to the step after
-    the checkpoint: what the interrupted run logged after it is hidden and logged again, once.
+    (unless `log_dir` or `args.logging_dir` names one) with `purge_step` set to the checkpoint's
+    step: what the interrupted run logged from there on is hidden, and logged again once (the
+    checkpoint step's records from its log history, the later ones as the resume replays them).
     The hyperparameters are written when training ends (not when it fails or is preempted),
     so a resumed run holds them once.
 
@@ -65,9 +66,17 @@ class TensorBoardCallback(TrackingCallback):
         from torch.utils.tensorboard import SummaryWriter
 
         self._dir = log_dir = self._resolve_log_dir(args, state)
-        # A resumed run hides what an interrupted one logged after its checkpoint.
-        purge = state.global_step + 1 if state.global_step > 0 else None
-        self.writer, self._owns_writer = SummaryWriter(log_dir=log_dir, purge_step=purge), True
+        step = state.global_step
+        # A resumed run hides what an interrupted one logged from its checkpoint's step on: records
+        # of that step may come after the checkpoint (an epoch's end after a step's save), and the
+        # resume logs them again. Those that came before it are in the checkpoint's log history:
+        # written again here, so each record is there once.
+        self.writer, self._owns_writer = SummaryWriter(log_dir=log_dir, purge_step=step or None), True
+        for record in state.log_history if step else ():
+            if record.get("step") == step and "stopped" not in record:
+                values = self.numbers({k: v for k, v in record.items() if k != "step"})
+                if values:
+                    self.write(values, step, state)
 
     def flush(self) -> None:
         if self.writer is not None:
