@@ -46,8 +46,9 @@ def test_real_transformers_callback_stops_training_where_it_asked(tmp_path):
     assert [s[1] for s in cb.seen] == [1, 2, 3, 4, 5]
     assert {s[0] for s in cb.seen} == {str(tmp_path)}
     assert [s[2] for s in cb.seen] == pytest.approx([0.25, 0.5, 0.75, 1.0, 1.25])
-    # log_history grows by the step-2 record, then the step-4 record + epoch-1 records (training, validation)
-    assert [s[3] for s in cb.seen] == [0, 0, 1, 1, 4]
+    # log_history grows by the step-2 record, then the step-4 record + epoch 1's validation record (step
+    # logging: no epoch-average record, as HF)
+    assert [s[3] for s in cb.seen] == [0, 0, 1, 1, 3]
     assert "loss" in cb.logs[0] and "learning_rate" in cb.logs[0]
     assert [sorted(m) for m in cb.metrics][0] == ["eval_loss"]  # a transformers callback sees HF's names
     assert model.history.history["val_loss"]  # fitkit's own records keep Keras names

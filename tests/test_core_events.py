@@ -47,7 +47,7 @@ def test_evaluation_and_step_logging_sequence():
         ["on_train_begin", "on_epoch_begin"]
         + step + ["on_log"]
         + step + ["on_log"] + evaluation
-        + ["on_epoch_end", "on_log", "on_log", "on_train_end"]
+        + ["on_epoch_end", "on_log", "on_train_end"]  # no epoch record under step logging: the closing log only
     )
 
 

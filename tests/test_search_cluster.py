@@ -79,10 +79,14 @@ def test_three_workers_on_an_empty_database_run_exactly_n_trials(postgres_url, t
     assert len(begun) == 6, begun  # a surplus trial trained nothing
 
 
-def test_a_preempted_then_killed_trial_resumes_from_its_checkpoints(postgres_url, tmp_path):
+def test_a_preempted_then_killed_trial_resumes_from_its_checkpoints(postgres_url, tmp_path, monkeypatch):
     runs = tmp_path / "runs"
+    # the trials are tracked (MLflow in SQLite, TensorBoard): each re-run continues its trial's run
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "search")
+    tracked = ("--report-to", "mlflow,tensorboard")
     # 96 training samples, batches of 16: 6 steps an epoch, 3 epochs; checkpoints every 4 steps
-    first = start(postgres_url, runs, "--n-trials", 2, "--hold", 9)
+    first = start(postgres_url, runs, "--n-trials", 2, "--hold", 9, *tracked)
     wait_for(first, "HOLD")
     first.terminate()  # SIGTERM at step 9 (mid-epoch 2): checkpoint-9, trial queued again, exit 143
     rc, out = finish(first)
@@ -91,14 +95,14 @@ def test_a_preempted_then_killed_trial_resumes_from_its_checkpoints(postgres_url
     study = optuna.load_study(study_name="search", storage=postgres_url)
     assert [t.state for t in study.trials] == [optuna.trial.TrialState.FAIL, optuna.trial.TrialState.WAITING]
 
-    second = start(postgres_url, runs, "--n-trials", 2, "--hold", 14)
+    second = start(postgres_url, runs, "--n-trials", 2, "--hold", 14, *tracked)
     lines = wait_for(second, "HOLD")
     second.kill()  # kill -9 at step 14 (mid-epoch 3), after checkpoint-12: trial 1 stays RUNNING
     second.communicate()
     assert "BEGIN run-0 9\n" in lines  # the re-run started from the SIGTERM checkpoint
     assert evals("".join(lines), "run-0")[0][1] > 9  # and reported nothing before it
 
-    rc, out = finish(start(postgres_url, runs, "--n-trials", 2))  # heartbeats: trial 1 goes stale
+    rc, out = finish(start(postgres_url, runs, "--n-trials", 2, *tracked))  # heartbeats: trial 1 goes stale
     assert rc == 0, out
     assert "BEGIN run-0 12\n" in out
     study = optuna.load_study(study_name="search", storage=postgres_url)
@@ -107,6 +111,7 @@ def test_a_preempted_then_killed_trial_resumes_from_its_checkpoints(postgres_url
     resumed = next(t for t in done if t.user_attrs.get("resumed_from") is not None)
     assert resumed.user_attrs["output_dir"] == str(runs / "run-0")
     assert sorted(resumed.intermediate_values) == [1, 2, 3]  # each epoch reported once
+    _assert_one_tracked_run_per_trial(tmp_path / "mlflow.db", runs)
 
     # the same configuration uninterrupted, in this process: the same weights and reports
     sys.path.insert(0, os.path.dirname(WORKER))
@@ -122,6 +127,25 @@ def test_a_preempted_then_killed_trial_resumes_from_its_checkpoints(postgres_url
     got, want = torch.load(runs / "run-0" / "final.pt"), torch.load(tmp_path / "ref" / "run-0" / "final.pt")
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=1e-6, atol=1e-7)
+
+
+def _assert_one_tracked_run_per_trial(database, runs):
+    """Preempted, killed and re-run, trial run-0 is one MLflow run (FINISHED) and one TensorBoard
+    folder, each evaluation once; the other finished trial is another run."""
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{database}")
+    experiment = client.get_experiment_by_name("search")
+    trials = [r for r in client.search_runs([experiment.experiment_id]) if "fitkit.trial" in r.data.tags]
+    names = [r.info.run_name for r in trials]
+    assert len(names) == 2 and names.count("run-0") == 1  # the other trial's number is the study's to pick
+    assert {r.info.status for r in trials} == {"FINISHED"}
+    run0 = next(r for r in trials if r.info.run_name == "run-0")
+    assert [m.step for m in client.get_metric_history(run0.info.run_id, "val_loss")] == [6, 12, 18]
+    acc = EventAccumulator(str(runs / "run-0" / "runs"), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("val_loss")] == [6, 12, 18]
 
 
 def test_the_search_rides_out_a_server_outage(postgres_server, postgres_url, tmp_path):

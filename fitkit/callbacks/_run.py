@@ -46,6 +46,15 @@ def rate_varies(lr_scheduler: Any, callbacks: Any) -> bool:
     return lr_scheduler is not None or any(getattr(cb, "changes_learning_rate", False) for cb in callbacks or ())
 
 
+def unlogged_epoch_values(args, running_logs: Any) -> dict[str, float] | None:
+    """The epoch's training values (exact epoch averages) when the run logs no epoch record
+    (`logging_strategy="steps"`: one record per step, as HF), for the callbacks that keep one
+    record per epoch (Keras); None when the epoch-end log brings them, or outside a run."""
+    if getattr(args, "logging_strategy", None) != "steps" or running_logs is None:
+        return None
+    return running_logs.epoch()
+
+
 class RunStateCallback(TrainerCallback):
     """A callback whose state belongs to one `fit`: `reset()` runs at each `on_train_begin`,
     except right after `load_state` restored the state (call `_mark_restored()` there), so a
@@ -111,9 +120,13 @@ class EpochRecords:
         self.epoch = {}
         return done
 
-    def epoch_end(self, args, state, control) -> dict | None:
+    def epoch_end(self, args, state, control, epoch_values: dict | None = None) -> dict | None:
+        """The epoch ended; `epoch_values` (the epoch's training values, when no epoch-end log
+        brings them: step logging) are merged first."""
         if not self.training:
             return None
+        if epoch_values:
+            self._merge(epoch_values)
         self.index = epoch_index(state)
         self._closing = True
         if control.should_evaluate and getattr(args, "eval_strategy", "no") not in (None, "no"):
@@ -165,6 +178,7 @@ class EpochRecordsCallback(RunStateCallback):
     def __init__(self) -> None:
         super().__init__()
         self._records = EpochRecords()
+        self._running_logs: Any = None  # the run's `RunningLogs`: the epoch's values under step logging
 
     def epoch_done(self, record: dict, args, state, control, **kwargs):
         """An epoch's merged values are complete; may return a `TrainerControl`."""
@@ -175,15 +189,17 @@ class EpochRecordsCallback(RunStateCallback):
             return None
         return self.epoch_done(record, args, state, control, **kwargs)
 
-    def on_train_begin(self, args, state, control, **kwargs):
+    def on_train_begin(self, args, state, control, running_logs=None, **kwargs):
         self._records.train_begin(state)
+        self._running_logs = running_logs
         return super().on_train_begin(args, state, control, **kwargs)
 
     def on_epoch_begin(self, args, state, control, **kwargs):
         return self._done(self._records.epoch_begin(state), args, state, control, kwargs)
 
     def on_epoch_end(self, args, state, control, **kwargs):
-        return self._done(self._records.epoch_end(args, state, control), args, state, control, kwargs)
+        values = unlogged_epoch_values(args, self._running_logs)
+        return self._done(self._records.epoch_end(args, state, control, values), args, state, control, kwargs)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         return self._done(self._records.log(logs), args, state, control, kwargs)

@@ -44,8 +44,9 @@ class DefaultFlowCallback(TrainerCallback):
         return control
 
     def on_epoch_end(self, args, state, control, **kwargs):
-        # Keras keeps one record per epoch: with step logging the epoch's exact averages are logged too.
-        if args.logging_strategy in ("epoch", "steps"):
+        # Step logging logs no epoch record (HF): one record per step. History and the Keras-style
+        # epoch callbacks read the epoch's values from `running_logs.epoch()` instead.
+        if args.logging_strategy == "epoch":
             control.should_log = True
         delay = getattr(args, "eval_delay", 0) or 0
         if (args.eval_strategy == "epoch" and delay <= (state.epoch or 0)

@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from fitkit.callbacks._run import epoch_steps, rate_varies
+from fitkit.callbacks._run import epoch_steps, rate_varies, unlogged_epoch_values
 from fitkit.common.logs import BOOKKEEPING, NOT_VALUES
 from fitkit.events.handler import TrainerCallback
 
@@ -28,6 +28,11 @@ class History(TrainerCallback):
     steps it (`lr_scheduler` other than a constant rate) or a callback changes it
     (`ReduceLROnPlateau`, `LearningRateScheduler`, any with `changes_learning_rate = True`).
     `CSVLogger` follows the same rule, so both hold the same keys.
+
+    Under step logging (`logging_strategy="steps"`, which logs no epoch record) the epoch's
+    training values are read at its end from the run (`running_logs.epoch()`), so the history
+    holds epoch averages whatever the logging; a checkpoint keeps the rows (`state()`), so a
+    resumed run's history starts with the epochs before it.
     """
 
     def __init__(self) -> None:
@@ -36,9 +41,11 @@ class History(TrainerCallback):
         self.params: dict[str, Any] = {}
         self._rows: dict[int, dict[str, float]] = {}
         self._skip = NOT_VALUES
+        self._running_logs: Any = None
 
     def on_train_begin(self, args, state, control, lr_scheduler=None, callbacks=(), train_dataloader=None,
-                       steps_per_epoch=None, **kwargs):
+                       steps_per_epoch=None, running_logs=None, **kwargs):
+        self._running_logs = running_logs
         steps = epoch_steps(args, state, train_dataloader, steps_per_epoch)
         self.params = {"epochs": state.num_train_epochs, "steps": steps, "verbose": args.verbose}
         self._skip = BOOKKEEPING if rate_varies(lr_scheduler, callbacks) else NOT_VALUES
@@ -50,6 +57,25 @@ class History(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs:
             self._add(state.epoch, logs)
+            self._rebuild()
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if getattr(args, "logging_strategy", None) != "steps":  # the epoch-end log brings them, or none do
+            return
+        values = unlogged_epoch_values(args, self._running_logs)
+        if values:
+            self._add(state.epoch, values)
+            self._rebuild()
+
+    # -- checkpointed state ----------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """The rows by epoch (saved in checkpoints: step logging keeps no epoch record)."""
+        return {"rows": {str(i): dict(row) for i, row in self._rows.items()}}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        rows = state.get("rows")
+        if isinstance(rows, dict):
+            self._rows = {int(i): {k: float(v) for k, v in row.items()} for i, row in rows.items()}
             self._rebuild()
 
     def _add(self, epoch: float | None, logs: dict) -> None:

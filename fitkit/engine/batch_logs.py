@@ -24,6 +24,24 @@ class RunningLogs:
         #: Set by the evaluation loop at each batch: (loss sum, sample count, metrics, step means).
         self.eval_sums: tuple[Any, int, Any, Any] | None = None
         self._memo: tuple[str, Any, dict[str, float]] | None = None  # (phase, batch key, logs)
+        self._epoch: tuple[tuple[int, float | None], dict[str, float]] | None = None
+
+    def epoch(self) -> dict[str, float]:
+        """The training values of the epoch that just ended, over every process: the loss and
+        metrics over the epoch, step means, and the learning rate of its last step, as
+        `logging_strategy="epoch"` logs them. Read from `on_epoch_end` on (History and the
+        Keras-style epoch callbacks do under step logging, which logs no epoch record); put
+        together once per epoch however many ask::
+
+            values = running_logs.epoch()   # {"loss": 0.52, "accuracy": 0.81, "learning_rate": 0.001}
+        """
+        loop = self.loop
+        key = (loop.state.global_step, loop.state.epoch)
+        if self._epoch is None or self._epoch[0] != key:
+            logs = training_values(loop, lone_metrics=False)
+            logs["learning_rate"] = loop.logged_learning_rate()
+            self._epoch = (key, logs)
+        return dict(self._epoch[1])
 
     def samples(self) -> int:
         """Samples this process trained on so far in the epoch (a host count: no device read)."""
@@ -79,16 +97,24 @@ def _read(loss: tuple[torch.Tensor, int] | None, metrics: Any, means: Any, strip
     return dict(zip(names, numbers))
 
 
-def epoch_values(loop: Any) -> dict[str, float]:
-    """The epoch's values as Keras' `on_epoch_end` has them: the training loss and metrics over
-    the epoch, then the validation values of the epoch's last evaluation (`val_`)."""
+def training_values(loop: Any, lone_metrics: bool = True) -> dict[str, float]:
+    """The epoch's training values over every process: the loss and metrics over the epoch and
+    the means of what an overridden `train_step` returned (metrics without a loss only when
+    `lone_metrics`: Keras' epoch logs have them, fitkit's epoch record does not)."""
     logs: dict[str, float] = {}
     total, count = loop.loss.totals()  # read once at the epoch's end already
     if count:
         logs["loss"] = total / count
-    if loop.train_metrics:
+    if loop.train_metrics and (count or lone_metrics):
         logs.update(loop.train_metrics.compute())
     if loop.step_means:
         logs.update(loop.step_means.compute(loop.fabric))
+    return logs
+
+
+def epoch_values(loop: Any) -> dict[str, float]:
+    """The epoch's values as Keras' `on_epoch_end` has them: the training loss and metrics over
+    the epoch, then the validation values of the epoch's last evaluation (`val_`)."""
+    logs = training_values(loop)
     logs.update(loop.epoch_validation or {})
     return logs

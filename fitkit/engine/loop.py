@@ -267,6 +267,8 @@ class Loop(Inference, BestModel):
         self.control = self.handler.on_epoch_end(self.args, state, self.control)
         if not self.preemption.final:  # a preempted epoch stays where its last step left it
             self.position = (epoch + 1, 0)
+        else:  # ... and the resumed run ends it: its log and evaluation come there, once
+            self.control.should_log = self.control.should_evaluate = False
         self._log_evaluate_save(epoch_end=True)
         self._epoch_summary(epoch)
 
@@ -314,23 +316,22 @@ class Loop(Inference, BestModel):
         self.control.should_save = False
 
     def _log_training(self, epoch_end: bool) -> None:
+        if epoch_end:  # the epoch's values (`logging_strategy="epoch"`), put together once per epoch
+            self.log(self.running_logs.epoch())
+            return
         logs: dict[str, float] = {}
-        if epoch_end:
-            total, count = self.loss.totals()
-            if count:
-                logs["loss"] = total / count
-                logs.update(self.train_metrics.compute())
-            if self.step_means:
-                logs.update(self.step_means.compute(self.fabric))
-        else:
-            mean = self.loss.mean_since_log()  # one host read per logging step
-            if mean is not None:
-                logs["loss"] = mean
-            if self.step_means:
-                logs.update(self.step_means.since_log())
-        rate = self.step_lr if self.step_scheduler is not None else None
-        logs["learning_rate"] = self.stepper.learning_rate() if rate is None else float(rate)
+        mean = self.loss.mean_since_log()  # one host read per logging step
+        if mean is not None:
+            logs["loss"] = mean
+        if self.step_means:
+            logs.update(self.step_means.since_log())
+        logs["learning_rate"] = self.logged_learning_rate()
         self.log(logs)
+
+    def logged_learning_rate(self) -> float:
+        """The learning rate a training log records: the rate the last step used (HF)."""
+        rate = self.step_lr if self.step_scheduler is not None else None
+        return self.stepper.learning_rate() if rate is None else float(rate)
 
     def log(self, logs: dict[str, float]) -> None:
         state = self.state

@@ -11,6 +11,7 @@ import importlib.util
 import math
 import os
 import re
+import sys
 import warnings
 from typing import Any, NamedTuple
 
@@ -136,6 +137,27 @@ def is_true(value: str | None) -> bool:
     return str(value).strip().lower() in {"1", "true", "yes", "on", "y", "t"}
 
 
+#: How a run ended, in MLflow's words (the other trackers map them onto theirs): trained to
+#: its end, ended by an exception, or stopped by SIGTERM (preempted) or Ctrl-C.
+FINISHED, FAILED, KILLED = "FINISHED", "FAILED", "KILLED"
+
+
+def saved_run(tracker: Any, state: Any, callbacks: Any = ()) -> dict[str, Any] | None:
+    """What the checkpoint a run resumes from recorded about `tracker`'s run (its `state()`,
+    kept in `state.stateful_callbacks` under the class name), or None: a fresh run, a
+    checkpoint written without this tracker, or one where it had no run. With several
+    trackers of one class, the n-th of them in `callbacks` gets the n-th record."""
+    if not state.global_step or not state.stateful_callbacks:
+        return None
+    saved = state.stateful_callbacks.get(type(tracker).__name__)
+    if isinstance(saved, list):
+        same = [cb for cb in callbacks if type(cb) is type(tracker)]
+        index = next((i for i, cb in enumerate(same) if cb is tracker), 0)
+        saved = saved[index] if index < len(saved) else None
+    run = saved.get("run") if isinstance(saved, dict) else None
+    return dict(run) if isinstance(run, dict) and run else None
+
+
 class TrackingCallback(TrainerCallback):
     """Base of the loggers: only the world-zero process writes.
 
@@ -144,6 +166,12 @@ class TrackingCallback(TrainerCallback):
     `close(args, state, final, model)` (at train end; `final` holds the last value of every
     number logged in the run). Values that a callback adds to the final record at train end
     (`CodeCarbonCallback` does) are written before `close`.
+
+    Across a resume: `run_record()` returns what continues the tracker's run (its id, its
+    folder); every checkpoint keeps it (`state()`, saved with the callbacks' states), and
+    `setup` of the run resumed from that checkpoint finds it in `self.resumed_run` (None in a
+    fresh run). How the run ended is in `self.ending` when `close` runs: `FINISHED`, `FAILED`
+    (an exception left `fit`, closed from `close_run`) or `KILLED` (SIGTERM or Ctrl-C).
     """
 
     order = Order.TRACKER  # after callbacks that add or change values in the logs (order <= Order.EMISSIONS)
@@ -154,6 +182,9 @@ class TrackingCallback(TrainerCallback):
         self._warned_non_numbers = False
         self._last_logs: dict[str, Any] | None = None
         self._last_step: int | None = None
+        self.resumed_run: dict[str, Any] | None = None
+        self.ending = FINISHED
+        self._run: tuple[Any, Any, Any] | None = None  # (args, state, model) of the run open
 
     # -- for subclasses --------------------------------------------------------------------
     def setup(self, args, state, model) -> None:  # pragma: no cover - abstract
@@ -164,6 +195,28 @@ class TrackingCallback(TrainerCallback):
 
     def close(self, args, state, final: dict[str, float], model) -> None:
         """Flush and release; default: nothing."""
+
+    def flush(self) -> None:
+        """Put what was written so far on disk (called at each checkpoint, so that a run killed
+        afterwards, even by kill -9, loses nothing its resume does not log again); default:
+        nothing."""
+
+    def run_record(self) -> dict[str, Any]:
+        """What continues this tracker's run when training resumes from a checkpoint (JSON
+        values: a run id, a folder); default: nothing."""
+        return {}
+
+    # -- checkpointed state ------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """Saved in every checkpoint (`CallbackHandler.export_states`): `{"run": run_record()}`
+        while a run is open here, else `{}`."""
+        record = self.run_record() if self._active else {}
+        return {"run": record} if record else {}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Nothing to restore: a resumed run's record is read at `on_train_begin`, from the
+        resumed `state.stateful_callbacks`, because the run is opened there (before the
+        callbacks' states come back)."""
 
     # -- helpers ---------------------------------------------------------------------------
     def numbers(self, logs: dict[str, Any]) -> dict[str, float | int]:
@@ -205,6 +258,9 @@ class TrackingCallback(TrainerCallback):
         self._active = bool(state.is_world_process_zero)
         self._warned_non_numbers = False
         self._last_logs, self._last_step = None, None
+        self.ending = FINISHED
+        self.resumed_run = saved_run(self, state, kwargs.get("callbacks") or ())
+        self._run = (args, state, model)
         if self._active:
             self.setup(args, state, model)
 
@@ -216,15 +272,33 @@ class TrackingCallback(TrainerCallback):
         if values:
             self.write(values, state.global_step, state)
 
-    def on_train_end(self, args, state, control, model=None, **kwargs):
+    def on_save(self, args, state, control, **kwargs):
+        if self._active:
+            self.flush()
+
+    def on_train_end(self, args, state, control, model=None, preempted=False, **kwargs):
         if not self._active:
             return
+        if preempted:  # SIGTERM: checkpointed, to be resumed
+            self.ending = KILLED
         late = self._late_additions(state)
         if late:
             values = self.numbers(late) if self.numbers_only else late
             if values:
                 self.write(values, state.global_step, state)
         self._active = False
+        self._run = None
+        self.close(args, state, self.final_values(state), model)
+
+    def close_run(self) -> None:
+        """`fit` is exiting: a run still open here never reached `on_train_end`, so an exception
+        (`FAILED`) or Ctrl-C (`KILLED`) ended training; close it with that status."""
+        if not self._active or self._run is None:
+            return
+        args, state, model = self._run
+        error = sys.exc_info()[1]  # the exception leaving `fit` (close_run runs in its `finally`)
+        self.ending = KILLED if isinstance(error, KeyboardInterrupt) else FAILED
+        self._active, self._run = False, None
         self.close(args, state, self.final_values(state), model)
 
     def _late_additions(self, state) -> dict[str, Any]:
@@ -236,6 +310,7 @@ class TrackingCallback(TrainerCallback):
 
     def _safe_close(self, args, state, model) -> None:
         self._active = False
+        self.ending = FAILED  # it never reached its end
         try:
             self.close(args, state, self.final_values(state), model)
         except Exception as error:  # noqa: BLE001 - a stale run must not stop a new one

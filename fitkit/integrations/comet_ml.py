@@ -9,6 +9,8 @@ Environment (Comet's own variables work too: `COMET_API_KEY`, `COMET_WORKSPACE`,
 - `COMET_OFFLINE_DIRECTORY`: where offline archives go (default `args.output_dir/comet`).
 - `COMET_PROJECT_NAME`: the project (default `"fitkit"`).
 - `COMET_LOG_ASSETS`: true logs the final weights (`state_dict`) as a model asset.
+- `COMET_EXPERIMENT_KEY`: the experiment to log into (Comet's own variable); it wins over the
+  experiment a resumed checkpoint names.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import shutil
 import tempfile
 from typing import TYPE_CHECKING, Any
 
-from fitkit.integrations._common import TrackingCallback, is_true, require, run_params, trial_label
+from fitkit.integrations._common import FINISHED, TrackingCallback, is_true, require, run_params, trial_label
 
 if TYPE_CHECKING:
     from comet_ml import BaseExperiment
@@ -38,6 +40,12 @@ class CometCallback(TrackingCallback):
     at `state.global_step`, and ends the experiment at train end (offline: writes the
     archive). During a search each trial is its own experiment named after the trial.
 
+    Resumed from a checkpoint, the experiment of the checkpoint's training is continued
+    (`ExistingExperiment`, offline `ExistingOfflineExperiment`: a second archive of the same
+    experiment key) unless `COMET_EXPERIMENT_KEY` names another. A run that does not end
+    normally is marked: the other value `fitkit_status` is `failed` (an exception) or
+    `killed` (SIGTERM), and the experiment gets that tag; a finished run logs `finished`.
+
     Example::
 
         # COMET_MODE=OFFLINE COMET_OFFLINE_DIRECTORY=comet python train.py
@@ -55,6 +63,7 @@ class CometCallback(TrackingCallback):
         self.experiment_kwargs = experiment_kwargs
         self.experiment: BaseExperiment | None = None
         self.offline_directory: str | None = None
+        self._key: str | None = None
 
     def setup(self, args, state, model) -> None:
         self.experiment = None
@@ -70,19 +79,33 @@ class CometCallback(TrackingCallback):
             "project_name": self.project_name or os.environ.get("COMET_PROJECT_NAME") or DEFAULT_PROJECT,
             **self.experiment_kwargs,
         }
+        previous = (self.resumed_run or {}).get("experiment_key")
+        if os.environ.get("COMET_EXPERIMENT_KEY") or "experiment_key" in kwargs:
+            previous = None  # the user's choice wins
+        experiment: BaseExperiment
         if self.mode == "OFFLINE":
             self.offline_directory = os.environ.get("COMET_OFFLINE_DIRECTORY") or os.path.join(args.output_dir, "comet")
             os.makedirs(self.offline_directory, exist_ok=True)
-            experiment: BaseExperiment = comet_ml.OfflineExperiment(offline_directory=self.offline_directory, **kwargs)
+            if previous:
+                experiment = comet_ml.ExistingOfflineExperiment(
+                    previous_experiment=previous, offline_directory=self.offline_directory, **kwargs)
+            else:
+                experiment = comet_ml.OfflineExperiment(offline_directory=self.offline_directory, **kwargs)
+        elif previous:
+            experiment = comet_ml.ExistingExperiment(previous_experiment=previous, **kwargs)
         else:
             experiment = comet_ml.Experiment(**kwargs)
         self.experiment = experiment
+        self._key = experiment.get_key()
         label = trial_label(args, state)
         if label is not None:
             experiment.set_name(label)
             experiment.add_tag("hyperparameter-search")
         experiment.log_other("Created from", "fitkit")
         experiment.log_parameters(run_params(args, state))
+
+    def run_record(self) -> dict[str, Any]:
+        return {"experiment_key": self._key} if self._key else {}
 
     def write(self, values: dict[str, Any], step: int, state) -> None:
         if self.experiment is not None:
@@ -94,7 +117,11 @@ class CometCallback(TrackingCallback):
             return
         tmp = None
         try:
-            if model is not None and is_true(os.environ.get("COMET_LOG_ASSETS")):
+            status = self.ending.lower()
+            experiment.log_other("fitkit_status", status)
+            if self.ending != FINISHED:
+                experiment.add_tag(status)
+            if self.ending == FINISHED and model is not None and is_true(os.environ.get("COMET_LOG_ASSETS")):
                 import torch
 
                 tmp = tempfile.mkdtemp(prefix="fitkit-comet-")

@@ -9,8 +9,9 @@ Environment:
 - `MLFLOW_TRACKING_URI`: where runs go (a server, `sqlite:///...`, `databricks`, an AzureML
   workspace's `azureml://...` URI). Default: a local file store `args.output_dir/mlruns`.
 - `MLFLOW_EXPERIMENT_NAME`: the experiment (default `"fitkit"`).
-- `MLFLOW_RUN_ID`: log into this existing run instead of creating one.
-- `MLFLOW_RUN_NAME`: the run's name (during a search each trial is named after the trial).
+- `MLFLOW_RUN_ID`: log into this existing run instead of creating one (also on resume).
+- `MLFLOW_RUN_NAME`: the run's name (during a search each trial is named after the trial); a
+  resumed run asked for another name than the checkpoint's run has starts a new run.
 - `MLFLOW_TAGS`: a JSON object of tags for the run.
 - `HF_MLFLOW_LOG_ARTIFACTS` / `MLFLOW_LOG_ARTIFACTS`: when true, the final weights
   (`state_dict`, saved with `torch.save`) are logged as the artifact `model/model_state_dict.pt`.
@@ -24,11 +25,19 @@ import os
 import re
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fitkit.integrations._common import TrackingCallback, is_true, require, run_params, trial_label
+from fitkit.integrations._common import (
+    FINISHED,
+    TrackingCallback,
+    is_true,
+    require,
+    run_params,
+    trial_label,
+)
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
@@ -71,6 +80,11 @@ class MLflowCallback(TrackingCallback):
     When a run is active in `mlflow` (a `with mlflow.start_run():` around `fit`), fitkit's run
     is nested under it. See the module docstring for the environment variables.
 
+    Resumed from a checkpoint (`resume_from_checkpoint`), the run that checkpoint's training
+    logged to is continued (`MLFLOW_RUN_ID` or another run name still win): steps it already
+    holds are not logged again, parameters it lacks are added. A run ends `FINISHED`, `FAILED`
+    when an exception ends training, `KILLED` on SIGTERM (until its resume continues it).
+
     Example::
 
         model.fit(x, y, validation_split=0.1, report_to="mlflow", output_dir="out")
@@ -86,6 +100,8 @@ class MLflowCallback(TrackingCallback):
         self.run_id: str | None = None
         self.parent_run_id: str | None = None
         self._exit_hook: Callable[[], None] | None = None
+        self._name: str | None = None  # the name asked for when the run was created
+        self._logged_through: dict[str, int] = {}  # a continued run: the last step of each metric it holds
 
     # -- set-up --------------------------------------------------------------------------------
     def _resolve_uri(self, args) -> str:
@@ -137,16 +153,24 @@ class MLflowCallback(TrackingCallback):
         self.parent_run_id = None
         tags = json.loads(os.environ["MLFLOW_TAGS"]) if os.environ.get("MLFLOW_TAGS") else {}
         tags = {str(k): str(v) for k, v in tags.items()}
-        existing = os.environ.get("MLFLOW_RUN_ID")
+        label = trial_label(args, state)
+        name = label or os.environ.get("MLFLOW_RUN_NAME") or getattr(args, "run_name", None) or None
+        existing = os.environ.get("MLFLOW_RUN_ID") or self._continued(client, name)
+        self._logged_through = {}
         if existing:
             self.run_id = existing
             client.update_run(existing, status="RUNNING")
+            if existing != os.environ.get("MLFLOW_RUN_ID"):
+                self._name = name or (self.resumed_run or {}).get("name")
+                self.parent_run_id = (self.resumed_run or {}).get("parent_run_id")
+                if self.parent_run_id is not None:
+                    client.update_run(self.parent_run_id, status="RUNNING")
+            self._logged_through = self._last_steps(client, existing)
             if tags:
                 self._log_batch(tags=tags)
         else:
             experiment_id = self._experiment_id(client)
             run_tags = dict(tags)
-            label = trial_label(args, state)
             if label is not None:
                 self.parent_run_id = self._search_parent(client, uri, experiment_id, args, tags)
                 run_tags["fitkit.trial"] = label
@@ -156,11 +180,45 @@ class MLflowCallback(TrackingCallback):
                     run_tags[_PARENT_TAG] = active.info.run_id
             if self.parent_run_id is not None:
                 run_tags[_PARENT_TAG] = self.parent_run_id
-            name = label or os.environ.get("MLFLOW_RUN_NAME") or getattr(args, "run_name", None) or None
             run = client.create_run(experiment_id, run_name=name, tags=run_tags)
-            self.run_id = run.info.run_id
+            self.run_id, self._name = run.info.run_id, name
         self._exit_hook = atexit.register(self._abandoned)
-        self._log_params(run_params(args, state))
+        params = run_params(args, state)
+        if existing:  # MLflow refuses to change a logged parameter: add only the new ones
+            held = client.get_run(existing).data.params
+            params = {k: v for k, v in params.items() if k not in held}
+        self._log_params(params)
+
+    def _continued(self, client, name: str | None) -> str | None:
+        """The run of the checkpoint this training resumes from, when it is to be continued:
+        it is in this tracking store and no other run name is asked for."""
+        saved = self.resumed_run or {}
+        run_id = saved.get("run_id")
+        if not run_id or (name is not None and name != saved.get("name")):
+            return None
+        try:
+            client.get_run(run_id)
+        except Exception as error:  # noqa: BLE001 - deleted, or another store: a new run then
+            warnings.warn(f"MLflowCallback: the checkpoint's run {run_id} cannot be continued ({error}); "
+                          "starting a new run", stacklevel=3)
+            return None
+        return run_id
+
+    @staticmethod
+    def _last_steps(client, run_id: str) -> dict[str, int]:
+        """The last step of each metric `run_id` holds (what a resumed run must not log again)."""
+        steps: dict[str, int] = {}
+        for key in client.get_run(run_id).data.metrics:
+            history = client.get_metric_history(run_id, key)
+            if history:
+                steps[key] = max(m.step for m in history)
+        return steps
+
+    def run_record(self) -> dict[str, Any]:
+        record: dict[str, Any] = {"run_id": self.run_id, "name": self._name}
+        if self.parent_run_id is not None:
+            record["parent_run_id"] = self.parent_run_id
+        return record if self.run_id else {}
 
     def _abandoned(self) -> None:
         """At interpreter exit with the run still open (training raised): mark it failed."""
@@ -193,7 +251,9 @@ class MLflowCallback(TrackingCallback):
 
         _, max_key, _, per_batch = _limits()
         now = int(time.time() * 1000)
-        metrics = [Metric(_key(k, max_key), float(v), now, step) for k, v in values.items()]
+        through = self._logged_through  # a continued run: replayed steps it holds already stay as they are
+        metrics = [Metric(_key(k, max_key), float(v), now, step) for k, v in values.items()
+                   if step > through.get(_key(k, max_key), -1)]
         for i in range(0, len(metrics), per_batch):
             self._log_batch(metrics=metrics[i:i + per_batch])
 
@@ -201,16 +261,16 @@ class MLflowCallback(TrackingCallback):
         if self.client is None or self.run_id is None:
             return
         try:
-            if model is not None and (is_true(os.environ.get("HF_MLFLOW_LOG_ARTIFACTS"))
+            if self.ending == FINISHED and model is not None and (is_true(os.environ.get("HF_MLFLOW_LOG_ARTIFACTS"))
                                       or is_true(os.environ.get("MLFLOW_LOG_ARTIFACTS"))):
                 self._log_model(model)
         finally:
             if self._exit_hook is not None:
                 atexit.unregister(self._abandoned)
                 self._exit_hook = None
-            self.client.set_terminated(self.run_id, status="FINISHED")
+            self.client.set_terminated(self.run_id, status=self.ending)
             if self.parent_run_id is not None:
-                self.client.set_terminated(self.parent_run_id, status="FINISHED")
+                self.client.set_terminated(self.parent_run_id, status=self.ending)
 
     def _log_model(self, model) -> None:
         import torch

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from fitkit.integrations._common import TrackingCallback, require, run_params, trial_label
+from fitkit.integrations._common import FINISHED, TrackingCallback, require, run_params, trial_label
 
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
@@ -24,6 +24,13 @@ class TensorBoardCallback(TrackingCallback):
     `log_dir` defaults to `args.logging_dir`, else `args.output_dir/runs`; during a hyperparameter search each trial's
     `output_dir` is already its own (`run-N`), and an explicit `log_dir` gets the trial's name
     appended. `tb_writer` takes a ready `SummaryWriter` (flushed at train end, not closed).
+
+    Resumed from a checkpoint, the run writes into the log directory of the checkpoint's run
+    (unless `log_dir` or `args.logging_dir` names one) with `purge_step` set to the checkpoint's
+    step: what the interrupted run logged from there on is hidden, and logged again once (the
+    checkpoint step's records from its log history, the later ones as the resume replays them).
+    The hyperparameters are written when training ends (not when it fails or is preempted),
+    so a resumed run holds them once.
 
     Example::
 
@@ -40,10 +47,14 @@ class TensorBoardCallback(TrackingCallback):
         self.writer: SummaryWriter | None = None
         self._owns_writer = False
         self._tags: set[str] = set()
+        self._dir: str | None = None
 
     def _resolve_log_dir(self, args, state) -> str:
         if self.log_dir is None:
-            return getattr(args, "logging_dir", None) or os.path.join(args.output_dir, "runs")
+            saved = (self.resumed_run or {}).get("log_dir")
+            if not (saved and os.path.isdir(saved)):  # moved with output_dir: the new place then
+                saved = None
+            return getattr(args, "logging_dir", None) or saved or os.path.join(args.output_dir, "runs")
         label = trial_label(args, state)
         return os.path.join(self.log_dir, label) if label else self.log_dir
 
@@ -54,10 +65,25 @@ class TensorBoardCallback(TrackingCallback):
             return
         from torch.utils.tensorboard import SummaryWriter
 
-        log_dir = self._resolve_log_dir(args, state)
-        # A resumed run hides what an interrupted one logged after its checkpoint.
-        purge = state.global_step + 1 if state.global_step > 0 else None
-        self.writer, self._owns_writer = SummaryWriter(log_dir=log_dir, purge_step=purge), True
+        self._dir = log_dir = self._resolve_log_dir(args, state)
+        step = state.global_step
+        # A resumed run hides what an interrupted one logged from its checkpoint's step on: records
+        # of that step may come after the checkpoint (an epoch's end after a step's save), and the
+        # resume logs them again. Those that came before it are in the checkpoint's log history:
+        # written again here, so each record is there once.
+        self.writer, self._owns_writer = SummaryWriter(log_dir=log_dir, purge_step=step or None), True
+        for record in state.log_history if step else ():
+            if record.get("step") == step and "stopped" not in record:
+                values = self.numbers({k: v for k, v in record.items() if k != "step"})
+                if values:
+                    self.write(values, step, state)
+
+    def flush(self) -> None:
+        if self.writer is not None:
+            self.writer.flush()
+
+    def run_record(self) -> dict[str, Any]:
+        return {"log_dir": os.path.abspath(self._dir)} if self._owns_writer and self._dir else {}
 
     def write(self, values: dict[str, Any], step: int, state) -> None:
         assert self.writer is not None  # made by `setup`, before any record
@@ -70,7 +96,8 @@ class TensorBoardCallback(TrackingCallback):
         if writer is None:
             return
         try:
-            self._write_hparams(writer, run_params(args, state), final, state.global_step)
+            if self.ending == FINISHED:  # a failed or preempted run's resume writes them
+                self._write_hparams(writer, run_params(args, state), final, state.global_step)
         finally:
             writer.flush()
             if self._owns_writer:

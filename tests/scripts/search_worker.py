@@ -2,14 +2,15 @@
 
 usage: search_worker.py STORAGE OUTPUT_DIR [--journal] [--n-trials N] [--study NAME]
                         [--heartbeat S] [--grace S] [--retry S] [--hold STEP] [--sleep S]
-                        [--enqueue JSON] [--epochs N]
+                        [--enqueue JSON] [--epochs N] [--report-to NAMES]
 
 STORAGE is a database URL, or with `--journal` the path of a JournalStorage file. The run
 prints `BEGIN number global_step` when a trial's training starts, `EVAL number epoch step`
 after each evaluation, and saves the trial's final weights as `final.pt` in its output_dir.
 `--hold STEP` holds the first trial at the end of optimizer step STEP (printing `HOLD`) until
 the process is killed or sent SIGTERM (fitkit's handler still runs). `--enqueue JSON` queues
-those parameters first (a reference run of one configuration).
+those parameters first (a reference run of one configuration). `--report-to` names trackers
+(comma-separated, fit's `report_to`).
 """
 
 import argparse
@@ -66,6 +67,7 @@ def main(argv=None):
     parser.add_argument("--sleep", type=float, default=0.0)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--enqueue", default=None)
+    parser.add_argument("--report-to", default="none")
     opts = parser.parse_args(argv)
     torch.set_num_threads(1)
     import optuna
@@ -94,7 +96,7 @@ def main(argv=None):
         hp_space=lambda t: {"learning_rate": t.suggest_float("learning_rate", 1e-3, 1e-1, log=True)},
         output_dir=opts.output_dir, save_strategy="steps", save_steps=4, callbacks=[Events(opts.hold, opts.sleep)],
         heartbeat_interval=opts.heartbeat, grace_period=opts.grace, storage_retry_timeout=opts.retry,
-        storage_connect_timeout=5, **where)
+        storage_connect_timeout=5, report_to=opts.report_to.split(","), **where)
     print("BEST " + json.dumps({"run_id": best.run_id, "objective": best.objective}), flush=True)
     return best
 
