@@ -19,6 +19,7 @@ from helpers import STRESS, Crash, training_records
 from fitkit import Model, TrainerCallback
 from fitkit.engine.checkpoint import layout, listing, loading, verify, writing
 from fitkit.engine.checkpoint.async_save import BackgroundWriter, HostCopy
+from fitkit.engine.checkpoint.background import BackgroundCheckpointWriter
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "integrity_run.py")
 
@@ -184,6 +185,27 @@ def test_on_save_receives_the_state_of_the_checkpoint_just_committed(tmp_path, m
     assert len(added) == 7 and not [r for r in async_model.state.log_history if "added by on_save" in r]
     assert training_records(async_model.state.log_history) == [
         r for r in training_records(sync_model.state.log_history) if "added by on_save" not in r]
+
+
+def test_a_write_noticed_only_at_the_next_save_is_announced_before_that_write_starts(tmp_path, monkeypatch):
+    """When the loop notices a commit only at the next save (its poll never sees the write end),
+    that checkpoint's `on_save` still fires before the next write is handed over, so inside it the
+    checkpoint is the newest committed one."""
+    events = []
+    write = BackgroundCheckpointWriter.write
+
+    def recorded(self, job):
+        events.append(("write", job.state.global_step))
+        return write(self, job)
+
+    class Saves(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            events.append(("on_save", state.global_step))
+
+    monkeypatch.setattr(BackgroundCheckpointWriter, "write", recorded)
+    monkeypatch.setattr(BackgroundWriter, "done", lambda self: False)
+    _fit(tmp_path, max_steps=12, callbacks=[Saves()])
+    assert events == [("write", 4), ("on_save", 4), ("write", 8), ("on_save", 8), ("write", 12), ("on_save", 12)]
 
 
 def test_the_files_equal_a_synchronous_checkpoints(tmp_path):
