@@ -20,8 +20,9 @@ import time
 import torch
 
 from fitkit import Model, TrainerCallback
-from fitkit.engine.checkpoint import files as ckpt
-from fitkit.engine.checkpoint.files import describe
+from fitkit.engine.checkpoint import listing
+from fitkit.engine.checkpoint.verify import verified
+from fitkit.engine.checkpoint.writing import describe
 
 
 def digest_seconds_per_gib(algorithm: str, repeats: int = 3) -> float:
@@ -56,13 +57,13 @@ def checkpoint_seconds(params: float, out: str) -> dict[str, float]:
     timed = _Timed()
     Model(net).compile("adam", "mse").fit(x, y, batch_size=8, epochs=2, verbose=0, output_dir=out,
                                           save_strategy="epoch", callbacks=[timed])
-    path = ckpt.list_checkpoints(out)[-1]
+    path = listing.list_checkpoints(out)[-1]
     size = sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path))
     start = time.perf_counter()
     describe(path)  # what the manifest adds to a save: every file's size and digest
     hashing = time.perf_counter() - start
     start = time.perf_counter()
-    ckpt.verified(path)
+    verified(path)
     verify = time.perf_counter() - start
     return {"bytes": size, "save": min(timed.saves), "hashing": hashing, "verify": verify}
 

@@ -170,7 +170,7 @@ def _upward(name: str) -> list[str]:
 
 
 def test_the_layer_check_sees_an_upward_import():
-    assert "fitkit.engine.checkpoint.files" in _imports("fitkit.callbacks.backup_and_restore")  # downward: allowed
+    assert "fitkit.engine.checkpoint.verify" in _imports("fitkit.callbacks.backup_and_restore")  # downward: allowed
     assert _upward("fitkit.callbacks.backup_and_restore") == []
     assert LAYERS.index("fitkit.engine") < LAYERS.index("fitkit.events")  # the engine fires the contract's events
 
@@ -300,7 +300,7 @@ def _defined(path: pathlib.Path) -> set[str]:
 
 def test_the_checkpoint_story_modules_hold_what_the_docs_say():
     rows = _story_table()
-    assert {"fitkit/engine/checkpoint/checkpointer.py", "fitkit/engine/checkpoint/files.py"} <= set(rows)  # the two modules
+    assert {"fitkit/engine/checkpoint/checkpointer.py", "fitkit/engine/checkpoint/writing.py"} <= set(rows)
     for module, names in rows.items():
         path = ROOT / module
         assert path.is_file(), f"docs/concepts.md names {module}, which does not exist"
@@ -310,8 +310,8 @@ def test_the_checkpoint_story_modules_hold_what_the_docs_say():
 
 
 def test_checkpoint_error_is_defined_where_it_is_raised():
-    assert "CheckpointError" in _defined(PACKAGE / "engine" / "checkpoint" / "files.py")
-    assert not any("CheckpointError" in _defined(p) for n, p in MODULES.items() if n != "fitkit.engine.checkpoint.files")
+    assert "CheckpointError" in _defined(PACKAGE / "engine" / "checkpoint" / "layout.py")
+    assert not any("CheckpointError" in _defined(p) for n, p in MODULES.items() if n != "fitkit.engine.checkpoint.layout")
 
 
 if __name__ == "__main__":  # rewrite the module map in docs/concepts.md

@@ -3,6 +3,8 @@ the write, digests and commit happen on a background thread. A checkpoint exists
 rotation, `on_save`) only once committed, `fit` returns after the last commit, a kill -9 during a
 background write leaves the previous checkpoint verified, and a failed write is a clear error."""
 
+import dataclasses
+import json
 import os
 import random
 import subprocess
@@ -15,8 +17,9 @@ import torch
 from helpers import STRESS, Crash, training_records
 
 from fitkit import Model, TrainerCallback
-from fitkit.engine.checkpoint import files as ckpt
+from fitkit.engine.checkpoint import layout, listing, loading, verify, writing
 from fitkit.engine.checkpoint.async_save import BackgroundWriter, HostCopy
+from fitkit.engine.checkpoint.background import BackgroundCheckpointWriter
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "integrity_run.py")
 
@@ -35,10 +38,10 @@ class _Record(TrainerCallback):
         self.out, self.crash_at, self.saves, self.listed = str(out), crash_at, [], []
 
     def on_save(self, args, state, control, **kwargs):
-        self.saves.append((state.global_step, [os.path.basename(p) for p in ckpt.list_checkpoints(self.out)]))
+        self.saves.append((state.global_step, [os.path.basename(p) for p in listing.list_checkpoints(self.out)]))
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.listed.append((state.global_step, [os.path.basename(p) for p in ckpt.list_checkpoints(self.out)]))
+        self.listed.append((state.global_step, [os.path.basename(p) for p in listing.list_checkpoints(self.out)]))
         if state.global_step == self.crash_at:
             raise Crash()
 
@@ -111,6 +114,100 @@ def test_a_commit_noticed_at_the_next_saves_step_does_not_cancel_that_save(tmp_p
     assert len(record.saves) == 6
 
 
+class _OnSaveChecks(TrainerCallback):
+    """In every `on_save`: `checkpoint-{state.global_step}` exists, verifies, is the newest committed
+    checkpoint and `state` is the `TrainerState` its `trainer_state.json` records."""
+
+    def __init__(self):
+        self.saved, self.live, self.steps = [], None, []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.live = state
+        self.steps.append(state.global_step)
+
+    def on_save(self, args, state, control, checkpoint=None, **kwargs):
+        path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        assert checkpoint == path and verify.verified(path) == path
+        assert listing.list_checkpoints(args.output_dir)[-1] == path  # the newest committed
+        assert _as_json(state) == _as_json(loading.saved_state(path))
+        self.saved.append((state.global_step, state is self.live, self.live.global_step))
+        state.log_history.append({"added by on_save": 1.0})  # with save_async: the checkpoint's copy only
+
+
+def _as_json(state):
+    return json.loads(json.dumps(dataclasses.asdict(state), sort_keys=True))
+
+
+def _fit_with_on_save_checks(out, save_async, *callbacks):
+    checks = _OnSaveChecks()
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(160, 8, generator=g), torch.randint(0, 3, (160,), generator=g)
+    val = torch.randn(16, 8, generator=g), torch.randint(0, 3, (16,), generator=g)
+    model = _model()
+    model.fit(x, y, batch_size=8, epochs=1, seed=3, verbose=0, output_dir=str(out), save_strategy="steps",
+              save_steps=3, eval_strategy="steps", eval_steps=3, validation_data=val, logging_strategy="steps",
+              logging_steps=1, save_async=save_async, callbacks=[checks, *callbacks])
+    assert [step for step, _, _ in checks.saved] == [3, 6, 9, 12, 15, 18, 20]  # and at the end, as HF
+    assert checks.steps == list(range(1, 21)) and model.state.global_step == 20
+    assert model.state.best_model_checkpoint == str(out / f"checkpoint-{model.state.best_global_step}")
+    return checks, model
+
+
+def test_on_save_receives_the_state_of_the_checkpoint_just_committed(tmp_path, monkeypatch):
+    """Each background commit is held until the step after its save has ended, so every `on_save`
+    comes while the live run is past its checkpoint's step: `checkpoint-{state.global_step}` is
+    still the one just committed (as with synchronous saves), and the live state is not changed by
+    the event: the run logs what the synchronous one logs."""
+    synchronous, sync_model = _fit_with_on_save_checks(tmp_path / "sync", save_async=False)
+    assert all(live and now == step for step, live, now in synchronous.saved)  # the live state, at its step
+
+    reached, latest = threading.Condition(), [0]
+    commit = writing.commit
+
+    def commit_after_the_next_step(tmp, final, *args, **kwargs):
+        step = int(final.rsplit("-", 1)[1])
+        with reached:  # checkpoint-N commits once step N + 1 has ended (the last one at once)
+            assert reached.wait_for(lambda: latest[0] > step or step == 20, timeout=30)
+        return commit(tmp, final, *args, **kwargs)
+
+    class NextStep(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            with reached:
+                latest[0] = state.global_step
+                reached.notify_all()
+
+    monkeypatch.setattr(writing, "commit", commit_after_the_next_step)
+    background, async_model = _fit_with_on_save_checks(tmp_path / "async", True, NextStep())
+    # a copy taken at the save, while the live run had gone on
+    assert all(not live for _, live, _ in background.saved)
+    assert all(now > step for step, _, now in background.saved[:-1])
+    added = [r for r in sync_model.state.log_history if "added by on_save" in r]
+    assert len(added) == 7 and not [r for r in async_model.state.log_history if "added by on_save" in r]
+    assert training_records(async_model.state.log_history) == [
+        r for r in training_records(sync_model.state.log_history) if "added by on_save" not in r]
+
+
+def test_a_write_noticed_only_at_the_next_save_is_announced_before_that_write_starts(tmp_path, monkeypatch):
+    """When the loop notices a commit only at the next save (its poll never sees the write end),
+    that checkpoint's `on_save` still fires before the next write is handed over, so inside it the
+    checkpoint is the newest committed one."""
+    events = []
+    write = BackgroundCheckpointWriter.write
+
+    def recorded(self, job):
+        events.append(("write", job.state.global_step))
+        return write(self, job)
+
+    class Saves(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            events.append(("on_save", state.global_step))
+
+    monkeypatch.setattr(BackgroundCheckpointWriter, "write", recorded)
+    monkeypatch.setattr(BackgroundWriter, "done", lambda self: False)
+    _fit(tmp_path, max_steps=12, callbacks=[Saves()])
+    assert events == [("write", 4), ("on_save", 4), ("write", 8), ("on_save", 8), ("write", 12), ("on_save", 12)]
+
+
 def test_the_files_equal_a_synchronous_checkpoints(tmp_path):
     """Same weights, optimizer, RNG and loop record as `fabric.save` writes (the payload compared)."""
     _fit(tmp_path / "a", max_steps=4)
@@ -119,7 +216,7 @@ def test_the_files_equal_a_synchronous_checkpoints(tmp_path):
     s = torch.load(tmp_path / "s" / "checkpoint-4" / "state.pt", weights_only=True)
     assert sorted(a) == sorted(s)
     _equal(a, s)
-    assert ckpt.verified(str(tmp_path / "a" / "checkpoint-4"))
+    assert verify.verified(str(tmp_path / "a" / "checkpoint-4"))
 
 
 def test_the_weights_are_copied_during_the_next_forward_and_before_the_next_optimizer_step(tmp_path, monkeypatch):
@@ -216,7 +313,7 @@ def test_a_callback_changing_the_weights_waits_for_the_copy(tmp_path, monkeypatc
 
 def test_the_loop_goes_on_while_the_write_runs_and_on_save_sees_a_committed_checkpoint(tmp_path, monkeypatch):
     later = threading.Event()
-    commit = ckpt.commit
+    commit = writing.commit
 
     def held_commit(*args, **kwargs):  # the first commit waits until training reached step 6
         assert later.wait(timeout=30), "the loop waited for the background write"
@@ -227,7 +324,7 @@ def test_the_loop_goes_on_while_the_write_runs_and_on_save_sees_a_committed_chec
             if state.global_step == 6:
                 later.set()
 
-    monkeypatch.setattr(ckpt, "commit", held_commit)
+    monkeypatch.setattr(writing, "commit", held_commit)
     model = _model()
     model_cb = Two()
     g = torch.Generator().manual_seed(0)
@@ -240,26 +337,26 @@ def test_the_loop_goes_on_while_the_write_runs_and_on_save_sees_a_committed_chec
     # on_save fires once its checkpoint is committed
     assert [found[-1] for _, found in record.saves] == ["checkpoint-4", "checkpoint-8", "checkpoint-12"]
     # fit returned after the last commit
-    assert [os.path.basename(p) for p in ckpt.list_checkpoints(str(tmp_path))] == [
+    assert [os.path.basename(p) for p in listing.list_checkpoints(str(tmp_path))] == [
         "checkpoint-4", "checkpoint-8", "checkpoint-12"]
-    assert not [n for n in os.listdir(tmp_path) if n.startswith(ckpt.TMP_PREFIX)]
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(layout.TMP_PREFIX)]
 
 
 def _slow_commits(monkeypatch, seconds):
     """Each background commit (JSON files, manifest, rename) starts `seconds` late."""
-    commit = ckpt.commit
+    commit = writing.commit
 
     def slow_commit(*args, **kwargs):
         time.sleep(seconds)
         return commit(*args, **kwargs)
 
-    monkeypatch.setattr(ckpt, "commit", slow_commit)
+    monkeypatch.setattr(writing, "commit", slow_commit)
 
 
 def test_fit_returns_only_after_the_last_commit(tmp_path, monkeypatch):
     _slow_commits(monkeypatch, 0.5)
     model, record = _fit(tmp_path, max_steps=8)
-    assert [os.path.basename(p) for p in ckpt.list_checkpoints(str(tmp_path))] == ["checkpoint-4", "checkpoint-8"]
+    assert [os.path.basename(p) for p in listing.list_checkpoints(str(tmp_path))] == ["checkpoint-4", "checkpoint-8"]
     assert model.last_checkpoint == str(tmp_path / "checkpoint-8")
     assert len(record.saves) == 2 and record.saves[-1][1] == ["checkpoint-4", "checkpoint-8"]
 
@@ -274,7 +371,7 @@ def test_rotation_never_deletes_the_newest_committed_or_the_best_while_a_write_r
     assert best and os.path.isdir(best)
     first = next(i for i, (_, found) in enumerate(record.listed) if found)
     assert all(found for _, found in record.listed[first:])  # a committed checkpoint is always there
-    final = [os.path.basename(p) for p in ckpt.list_checkpoints(str(tmp_path))]
+    final = [os.path.basename(p) for p in listing.list_checkpoints(str(tmp_path))]
     assert final[-1] == "checkpoint-24" and os.path.basename(best) in final and len(final) <= 2
 
 
@@ -284,11 +381,11 @@ def test_rotate_ignores_a_checkpoint_being_written(tmp_path):
         path.mkdir()
         (path / "state.pt").write_bytes(b"x")
         (path / "trainer_state.json").write_text("{}")
-        ckpt.write_manifest(str(path), ckpt.manifest_fields(step, None))
-    (tmp_path / f"{ckpt.TMP_PREFIX}12-abc").mkdir()  # in flight
-    assert ckpt.rotate(str(tmp_path), 1, keep=[None, str(tmp_path / "checkpoint-4")]) == []
-    assert ckpt.rotate(str(tmp_path), 1) == [str(tmp_path / "checkpoint-4")]
-    assert os.path.isdir(tmp_path / f"{ckpt.TMP_PREFIX}12-abc")
+        writing.write_manifest(str(path), writing.manifest_fields(step, None))
+    (tmp_path / f"{layout.TMP_PREFIX}12-abc").mkdir()  # in flight
+    assert writing.rotate(str(tmp_path), 1, keep=[None, str(tmp_path / "checkpoint-4")]) == []
+    assert writing.rotate(str(tmp_path), 1) == [str(tmp_path / "checkpoint-4")]
+    assert os.path.isdir(tmp_path / f"{layout.TMP_PREFIX}12-abc")
 
 
 def test_host_copy_is_a_copy_and_reuses_its_buffers():
@@ -339,13 +436,13 @@ def test_a_full_disk_during_a_background_write_is_a_clear_error_and_leaves_nothi
     stdout, stderr = _run(out, "--fsize-after-first-save", "4000").communicate(timeout=300)
     saved = [line for line in stdout.splitlines() if line.startswith("SAVE ")]
     error = stderr.strip().splitlines()[-1]
-    assert error.startswith("fitkit.engine.checkpoint.files.CheckpointWriteError: could not write the checkpoint")
+    assert error.startswith("fitkit.engine.checkpoint.layout.CheckpointWriteError: could not write the checkpoint")
     listed = sorted(os.listdir(out), key=lambda n: int(n.rsplit("-", 1)[1]))  # no temporary directory, no lock
     assert len(saved) == len(listed) >= 1 and all(n.startswith("checkpoint-") for n in listed)  # on_save: committed
     for part in ("File too large", "its incomplete files were removed", f"{listed[-1]}', is intact",
                  "resume_from_checkpoint=True"):
         assert part in error, part
-    assert all(ckpt.verified(str(out / name)) for name in listed)
+    assert all(verify.verified(str(out / name)) for name in listed)
 
 
 @pytest.mark.slow
@@ -362,9 +459,9 @@ def test_kill_9_during_background_writes_always_leaves_a_verified_checkpoint(tmp
         time.sleep(rng.uniform(0.0, 0.35))  # somewhere in the write, before or after its commit
         proc.kill()
         proc.communicate(timeout=60)
-        found = ckpt.list_checkpoints(str(out))
-        assert found and all(ckpt.verified(p) for p in found)
+        found = listing.list_checkpoints(str(out))
+        assert found and all(verify.verified(p) for p in found)
         result, first = _result(_run(out, "--resume", "--seed", "2"))
         assert first == (int(found[-1].rsplit("-", 1)[1]) if found else 0)
         assert result == reference
-        assert not [n for n in os.listdir(out) if n.startswith(ckpt.TMP_PREFIX)]  # what the kill left: tidied
+        assert not [n for n in os.listdir(out) if n.startswith(layout.TMP_PREFIX)]  # what the kill left: tidied

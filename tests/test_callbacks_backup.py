@@ -8,7 +8,7 @@ from helpers import Crash, CrashAt, training_records
 
 from fitkit import Model
 from fitkit.callbacks import BackupAndRestore
-from fitkit.engine.checkpoint.files import CheckpointError
+from fitkit.engine.checkpoint.layout import CheckpointError
 
 
 def _run(backup, callbacks=(), seed=0, **options):

@@ -18,9 +18,9 @@ import torch
 from helpers import Crash, training_records
 
 from fitkit import Model, TrainerCallback
-from fitkit.engine.checkpoint import files as ckpt
-from fitkit.engine.checkpoint import run_lock
-from fitkit.engine.checkpoint.files import CheckpointError, file_digest
+from fitkit.engine.checkpoint import layout, listing, run_lock, verify, writing
+from fitkit.engine.checkpoint.layout import CheckpointError
+from fitkit.engine.checkpoint.writing import file_digest
 from fitkit.events.handler import CallbackHandler, TrainerControl
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "integrity_run.py")
@@ -75,7 +75,7 @@ def _copy(runs, tmp_path):
 
 
 def _manifest(path):
-    return json.loads((path / ckpt.MANIFEST).read_text())
+    return json.loads((path / layout.MANIFEST).read_text())
 
 
 def _rewrite(path, name, data, *, digest=True, version=None):
@@ -89,7 +89,7 @@ def _rewrite(path, name, data, *, digest=True, version=None):
     if version == 1:  # as written before digests existed
         manifest.pop("digests"), manifest.pop("digest")
         manifest["version"] = 1
-    (path / ckpt.MANIFEST).write_text(json.dumps(manifest))
+    (path / layout.MANIFEST).write_text(json.dumps(manifest))
 
 
 def _same_weights(a, b):
@@ -119,7 +119,7 @@ def test_a_flipped_byte_inside_a_tensor_is_refused_naming_state_pt(runs, tmp_pat
     data[at + 1] ^= 0x40
     weights.write_bytes(bytes(data))
     # same size, still loadable: only the digest tells the weights changed
-    assert weights.stat().st_size == size and ckpt.is_complete(str(path))
+    assert weights.stat().st_size == size and listing.is_complete(str(path))
     assert not torch.equal(torch.load(weights, weights_only=True)["model"]["0.weight"], tensor)
     _refused(out, path, r"checkpoint-8.* corrupted: the sha256 digest of state\.pt differs")
 
@@ -142,15 +142,15 @@ def test_manifest_paths_outside_the_checkpoint_are_refused_unread(runs, tmp_path
         manifest = json.loads(json.dumps(original))
         manifest["files"][name] = secret.stat().st_size  # size and digest match: only the place is wrong
         manifest["digests"][name] = file_digest(str(secret))
-        (path / ckpt.MANIFEST).write_text(json.dumps(manifest))
+        (path / layout.MANIFEST).write_text(json.dumps(manifest))
         touched = []
         real_open, real_stat = builtins.open, os.stat
         monkeypatch.setattr(builtins, "open", lambda f, *a, touched=touched, real_open=real_open, **k: touched.append(str(f)) or real_open(f, *a, **k))
         monkeypatch.setattr(os, "stat", lambda f, *a, touched=touched, real_stat=real_stat, **k: touched.append(str(f)) or real_stat(f, *a, **k))
         try:
-            complete = ckpt.is_complete(str(path))
+            complete = listing.is_complete(str(path))
             with pytest.raises(CheckpointError, match=r"outside the checkpoint directory: refused") as info:
-                ckpt.resolve(str(path), str(tmp_path))
+                verify.resolve(str(path), str(tmp_path))
         finally:
             monkeypatch.undo()
         assert not complete and repr(name) in str(info.value)
@@ -160,7 +160,7 @@ def test_manifest_paths_outside_the_checkpoint_are_refused_unread(runs, tmp_path
 def test_truncation_and_invalid_json_are_the_same_clear_error(runs, tmp_path):
     out = _copy(runs, tmp_path)
     path = out / "checkpoint-8"
-    pristine = {name: (path / name).read_bytes() for name in ("state.pt", "trainer_state.json", ckpt.MANIFEST)}
+    pristine = {name: (path / name).read_bytes() for name in ("state.pt", "trainer_state.json", layout.MANIFEST)}
 
     def damage(name, data, **how):
         for each, content in pristine.items():
@@ -187,11 +187,11 @@ def test_a_format_1_checkpoint_still_resumes_exactly(runs, tmp_path):
     manifest = _manifest(path)
     manifest.pop("digests"), manifest.pop("digest")
     manifest["version"] = 1
-    (path / ckpt.MANIFEST).write_text(json.dumps(manifest))
+    (path / layout.MANIFEST).write_text(json.dumps(manifest))
     shutil.rmtree(out / "checkpoint-4")
     resumed, watch = _fit(out, seed=7, resume_from_checkpoint=True)
     assert watch.first_step == 8 and _same_weights(resumed, runs["full"])
-    assert _manifest(out / "checkpoint-12")["version"] == ckpt.FORMAT_VERSION == 2  # new ones have digests
+    assert _manifest(out / "checkpoint-12")["version"] == layout.FORMAT_VERSION == 2  # new ones have digests
     assert set(_manifest(out / "checkpoint-12")["digests"]) == {"state.pt", "trainer_state.json",
                                                                 "training_args.json"}
 
@@ -209,9 +209,9 @@ def test_a_format_1_manifest_with_digests_it_cannot_check_is_refused(runs, tmp_p
     path = _copy(runs, tmp_path) / "checkpoint-8"
     manifest = {**_manifest(path), "version": 1}  # digests kept: they must be checkable (was: TypeError)
     for edit in ({"digest": None}, {"digests": ["state.pt"]}):
-        (path / ckpt.MANIFEST).write_text(json.dumps({**manifest, **edit}))
+        (path / layout.MANIFEST).write_text(json.dumps({**manifest, **edit}))
         with pytest.raises(CheckpointError, match=r"records no digests it can check"):
-            ckpt.verify(str(path))
+            verify.verify(str(path))
 
 
 def test_resume_true_falls_back_past_a_corrupted_newest_checkpoint(runs, tmp_path, caplog):
@@ -227,7 +227,7 @@ def test_resume_true_falls_back_past_a_corrupted_newest_checkpoint(runs, tmp_pat
     assert resumed.state.global_step == 12
     assert training_records(resumed.state.log_history) == training_records(runs["full"].state.log_history)
     assert _same_weights(resumed, runs["full"])
-    assert ckpt.verified(str(out / "checkpoint-8"))  # the damaged one, written again whole
+    assert verify.verified(str(out / "checkpoint-8"))  # the damaged one, written again whole
 
 
 def test_resume_true_when_no_checkpoint_verifies_raises(runs, tmp_path):
@@ -363,7 +363,7 @@ def test_a_second_run_on_one_output_dir_is_refused_and_the_first_is_unharmed(tmp
     assert sorted(os.listdir(out)) == ["checkpoint-12", "checkpoint-16", "checkpoint-20", "checkpoint-24",
                                        "checkpoint-4", "checkpoint-8"]
     for name in os.listdir(out):
-        ckpt.verified(str(out / name))
+        verify.verified(str(out / name))
 
 
 def test_a_lock_left_by_a_killed_run_is_taken_over(tmp_path, caplog):
@@ -398,9 +398,9 @@ def test_leftovers_of_an_interrupted_run_are_recovered_or_removed(runs, tmp_path
     shutil.copytree(out / "checkpoint-4", out / ".tmp-checkpoint-8-0badc0de-replaced")  # the one it replaces
     (out / ".tmp-checkpoint-12-0badc0de").mkdir()  # one being written
     with caplog.at_level(logging.WARNING, logger="fitkit"):
-        ckpt.recover(str(out))
+        writing.recover(str(out))
     assert sorted(os.listdir(out)) == ["checkpoint-4", "checkpoint-8"]
-    assert ckpt.verified(str(out / "checkpoint-8")) and _manifest(out / "checkpoint-8")["global_step"] == 8
+    assert verify.verified(str(out / "checkpoint-8")) and _manifest(out / "checkpoint-8")["global_step"] == 8
     assert "recovering" in caplog.text and caplog.text.count("removing") == 2
 
 
@@ -412,12 +412,12 @@ def test_a_full_disk_loses_nothing_and_the_run_resumes_exactly(tmp_path, referen
     stdout, stderr = full.communicate(timeout=300)
     assert full.returncode != 0 and "SAVE 4" in stdout and "SAVE 8" not in stdout
     error = stderr.strip().splitlines()[-1]
-    assert error.startswith("fitkit.engine.checkpoint.files.CheckpointWriteError: could not write the checkpoint")
+    assert error.startswith("fitkit.engine.checkpoint.layout.CheckpointWriteError: could not write the checkpoint")
     for part in ("checkpoint-8", "File too large", "its incomplete files were removed", "needs about",
                  "(the size of checkpoint-4)", "checkpoint-4', is intact", "resume_from_checkpoint=True"):
         assert part in error, part
     assert sorted(os.listdir(out)) == ["checkpoint-4"]  # no temporary left, no lock
-    ckpt.verified(str(out / "checkpoint-4"))
+    verify.verified(str(out / "checkpoint-4"))
     # space freed: the same command, resuming, from other starting weights
     resumed = _result(_child(out, "--resume", "--seed", "2"))
     assert resumed["first_step"] == 4 and reference["first_step"] == 0
@@ -444,4 +444,4 @@ def test_under_ddp_a_refused_lock_and_a_full_disk_stop_every_process(tmp_path):
     assert full.returncode != 0
     assert full.stderr.count("CheckpointWriteError: could not write the checkpoint") == 2, full.stderr[-3000:]
     assert sorted(os.listdir(out)) == ["checkpoint-4"]
-    ckpt.verified(str(out / "checkpoint-4"))
+    verify.verified(str(out / "checkpoint-4"))

@@ -8,8 +8,8 @@ import torch
 from helpers import Crash, Pairs, training_records
 
 from fitkit import Model, TrainerCallback
-from fitkit.engine.checkpoint import files as ckpt
-from fitkit.engine.checkpoint.files import file_digest
+from fitkit.engine.checkpoint import layout, listing, verify
+from fitkit.engine.checkpoint.writing import file_digest
 
 
 def _net(seed):
@@ -72,7 +72,7 @@ def test_resumed_run_equals_the_uninterrupted_one(tmp_path, form, save):
     full = _fit(tmp_path / "full", form, **save)
     with pytest.raises(Crash):
         _fit(tmp_path / "cut", form, callbacks=[_CrashAt(10)], **save)
-    newest = ckpt.list_checkpoints(str(tmp_path / "cut"))[-1]
+    newest = listing.list_checkpoints(str(tmp_path / "cut"))[-1]
     start = _StartStep()
     resumed = _fit(tmp_path / "cut", form, seed=99, resume_from_checkpoint=True, callbacks=[start],  # other init
                    **save)
@@ -90,7 +90,7 @@ def test_checkpoint_layout_and_manifest(tmp_path):
     names = sorted(os.listdir(tmp_path))
     assert names == ["checkpoint-12", "checkpoint-18", "checkpoint-6"]
     path = tmp_path / "checkpoint-18"
-    manifest = json.loads((path / ckpt.MANIFEST).read_text())
+    manifest = json.loads((path / layout.MANIFEST).read_text())
     assert manifest["format"] == "fitkit-checkpoint" and manifest["global_step"] == 18
     assert set(manifest["files"]) == {"state.pt", "trainer_state.json", "training_args.json"}
     state = json.loads((path / "trainer_state.json").read_text())
@@ -117,7 +117,7 @@ def test_resume_skips_incomplete_checkpoints(tmp_path, caplog):
     with open(truncated / "state.pt", "r+b") as f:
         f.truncate(100)
     with caplog.at_level("WARNING", logger="fitkit"):
-        path = ckpt.resolve(True, str(tmp_path))
+        path = verify.resolve(True, str(tmp_path))
     assert path == str(tmp_path / "checkpoint-12")
     assert "checkpoint-15" in caplog.text and "checkpoint-14" in caplog.text
 
@@ -148,11 +148,11 @@ def test_poisoned_checkpoint_is_refused_and_its_code_never_runs(tmp_path):
     good = torch.load(path / "state.pt", weights_only=True)
     good["evil"] = Payload()
     torch.save(good, path / "state.pt")
-    manifest = json.loads((path / ckpt.MANIFEST).read_text())
+    manifest = json.loads((path / layout.MANIFEST).read_text())
     manifest["files"]["state.pt"] = os.path.getsize(path / "state.pt")
     # digests guard against corruption, not an attacker who rewrites them: weights-only loading does
     manifest["digests"]["state.pt"] = file_digest(str(path / "state.pt"))
-    (path / ckpt.MANIFEST).write_text(json.dumps(manifest))
+    (path / layout.MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match="refusing to load .*state.pt.*weights-only"):
         _fit(tmp_path, "tensors", resume_from_checkpoint=str(path))
     assert not marker.exists()

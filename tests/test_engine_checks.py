@@ -13,7 +13,7 @@ from helpers import Pairs, blobs, mlp
 from fitkit import Model, TrainerCallback
 from fitkit.engine import checks
 from fitkit.engine import trainer as trainer_module
-from fitkit.engine.checkpoint.files import MANIFEST, CheckpointError
+from fitkit.engine.checkpoint.layout import MANIFEST, CheckpointError
 
 
 class Steps(TrainerCallback):

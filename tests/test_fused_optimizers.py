@@ -12,7 +12,7 @@ import torch
 
 from fitkit import Model
 from fitkit.adapters.optimizers import FASTEST, implementation
-from fitkit.engine.checkpoint import files as ckpt
+from fitkit.engine.checkpoint import layout, listing
 
 
 def _net(seed=0, embedding=False):
@@ -129,8 +129,8 @@ def _checkpointed(out, optimizer, stop_at=None, resume=False, seed=0):
 def test_resume_with_a_fused_optimizer_is_bit_identical(tmp_path, optimizer):
     full = _checkpointed(tmp_path / "full", optimizer)
     _checkpointed(tmp_path / "cut", optimizer, stop_at=10)  # checkpoints at steps 5 and 10 (mid-epoch 2)
-    newest = ckpt.list_checkpoints(str(tmp_path / "cut"))[-1]
-    with open(os.path.join(newest, ckpt.MANIFEST), encoding="utf-8") as f:
+    newest = listing.list_checkpoints(str(tmp_path / "cut"))[-1]
+    with open(os.path.join(newest, layout.MANIFEST), encoding="utf-8") as f:
         assert json.load(f)["optimizer_implementation"] == "fused"
     resumed = _checkpointed(tmp_path / "cut", optimizer, resume=True, seed=99)  # another initialisation
     assert implementation(resumed.runtime.optimizer) == "fused"
@@ -144,8 +144,8 @@ def test_a_checkpoint_resumes_with_the_implementation_it_was_written_with(tmp_pa
     under the name "adam" keeps stepping with the default loop: bit-identical to going on."""
     full = _checkpointed(tmp_path / "full", torch.optim.Adam)
     _checkpointed(tmp_path / "cut", torch.optim.Adam, stop_at=10)
-    newest = ckpt.list_checkpoints(str(tmp_path / "cut"))[-1]
-    with open(os.path.join(newest, ckpt.MANIFEST), encoding="utf-8") as f:
+    newest = listing.list_checkpoints(str(tmp_path / "cut"))[-1]
+    with open(os.path.join(newest, layout.MANIFEST), encoding="utf-8") as f:
         assert json.load(f)["optimizer_implementation"] == "for-loop"
     resumed = _checkpointed(tmp_path / "cut", "adam", resume=True, seed=99)
     assert implementation(resumed.runtime.optimizer) == "for-loop"

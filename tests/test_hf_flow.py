@@ -82,7 +82,7 @@ def test_load_best_model_with_save(tmp_path):
 def test_checkpoint_rotation(tmp_path):
     import shutil
 
-    from fitkit.engine.checkpoint.files import rotate
+    from fitkit.engine.checkpoint.writing import rotate
 
     fit(tmp_path / "all", save_strategy="steps", save_steps=5, max_steps=25, eval_strategy="no")
     cases = [(2, None, [20, 25]), (2, 5, [5, 25]), (1, 5, [5, 25]), (1, 25, [25])]  # HF's, best included

@@ -383,7 +383,7 @@ def test_logged_loss_of_an_hf_bert_is_the_windows_mean(tmp_path):
 
 # -- checkpoints hold what from_pretrained reads --------------------------------------------------------------
 def test_checkpoints_open_with_from_pretrained_and_still_resume(tmp_path):
-    from fitkit.engine.checkpoint.files import verify
+    from fitkit.engine.checkpoint.verify import verify
 
     net = tiny_bert()
     model = Model(net).compile()

@@ -17,7 +17,7 @@ import torch
 from helpers import Crash, Pairs, blobs, training_records
 
 from fitkit import Model, TrainerCallback, TrainingArguments
-from fitkit.engine.checkpoint import files as ckpt
+from fitkit.engine.checkpoint import listing
 from fitkit.engine.data.prefetch import MIN_READ_S
 
 assert 8 * 0.0002 > MIN_READ_S  # the batches of `Seen` are worth reading ahead
@@ -211,7 +211,7 @@ def test_a_mid_epoch_resume_with_prefetch_equals_the_uninterrupted_run(tmp_path)
     full = _resumable(tmp_path / "full")
     with pytest.raises(Crash):
         _resumable(tmp_path / "cut", callbacks=[_StopAt(10, crash=True)])
-    assert ckpt.list_checkpoints(str(tmp_path / "cut"))[-1].endswith("-8")  # step 8: inside epoch 2
+    assert listing.list_checkpoints(str(tmp_path / "cut"))[-1].endswith("-8")  # step 8: inside epoch 2
     resumed = _resumable(tmp_path / "cut", seed=99, resume_from_checkpoint=True)
     assert resumed.state.global_step == full.state.global_step == 18
     _same_run(resumed, full)

@@ -7,7 +7,7 @@ from helpers import Crash, CrashAt, training_records
 
 from fitkit import Model, TrainerCallback
 from fitkit.engine import running_loss
-from fitkit.engine.checkpoint import files as ckpt
+from fitkit.engine.checkpoint import listing
 from fitkit.engine.running_loss import RunningLoss
 
 STEPS_PER_EPOCH = 25  # 196 samples in batches of 8: 24 full ones and a short one of 4
@@ -51,7 +51,7 @@ def _losses(model):
 def test_checkpoints_leave_the_logged_losses_bit_identical(tmp_path):
     plain = _fit(tmp_path / "plain", save_strategy="no")
     saving = _fit(tmp_path / "saving", save_strategy="steps", save_steps=3)  # reads between folds
-    assert len(ckpt.list_checkpoints(str(tmp_path / "saving"))) >= 2 * STEPS_PER_EPOCH // 3
+    assert len(listing.list_checkpoints(str(tmp_path / "saving"))) >= 2 * STEPS_PER_EPOCH // 3
     assert _losses(saving) == _losses(plain)  # every bit: == on floats
     assert training_records(saving.state.log_history) == training_records(plain.state.log_history)
 
@@ -61,7 +61,7 @@ def test_a_mid_epoch_resume_logs_the_same_bits(tmp_path):
     out = tmp_path / "cut"
     with pytest.raises(Crash):
         _fit(out, save_strategy="steps", save_steps=3, callbacks=[CrashAt(32)])
-    newest = ckpt.list_checkpoints(str(out))[-1]
+    newest = listing.list_checkpoints(str(out))[-1]
     assert newest.endswith("checkpoint-30")  # epoch 2, 5 batches in: one loss pending a fold of 4
     first = _FirstLog()
     resumed = _fit(out, init_seed=123, save_strategy="steps", save_steps=3, resume_from_checkpoint=True,

@@ -14,7 +14,7 @@ from helpers import Crash, CrashAt, reserved_port
 from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
 from fitkit import Model, TrainerCallback
-from fitkit.engine.checkpoint import files as ckpt
+from fitkit.engine.checkpoint import layout, listing
 
 N, BATCH = 40, 4  # 10 batches an epoch, 2 epochs: 20 steps
 
@@ -154,7 +154,7 @@ def _resumes_exactly(tmp_path, make, save_steps, crash, save_async):
     assert full.state.global_step == 20 and len(full_source.reads) == 2 * N
     with pytest.raises(Crash):
         _fit(tmp_path / "cut", make, callbacks=[CrashAt(crash)], **save)
-    step = int(ckpt.list_checkpoints(str(tmp_path / "cut"))[-1].rsplit("-", 1)[1])
+    step = int(listing.list_checkpoints(str(tmp_path / "cut"))[-1].rsplit("-", 1)[1])
     assert step == save_steps
     resumed, source, record = _fit(tmp_path / "cut", make, seed=99, resume_from_checkpoint=True, **save)
     return full, full_source, full_record, resumed, source, record, step
@@ -187,8 +187,8 @@ def test_the_saved_state_is_that_of_the_batches_trained(tmp_path, save_async):
     with pytest.raises(Crash):
         _fit(tmp_path, SlowItems, save_strategy="steps", save_steps=3, save_async=save_async,
              callbacks=[CrashAt(4)])
-    path = ckpt.list_checkpoints(str(tmp_path))[-1]
-    payload = torch.load(os.path.join(path, ckpt.WEIGHTS), weights_only=True)
+    path = listing.list_checkpoints(str(tmp_path))[-1]
+    payload = torch.load(os.path.join(path, layout.WEIGHTS), weights_only=True)
     assert payload["loop"]["data_state"] == [[{"epoch": 0, "yielded": 3}]]
 
 

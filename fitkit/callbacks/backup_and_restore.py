@@ -60,7 +60,8 @@ class BackupAndRestore(TrainerCallback):
         """The newest backup, verified, which `fit` resumes from (a fitkit protocol); None when
         there is none. A damaged newest one raises `CheckpointError`, or with
         `double_checkpoint` gives way to the one before it."""
-        from fitkit.engine.checkpoint.files import CheckpointError, verified
+        from fitkit.engine.checkpoint.layout import CheckpointError
+        from fitkit.engine.checkpoint.verify import verified
 
         found = self._backups()
         if not found:

@@ -9,7 +9,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from fitkit.common.logs import best_metric_key, greater_is_better
-from fitkit.engine.checkpoint.files import checkpoint_path
+from fitkit.engine.checkpoint.writing import checkpoint_path
 
 if TYPE_CHECKING:  # pragma: no cover - the members of `Loop` these methods use
     from fitkit.config.arguments import TrainingArguments

@@ -108,7 +108,7 @@ class Loop(Inference, BestModel):
             self.control.should_training_stop = True
             state.log_history.append({"stopped": reason, "epoch": state.epoch, "step": state.global_step})
         if self.checkpointer is not None:
-            self.control = self.checkpointer.finish(self.control)  # the last background write committed
+            self.control = self.checkpointer.wait_committed(self.control)  # the last background write committed
             self.checkpointer.load_best()
         self._closing_log(figures, first_step)
         self.control = cb.on_train_end(args, state, self.control, preempted=self.preemption.preempted)
@@ -206,8 +206,8 @@ class Loop(Inference, BestModel):
         """Clip, step the optimizer and the scheduler (HF's event order); an overridden
         `train_step` runs this through `self.optimizer.step()`."""
         args, state, cb, stepper = self.args, self.state, self.handler, self.stepper
-        if self.checkpointer is not None and self.checkpointer.copying is not None:
-            self.checkpointer.before_update()  # an asynchronous save still copying these weights
+        if self.checkpointer is not None and self.checkpointer.writer.copying is not None:
+            self.checkpointer.wait_copied()  # an asynchronous save still copying these weights
         stepper.clip(args.max_grad_norm)
         self.control = cb.on_pre_optimizer_step(args, state, self.control)
         stepper.step()
@@ -247,8 +247,8 @@ class Loop(Inference, BestModel):
 
     def _after_step(self) -> bool:
         """Log / evaluate / save as `control` asks; True when the epoch should end here."""
-        if self.checkpointer is not None and self.checkpointer.pending:  # a background write that ended
-            self.control = self.checkpointer.poll(self.control)
+        if self.checkpointer is not None and self.checkpointer.writer.in_flight:  # a background write that ended
+            self.control = self.checkpointer.poll_committed(self.control)
         control = self.control
         preempted = self.preemption.due(self.state.global_step)
         if preempted:  # SIGTERM: finish this step, checkpoint, stop
@@ -311,6 +311,9 @@ class Loop(Inference, BestModel):
                 self.control.should_save = True
         self.control.should_evaluate = False
         if self.control.should_save and self.checkpointer is not None and not self.preemption.final:
+            # the write in flight commits and its on_save fires before the next write starts: inside every
+            # on_save, its checkpoint is the newest committed
+            self.control = self.checkpointer.wait_committed(self.control)
             self.checkpoint()
             self.control = self.checkpointer.announce(self.control)  # on_save once committed (maybe later)
         self.control.should_save = False

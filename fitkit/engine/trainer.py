@@ -136,7 +136,7 @@ class Trainer:
                             batches, self.args.gradient_accumulation_steps),
                         running_logs=loop.running_logs,
                         # an asynchronous save's copy of the weights is waited for before any callback runs
-                        before_listeners=self.checkpointer.before_update if self.args.save_async else None)
+                        before_listeners=self.checkpointer.wait_copied if self.args.save_async else None)
         return loop
 
     def _sources(self, x: Any, y: Any, sample_weight: Any, validation_data: Any,

@@ -49,9 +49,9 @@ class Control(TrainerCallback):
 def slow_writes(seconds):
     import time
 
-    from fitkit.engine.checkpoint import files as checkpoint
+    from fitkit.engine.checkpoint import background, writing
 
-    commit, write = checkpoint.commit, checkpoint.write_in_background
+    commit, write = writing.commit, background.write_in_background
 
     def announced(output_dir, step, *args, **kwargs):
         print(f"WRITING {step}", flush=True)
@@ -61,7 +61,7 @@ def slow_writes(seconds):
         time.sleep(seconds)
         return commit(*args, **kwargs)
 
-    checkpoint.write_in_background, checkpoint.commit = announced, slow_commit
+    background.write_in_background, writing.commit = announced, slow_commit
 
 
 def main():

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch.utils.data import IterableDataset
 
 from fitkit import Model, TrainerCallback
-from fitkit.engine.checkpoint import files as ckpt
+from fitkit.engine.checkpoint import layout
 
 N, BATCH, CUT = 48, 4, 4  # per process 24 items (6 batches) an epoch, 2 epochs: 12 steps; cut mid-epoch 0
 
@@ -98,7 +98,7 @@ def main(opts):
                   "batches": record.batches,
                   "weights": [p.detach().flatten().tolist() for p in model.module.parameters()]}
         if name.startswith("cut"):
-            payload = torch.load(os.path.join(output, f"checkpoint-{CUT}", ckpt.WEIGHTS), weights_only=True)
+            payload = torch.load(os.path.join(output, f"checkpoint-{CUT}", layout.WEIGHTS), weights_only=True)
             result["data_state"] = payload["loop"]["data_state"]
         with open(os.path.join(opts.results, f"run-{run}-rank-{rank}.json"), "w") as f:
             json.dump(result, f)

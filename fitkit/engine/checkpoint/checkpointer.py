@@ -4,25 +4,29 @@ A checkpoint (`output_dir/checkpoint-{global_step}/`) holds the module, the opti
 scheduler, the `TrainerState` (with every callback's state in `stateful_callbacks`), the RNG
 states and a `LoopSnapshot`: the data position and the running sums of the epoch under way.
 `Checkpointer` gathers all of these itself when it saves, and puts each back when a run
-resumes; the file work (atomic writes, manifest and digests, listing, rotation, verification,
-loading) is `fitkit.engine.checkpoint.files`. When a save happens is the loop's business
-(`Loop._log_evaluate_save`, from `control.should_save`)::
+resumes. The files are the other modules' work: writing them (`writing`, `background`, one
+`CheckpointWriter` interface for synchronous and background saves), verifying (`verify`) and
+loading (`loading`). When a save happens is the loop's business (`Loop._log_evaluate_save`, from
+`control.should_save`)::
 
     checkpointer = Checkpointer(fabric, args, state, handler, module=m, optimizer=o, scheduler=s)
     with checkpointer.writing():                                          # one writer per output_dir
         snapshot = checkpointer.resume(checkpointer.resume_path(callbacks))   # or None: a fresh run
         checkpointer.restore_callbacks(snapshot, control)                      # after on_train_begin
         start = checkpointer.restore_epoch(loop, snapshot, train)              # the batch to continue at
-        batches = checkpointer.epoch_iterator(train, epoch, start, snapshot)   # with the first run's RNG
-        path = checkpointer.save(loop, control)                                # when control.should_save
-        checkpointer.load_best()                                               # at the end of training
+        control = checkpointer.wait_committed(control)    # when control.should_save: the write before announced
+        path = checkpointer.save(loop, control)           # 1. handed to the writer
+        control = checkpointer.announce(control)          # on_save for what has committed (synchronous: this)
+        checkpointer.wait_copied()                        # 2. before the next optimizer step
+        control = checkpointer.poll_committed(control)    # 3.-4. between steps: committed, then on_save
+        control = checkpointer.wait_committed(control)    # 3.-4. at the end of training
+        checkpointer.load_best()
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import logging
 import os
 import secrets
@@ -30,16 +34,23 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
-
 if TYPE_CHECKING:
     from fitkit.engine.running_loss import EpochLoss
 
 from fitkit.common.options import error_line, writes_to_output_dir
 from fitkit.common.schedule import steps_per_epoch, unplanned_steps
-from fitkit.engine.checkpoint import files, run_lock
-from fitkit.engine.checkpoint.async_save import HostCopy
-from fitkit.engine.checkpoint.elastic import full_payload
+from fitkit.engine.checkpoint import run_lock
+from fitkit.engine.checkpoint.layout import CheckpointError
+from fitkit.engine.checkpoint.loading import load_checkpoint, saved_state, warn_on_resume
+from fitkit.engine.checkpoint.verify import resolve, verified
+from fitkit.engine.checkpoint.writing import (
+    CheckpointWriter,
+    Committed,
+    SaveJob,
+    SyncCheckpointWriter,
+    checkpoint_path,
+    hold,
+)
 from fitkit.engine.data.rng import rng_state
 from fitkit.engine.devices.local import strategy_name
 from fitkit.events.state import OffersCheckpoint, TrainerControl, TrainerState
@@ -147,25 +158,25 @@ class Checkpointer:
         self.last: str | None = None  # the newest checkpoint written into `output_dir`
         self._locks: dict[str, Any] | None = None  # by real path, while `writing()` runs
         self._token: str | None = None  # this run's part of temporary names, the same on every process
-        self._writer: Any = None  # `async_save.BackgroundWriter`, from the first asynchronous save
-        self._copy = HostCopy()  # the host copy of the state an asynchronous save writes from
-        self._pending: list[tuple[bool, str]] = []  # asynchronous saves not settled yet: (own, path)
-        self._announce: list[str] = []  # committed into output_dir, `on_save` not fired yet
-        self._warned_sync = False
-        # On a CPU, an asynchronous save copies the weights and optimizer state on the writer
-        # thread during the next forward and backward (`before_update` waits for it); False where
-        # an overridden `train_step` steps the optimizer itself.
-        self._defer_copy = defer_copy
-        self.copying: Any = None  # that copy (`async_save.PendingCopy`) until `before_update`
-        # After the first step of a run that saves asynchronously, the writer thread allocates the
-        # host copy's buffers (`reserve_buffers`): fresh memory is slow to fault in, and the first
-        # save's copy would otherwise make the loop wait for it.
-        self._reserve_due = bool(getattr(args, "save_async", False)) and args.save_strategy != "no"
+        self._announce: list[Committed] = []  # committed into output_dir, `on_save` not fired yet
+        self.writer: CheckpointWriter = self._writer_for(args, defer_copy)
 
-    @functools.cached_property
-    def run_files(self) -> files.RunFiles:
-        """What every checkpoint of this run writes alike (worked out at its first save)."""
-        return files.RunFiles.of(self.args, self.module, self.optimizer)
+    def _writer_for(self, args: Any, defer_copy: bool) -> CheckpointWriter:
+        """The background writer with `save_async` where the strategy allows it (DeepSpeed writes
+        its own files: synchronously), else the synchronous one. `defer_copy`: an asynchronous
+        save's copy of the weights may wait for the next forward and backward (False where an
+        overridden `train_step` steps the optimizer itself)."""
+        parts = {"module": self.module, "optimizer": self.optimizer, "scheduler": self.scheduler}
+        if getattr(args, "save_async", False):
+            strategy = strategy_name(self.fabric)
+            if "DeepSpeed" not in strategy:
+                from fitkit.engine.checkpoint.background import BackgroundCheckpointWriter
+
+                return BackgroundCheckpointWriter(self.fabric, args, self.state, defer_copy=defer_copy, **parts)
+            if args.save_strategy != "no":
+                logger.warning("save_async=True is not supported with %s: checkpoints are written synchronously",
+                               strategy)
+        return SyncCheckpointWriter(self.fabric, args, self.state, **parts)
 
     # -- holding the directories ---------------------------------------------------------------
     @contextlib.contextmanager
@@ -179,25 +190,16 @@ class Checkpointer:
                 self._hold(self.args.output_dir, "`output_dir`")
             yield
         finally:
-            self._drain()
+            self.writer.close()
             locks, self._locks = self._locks, None
             for lock in locks.values():
                 if lock is not None:
                     lock.release()
 
-    def _drain(self) -> None:
-        """Let a background write end before the directories are released (an error that ends
-        the run early leaves that write to commit, or to clean up after itself)."""
-        if self._writer is not None:
-            try:
-                self._writer.wait()
-            except Exception as err:  # noqa: BLE001 - the run is ending on another error
-                logger.warning("the checkpoint written in the background failed: %s", error_line(err))
-
     def _hold(self, directory: str, argument: str) -> None:
         key = os.path.realpath(directory)
         if self._locks is not None and key not in self._locks:
-            self._locks[key] = self._on_zero(lambda: files.hold(directory, argument), share=False)
+            self._locks[key] = self._on_zero(lambda: hold(directory, argument), share=False)
 
     def _on_zero(self, fn: Callable[[], Any], share: bool = True) -> Any:
         """`fn()` run on the global-zero process alone; every process returns its result (with
@@ -209,7 +211,7 @@ class Checkpointer:
             except Exception as err:  # noqa: BLE001 - raised again below, on every process
                 problem = err
         if self.fabric.world_size > 1:
-            sent = problem if problem is None or isinstance(problem, (files.CheckpointError,
+            sent = problem if problem is None or isinstance(problem, (CheckpointError,
                                                                       run_lock.DirectoryInUseError)) \
                 else RuntimeError(f"on the global-zero process: {error_line(problem)}")
             shared, received = self.fabric.broadcast((result if share else None, sent))
@@ -251,192 +253,61 @@ class Checkpointer:
         """Write a resumable checkpoint of `loop`'s run into `directory` (default `output_dir`)
         and rotate: `save_total_limit` in `output_dir` (never the best one), `limit` elsewhere.
         With `save_async` this returns once a host copy of the state is taken: the path is a
-        checkpoint once the background write commits it (`settle`)."""
+        checkpoint once the background write commits it (`poll_committed`, `wait_committed`)."""
         own = directory is None
         directory = self.args.output_dir if directory is None else directory
-        background = self._asynchronous()
-        if background:
-            self.settle()  # at most one write in flight: the one before commits first
+        self._collect(self.writer.wait_committed())  # at most one write in flight: the one before commits first
         snapshot = self.snapshot(loop)
         self._hold(directory, "`output_dir`" if own else "directory")
         if self._token is None:
             self._token = self._on_zero(lambda: secrets.token_hex(4))
         state = self.state
         state.stateful_callbacks = self.handler.export_states(control)
-        best = files.checkpoint_path(directory, state.best_global_step) if state.best_global_step else None
+        best = checkpoint_path(directory, state.best_global_step) if state.best_global_step else None
         # This checkpoint holds the best model, or an earlier one does (saved at the step an
         # evaluation later found best, as HF records it): kept by rotation either way.
         if own and best and (state.best_global_step == state.global_step or os.path.isdir(best)):
             state.best_model_checkpoint = best
         extra = {"rng": rng_state(), "loop": snapshot.to_payload()}
-        if background:
-            return self._save_in_background(directory, own, limit, extra)
-        path = files.save_checkpoint(self.fabric, directory, state=state, args=self.args, run=self.run_files,
-                                     module=self.module,
-                                     optimizer=self.optimizer, scheduler=self.scheduler, extra=extra,
-                                     token=self._token)
-        if self.fabric.is_global_zero:
-            self._rotate(directory, own, limit)
-        self._committed(own, path)
+        job = SaveJob(directory, own, self.args.save_total_limit if own else limit, state, extra, self._token)
+        path = self.writer.write(job)
+        self._collect(self.writer.poll_committed())  # a synchronous write has committed already
         return path
 
-    def _rotate(self, directory: str, own: bool, limit: int | None) -> None:
-        """`save_total_limit` in `output_dir`, keeping the best checkpoint (read now: with
-        `save_async` an evaluation may have named it while the write ran); `limit` elsewhere."""
-        if own:
-            files.rotate(directory, self.args.save_total_limit, keep=self.state.best_model_checkpoint)
-        else:
-            files.rotate(directory, limit)
+    # -- after a save: the order of `writing.CheckpointWriter` ------------------------------------------
+    def wait_copied(self) -> None:
+        """An asynchronous save's copy of the weights complete: before the optimizer step, and
+        before any callback runs."""
+        self.writer.wait_copied()
 
-    def _committed(self, own: bool, path: str) -> None:
-        if own:
-            self.last = path
-            self._announce.append(path)
-
-    # -- asynchronous saves (`save_async`) -----------------------------------------------------------
-    def _asynchronous(self) -> bool:
-        """`save_async`, where the strategy allows it (DeepSpeed writes its own files: synchronous)."""
-        if not getattr(self.args, "save_async", False):
-            return False
-        strategy = strategy_name(self.fabric)
-        if "DeepSpeed" in strategy:
-            if not self._warned_sync:
-                logger.warning("save_async=True is not supported with %s: checkpoints are written synchronously",
-                               strategy)
-                self._warned_sync = True
-            return False
-        return True
-
-    def _save_in_background(self, directory: str, own: bool, limit: int | None, extra: dict[str, Any]) -> str:
-        """Take the host copy (the loop's only wait), then hand the write, digests, commit and
-        rotation to the writer thread of the global-zero process."""
-        from fitkit.engine.checkpoint.async_save import BackgroundWriter
-
-        state = self.state
-        payload = full_payload(self.fabric, self.module, self.optimizer, self.scheduler, extra)
-        path = files.checkpoint_path(directory, state.global_step)
-        self._pending.append((own, path))
-        if not self.fabric.is_global_zero:
-            return path
-        copy = self._copy.take(payload, self._settled_storages())
-        texts = files.texts(state, self.run_files)  # rendered now: the loop changes the state while the write runs
-        fields = files.manifest_fields(state.global_step, self.run_files)
-        step, token = state.global_step, self._token
-        assert token is not None  # `save` drew it before this write
-
-        def write() -> None:
-            files.write_in_background(directory, step, token, copy.finish(), texts, fields, copy.aligned)
-            self._rotate(directory, own, limit)
-
-        if self._writer is None:
-            self._writer = BackgroundWriter()
-        self._writer.submit(write)
-        if copy.deferred:
-            self.copying = copy  # `before_update` waits for it
-        return path
-
-    def _settled_storages(self) -> set[int] | None:
-        """The storages only the optimizer step changes (the parameters, the optimizer's state),
-        whose copy may wait for the writer thread; None where every tensor is copied at once (a
-        GPU: the device-to-host copy is queued; an overridden `train_step`; FSDP, whose saved
-        tensors are gathered copies already)."""
-        if not self._defer_copy or self.fabric.device.type != "cpu" \
-                or "FSDP" in strategy_name(self.fabric):
-            return None
-        optimizer = getattr(self.optimizer, "optimizer", self.optimizer)  # under Fabric's wrapper
-        tensors = [*self.module.parameters(), *(v for values in getattr(optimizer, "state", {}).values()
-                                                for v in values.values() if isinstance(v, torch.Tensor))]
-        found = set()
-        for t in tensors:
-            try:
-                found.add(t.untyped_storage().data_ptr())
-            except RuntimeError:  # a storage freed or swapped by a wrapper: copied at once, as unknown
-                continue
-        return found
-
-    def before_update(self) -> None:
-        """Wait until an asynchronous save's copy of the weights and optimizer state is complete:
-        the loop calls it before the optimizer step, the handler before any callback runs."""
-        copy, self.copying = self.copying, None
-        if copy is not None:
-            copy.wait()
-
-    @property
-    def pending(self) -> bool:
-        """True while an asynchronous checkpoint was handed to the writer and not yet settled,
-        or the host copy's buffers are still to be reserved (`poll` does both)."""
-        return bool(self._pending) or self._reserve_due
-
-    def reserve_buffers(self) -> None:
-        """Have the writer thread allocate and touch the host copy's buffers, shaped as the state
-        is now (after the first optimizer step: the optimizer's state exists), so the first
-        asynchronous save copies into memory already faulted in. On a CPU, on the global-zero
-        process, once; a save that comes first waits for it (it would have faulted the memory in
-        itself)."""
-        self._reserve_due = False
-        if not self.fabric.is_global_zero or self._writer is not None or not self._asynchronous() \
-                or self._settled_storages() is None:
-            return
-        from fitkit.engine.checkpoint.async_save import BackgroundWriter
-
-        payload = full_payload(self.fabric, self.module, self.optimizer, self.scheduler, {})
-        self._writer = BackgroundWriter()
-        self._writer.submit(lambda: self._copy.reserve(payload))
-
-    def settle(self) -> None:
-        """Wait for the checkpoint being written in the background (if any) to commit; then it is
-        `last` and its `on_save` is due (`announce`). Its write error is raised here, on every
-        process (a `CheckpointWriteError` for the storage). A collective under several processes:
-        every process calls it at the same save, and at the end of training. With nothing pending,
-        it waits for the host copy's reservation (`reserve_buffers`) if that still runs."""
-        if not self._pending:
-            if self._writer is not None:
-                self._writer.wait()
-            return
-        self.before_update()
-        failure = None
-        if self._writer is not None:
-            try:
-                self._writer.wait()
-            except Exception as err:  # noqa: BLE001 - agreed on by every process, then raised
-                failure = err
-        if self.fabric.world_size > 1:
-            failure = files.agree(self.fabric, failure)
-        pending, self._pending = self._pending, []
-        if failure is not None:
-            if isinstance(failure, files.CheckpointError):
-                raise failure
-            if isinstance(failure, OSError):
-                raise files.CheckpointWriteError(f"could not write the checkpoint {pending[-1][1]!r} in the "
-                                                 f"background ({error_line(failure)}); free space or make the "
-                                                 "directory writable, then resume") from failure
-            raise failure
-        for own, path in pending:
-            self._committed(own, path)
-
-    def poll(self, control: TrainerControl) -> TrainerControl:
-        """Between steps: on one process, a background write that has ended is settled (its error
-        raised, its `on_save` fired) at once; under several processes at the next save or the end.
-        Returns the control in force after those `on_save`s."""
-        if self._pending and self.fabric.world_size == 1 and self._writer is not None and self._writer.done():
-            self.settle()
-            control = self.announce(control)
-        if self._reserve_due:
-            self.reserve_buffers()
-        return control
-
-    def finish(self, control: TrainerControl) -> TrainerControl:
-        """At the end of training: the last background write committed, its `on_save` fired."""
-        self.settle()
+    def poll_committed(self, control: TrainerControl) -> TrainerControl:
+        """Between steps: a background write that has ended (on one process) is settled and its
+        `on_save` fired. Returns the control in force after those `on_save`s."""
+        self._collect(self.writer.poll_committed())
         return self.announce(control)
+
+    def wait_committed(self, control: TrainerControl) -> TrainerControl:
+        """Wait for the write in flight (if any) to commit and fire its `on_save`: before the next
+        save (so `on_save` always names the newest committed checkpoint) and at the end of
+        training. A collective under several processes."""
+        self._collect(self.writer.wait_committed())
+        return self.announce(control)
+
+    def _collect(self, committed: list[Committed]) -> None:
+        for done in committed:
+            if done.own:
+                self.last = done.path
+                self._announce.append(done)
 
     def announce(self, control: TrainerControl) -> TrainerControl:
         """Fire `on_save` for every checkpoint committed into `output_dir` since the last call,
-        with its path as the `checkpoint` keyword; returns the control in force after them."""
+        with its path as the `checkpoint` keyword and the `TrainerState` it recorded as `state`
+        (the live one for a synchronous save; with `save_async`, a copy: the run moved on);
+        returns the control in force after them."""
         announced, self._announce = self._announce, []
         wanted = control.should_save  # a save this step asked for is not the one announced here
-        for path in announced:  # `checkpoint`: its path (`state.global_step` may be past it with `save_async`)
-            control = self.handler.on_save(self.args, self.state, control, checkpoint=path)
+        for done in announced:
+            control = self.handler.on_save(self.args, done.state, control, checkpoint=done.path)
         control.should_save = control.should_save or wanted
         return control
 
@@ -449,11 +320,11 @@ class Checkpointer:
 
     def _choose(self, callbacks: Iterable[Any]) -> str | None:
         if self.args.resume_from_checkpoint:
-            return files.resolve(self.args.resume_from_checkpoint, self.args.output_dir)
+            return resolve(self.args.resume_from_checkpoint, self.args.output_dir)
         for cb in callbacks:
             path = cb.checkpoint_to_resume(self.args) if isinstance(cb, OffersCheckpoint) else None
             if path:
-                return files.verified(path)
+                return verified(path)
         return None
 
     def resume(self, path: str | None) -> LoopSnapshot | None:
@@ -461,14 +332,14 @@ class Checkpointer:
         continues (None for no path: a fresh run)."""
         if path is None:
             return None
-        payload = files.load_checkpoint(self.fabric, path, module=self.module, optimizer=self.optimizer)
+        payload = load_checkpoint(self.fabric, path, module=self.module, optimizer=self.optimizer)
         if self.scheduler is not None and "scheduler" in payload:
             self.scheduler.load_state_dict(payload["scheduler"])
-        saved = files.saved_state(path)
+        saved = saved_state(path)
         for f in dataclasses.fields(TrainerState):
             if f.name not in PLAN_FIELDS:
                 setattr(self.state, f.name, getattr(saved, f.name))
-        files.warn_on_resume(self.args, self.state, saved)  # other step intervals or batch size; a lost best one
+        warn_on_resume(self.args, self.state, saved)  # other step intervals or batch size; a lost best one
         logger.info("resuming from %s at step %d", path, self.state.global_step)
         return LoopSnapshot.from_payload(payload["loop"], rng=payload["rng"], callbacks=self.state.stateful_callbacks)
 
@@ -503,5 +374,5 @@ class Checkpointer:
         (verified first)."""
         best = self.state.best_model_checkpoint
         if self.args.load_best_model_at_end and best:
-            path = self._on_zero(lambda: files.verified(best))
-            files.load_checkpoint(self.fabric, path, module=self.module, optimizer=None)
+            path = self._on_zero(lambda: verified(best))
+            load_checkpoint(self.fabric, path, module=self.module, optimizer=None)

@@ -1,0 +1,153 @@
+"""Verifying a checkpoint before it is loaded, and choosing the one a run resumes from.
+
+Usage::
+
+    verified("out/checkpoint-40")              # every file's size and digest, the JSON, the listing
+    path = resolve(True, "out")                # the newest one that verifies
+
+Manifests of format 1 (written before digests existed) are checked by size only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, cast
+
+from fitkit.common.options import error_line
+from fitkit.engine.checkpoint.layout import (
+    CHECKPOINT_NAME,
+    FIX_DAMAGED,
+    MANIFEST,
+    READABLE_DIGESTS,
+    REQUIRED,
+    STATE_FILE,
+    TMP_PREFIX,
+    WEIGHTS,
+    CheckpointError,
+)
+from fitkit.engine.checkpoint.listing import confined, is_complete, list_checkpoints, read_manifest
+from fitkit.engine.checkpoint.writing import file_digest
+
+logger = logging.getLogger("fitkit")
+
+
+def verified(path: str) -> str:
+    """`path`, after checking every file of the checkpoint against its manifest (sizes, digests,
+    JSON, paths inside it: `verify`); a CheckpointError naming the file otherwise."""
+    try:
+        verify(path, REQUIRED)
+    except OSError as err:
+        raise CheckpointError(f"checkpoint {path!r} cannot be read ({error_line(err)}); resume from an earlier "
+                              "checkpoint or check the file permissions") from None
+    return path
+
+
+def verify(path: str, required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Check the checkpoint at `path` before it is loaded and return its manifest: every file
+    inside it listed, with its size and digest (size only for format 1), every JSON file
+    parsing, and each of `required` (a file, or a directory of files) present. Raises a
+    CheckpointError naming the first file that differs and the fix."""
+    manifest = read_manifest(path)
+    files, digests, algorithm = manifest["files"], manifest.get("digests"), manifest.get("digest")
+    # Digests recorded (format 2 always) must be checkable: a format-1 manifest given some is refused too.
+    if (manifest["version"] >= 2 or digests is not None) and (
+            not isinstance(digests, dict) or algorithm not in READABLE_DIGESTS):
+        raise CheckpointError(f"checkpoint {path!r}: its manifest records no digests it can check; {FIX_DAMAGED}")
+    targets = {name: confined(path, name) for name in files}
+    _check_listing(path, files, required)
+    for name, size in files.items():
+        actual = os.path.getsize(targets[name]) if os.path.isfile(targets[name]) else None
+        if actual != size:
+            state = "is missing" if actual is None else f"has {actual} bytes where {size!r} were written"
+            raise CheckpointError(f"checkpoint {path!r} is damaged: {name} {state} (truncated or replaced); {FIX_DAMAGED}")
+    if digests is None:
+        logger.info("checkpoint %s was written before digests existed (format 1): sizes checked only", path)
+    else:
+        names = list(files)
+        with ThreadPoolExecutor(max_workers=max(1, min(len(names), os.cpu_count() or 1, 8))) as pool:
+            found = pool.map(lambda n: file_digest(targets[n], cast(str, algorithm)), names)  # in READABLE_DIGESTS
+            for name, digest in zip(names, found):
+                if digest != digests.get(name):
+                    raise CheckpointError(
+                        f"checkpoint {path!r} is corrupted: the {algorithm} digest of {name} differs from the one "
+                        f"recorded when it was written (a changed byte or an edit); {FIX_DAMAGED}")
+    _check_json(path, targets)
+    return manifest
+
+
+def _check_listing(path: str, files: dict, required: tuple[str, ...]) -> None:
+    """Every file in the directory is listed (none added later) and every required one is there."""
+    for root, _, names in os.walk(path):
+        for name in names:
+            rel = os.path.relpath(os.path.join(root, name), path).replace(os.sep, "/")
+            if rel != MANIFEST and rel not in files:
+                raise CheckpointError(f"checkpoint {path!r} holds {rel}, which its manifest does not list (added after "
+                                      f"the checkpoint was written); remove it, or {FIX_DAMAGED}")
+    for name in required:
+        if name not in files and not any(n.startswith(name + "/") for n in files):
+            raise CheckpointError(f"checkpoint {path!r} is incomplete: its manifest does not list {name}; {FIX_DAMAGED}")
+
+
+def _check_json(path: str, targets: dict[str, str]) -> None:
+    for name, full in targets.items():
+        if name.endswith(".json") and "/" not in name:
+            try:
+                with open(full, encoding="utf-8") as f:
+                    ok = isinstance(json.load(f), dict)
+            except (OSError, ValueError):
+                ok = False
+            if not ok:
+                raise CheckpointError(f"checkpoint {path!r} is damaged: {name} is not a valid JSON object "
+                                      f"(truncated or edited); {FIX_DAMAGED}")
+
+
+def resolve(resume: bool | str | None, output_dir: str) -> str | None:
+    """The checkpoint to resume from, verified (`verified`): for `True` the newest one in
+    `output_dir` that verifies, else the path given, which must verify.
+
+    With `True`, incomplete checkpoint directories are skipped with a warning, and so is each
+    newer checkpoint that fails verification (named, with what differs); when checkpoints exist
+    but none verifies, CheckpointError. Listing reads no file's content (`is_complete`); only
+    the checkpoint picked (and, falling back, the next one) is read in full.
+    """
+    if not resume:
+        return None
+    if resume is True:
+        return _newest_verified(output_dir)
+    path = os.fspath(resume)
+    if not os.path.exists(path):
+        raise CheckpointError(
+            f"`resume_from_checkpoint`={path!r} does not exist: pass a checkpoint directory "
+            "(output_dir/checkpoint-N) or True for the newest one in `output_dir`"
+        )
+    if not os.path.isfile(os.path.join(path, MANIFEST)):
+        raise CheckpointError(
+            f"`resume_from_checkpoint`={path!r} is not a complete fitkit checkpoint: expected a directory "
+            f"holding {MANIFEST} with the files it lists ({WEIGHTS}, {STATE_FILE})"
+        )
+    return verified(path)
+
+
+def _newest_verified(output_dir: str) -> str | None:
+    if os.path.isdir(output_dir):
+        for name in sorted(os.listdir(output_dir)):
+            full = os.path.join(output_dir, name)
+            if (CHECKPOINT_NAME.match(name) and not is_complete(full)) or name.startswith(TMP_PREFIX):
+                logger.warning("ignoring incomplete checkpoint %s (no valid manifest)", full)
+    found = list_checkpoints(output_dir)
+    if not found:
+        logger.warning("resume_from_checkpoint=True but %r holds no complete checkpoint; starting fresh", output_dir)
+        return None
+    for path in reversed(found):
+        try:
+            return verified(path)
+        except CheckpointError as err:
+            logger.warning("skipping checkpoint %s, which fails verification (%s); trying the one before it",
+                           path, err)
+    raise CheckpointError(
+        f"`resume_from_checkpoint`=True but none of the {len(found)} checkpoints in {output_dir!r} verifies (each "
+        "one is named in a warning above): restore them from a copy, or move them away and pass "
+        "resume_from_checkpoint=False to start fresh")
