@@ -53,7 +53,7 @@ def test_for_trial_needs_model_init():
     [
         ({"optimizer": "adamx"}, r"unknown optimizer 'adamx' for `optimizer`; valid names are: adam, adamw, sgd"),
         ({"loss": "crossentropy"}, r"unknown loss 'crossentropy' for `loss`; valid names are: cross_entropy"),
-        ({"metrics": ["acc@5"]}, r"unknown metric 'acc@5' in `metrics`; valid names are: accuracy, mae"),
+        ({"metrics": ["acc@5"]}, r"unknown metric 'acc@5' in `metrics`; valid names are fitkit's accuracy, mae.*keras.metrics"),
         ({"strategy": "ddpp"}, r"unknown strategy 'ddpp' for `strategy`; valid names are: auto.*ddp"),
         ({"precision": "8-bit"}, r"`precision`='8-bit' is invalid: use one of \['32-true'"),
         ({"accelerator": "quantum"}, r"unknown accelerator 'quantum' for `accelerator`"),
