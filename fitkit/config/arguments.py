@@ -96,6 +96,7 @@ class TrainingArguments(metaclass=_TakesOtherNames):
     validation_steps: int | None = None  # Keras: batches per evaluation (None: the whole data)
     validation_freq: int = 1  # Keras: evaluate every this many epochs (eval_strategy="epoch")
     gradient_accumulation_steps: int = 1
+    eval_accumulation_steps: int | None = None  # evaluation/prediction: move gathered outputs to the CPU every N batches
     # -- optimisation
     learning_rate: float | None = None
     weight_decay: float | None = None

@@ -31,7 +31,7 @@ _INTS: dict[str, tuple[int, bool]] = {
     "per_device_eval_batch_size": (1, True), "gradient_accumulation_steps": (1, False), "warmup_steps": (0, False),
     "save_total_limit": (1, True),
     "num_nodes": (1, False), "steps_per_epoch": (1, True), "validation_steps": (1, True), "validation_freq": (1, False),
-    "dataloader_num_workers": (0, False),
+    "dataloader_num_workers": (0, False), "eval_accumulation_steps": (1, True),
 }
 #: Float fields: the test of the value, what to pass instead, and whether None is allowed too.
 _FLOATS: dict[str, tuple[Callable[[float], bool], str, bool]] = {

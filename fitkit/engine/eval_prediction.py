@@ -21,6 +21,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from fitkit.common.tensors import tensors_of
+from fitkit.engine.gather import BatchJoiner, gather_blocks
+
 
 class EvalPrediction:
     """What `compute_metrics` receives (HF's fields): `predictions` (the model's logits, or its
@@ -73,44 +76,46 @@ def _numpy(value: Any) -> Any:
     return value
 
 
-def _concat(parts: list) -> Any:
-    first = parts[0]
-    if isinstance(first, torch.Tensor):
-        return torch.cat([p if p.dim() else p.reshape(1) for p in parts])
-    if isinstance(first, (tuple, list)):
-        return type(first)(_concat([p[i] for p in parts]) for i in range(len(first)))
-    if isinstance(first, dict):
-        return {k: _concat([p[k] for p in parts]) for k in first}
-    return parts
-
-
 class PredictionCollector:
     """Collects one evaluation's predictions and targets (detached, on their device), then calls
     `compute_metrics` once with them gathered."""
 
-    def __init__(self, compute_metrics: Callable[[EvalPrediction], Mapping[str, Any]]) -> None:
+    def __init__(self, compute_metrics: Callable[[EvalPrediction], Mapping[str, Any]],
+                 accumulation_steps: int | None = None) -> None:
         self.compute_metrics = compute_metrics
-        self.predictions: list = []
-        self.labels: list = []
+        self.predictions = BatchJoiner("predictions", accumulation_steps)
+        self.labels = BatchJoiner("label_ids", accumulation_steps)
+        self.chunk_rows: int | None = None  # rows per transfer between processes (with accumulation)
 
     @classmethod
     def of(cls, args: Any) -> PredictionCollector | None:
         """A collector for `args.compute_metrics`, or None when it is not set."""
         fn = getattr(args, "compute_metrics", None)
-        return None if fn is None else cls(fn)
+        return None if fn is None else cls(fn, getattr(args, "eval_accumulation_steps", None))
 
     def add(self, outputs: Any, target: Any) -> None:
-        self.predictions.append(predictions_of(outputs))
+        predictions = predictions_of(outputs)
+        self.predictions.add(predictions)
         if target is not None:
-            self.labels.append(target)
+            self.labels.add(target)
+        if self.predictions.every and self.chunk_rows is None:
+            rows = tensors_of(predictions)
+            self.chunk_rows = max(1, rows[0].shape[0] * self.predictions.every) if rows and rows[0].dim() else None
 
-    def compute(self, gather: Callable[[Any], Any], prefix: str) -> dict[str, float]:
-        """`compute_metrics` over everything added (`gather` joins the processes' blocks), its
-        values named `prefix + name` (an `eval_` it already has is replaced by the prefix)."""
+    def compute(self, fabric: Any, prefix: str) -> dict[str, float]:
+        """`compute_metrics` over everything added (joined over the processes of `fabric`, padded
+        with -100 across batches and processes), its values named `prefix + name` (an `eval_` it
+        already has is replaced by the prefix)."""
         if not self.predictions:
             return {}
-        predictions = _numpy(gather(_concat(self.predictions)))
-        labels = _numpy(gather(_concat(self.labels))) if self.labels else None
+        predictions, labels = self.predictions.joined(), self.labels.joined()
+        if fabric.world_size > 1:
+            chunk = None
+            if self.predictions.every:  # the same on every process: one chunk size agreed by all
+                chunk = int(fabric.all_gather(torch.tensor([self.chunk_rows or 0], device=fabric.device)).max()) or None
+            predictions = gather_blocks(fabric, predictions, chunk_rows=chunk)
+            labels = gather_blocks(fabric, labels, chunk_rows=chunk) if labels is not None else None
+        predictions, labels = _numpy(predictions), _numpy(labels)
         values = self.compute_metrics(EvalPrediction(predictions, labels))
         if not isinstance(values, Mapping):
             raise TypeError(f"`compute_metrics` must return a dict of values, e.g. {{'accuracy': 0.9}}; "
@@ -120,3 +125,4 @@ class PredictionCollector:
             name = key[len("eval_"):] if key.startswith("eval_") else key
             out[prefix + name] = float(value) if isinstance(value, (int, float, np.number)) else value
         return out
+
