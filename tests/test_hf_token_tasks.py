@@ -119,3 +119,120 @@ def test_shapes_that_differ_elsewhere_name_the_batch_and_the_fix():
     joiner.add(torch.zeros(4, 7, 3))
     with pytest.raises(ValueError, match=r"predictions of batch 1 have shape \[4, 7, 5\].*\[4, 7, 3\].*second"):
         joiner.add(torch.zeros(4, 7, 5))
+
+
+# -- the Trainer calls of run_ner.py, ported line for line ---------------------------------------------
+def argmax_logits(logits, labels):  # what run_*.py pass as preprocess_logits_for_metrics
+    return logits.argmax(-1)
+
+
+def tag_accuracy(eval_pred):
+    tags, labels = eval_pred
+    keep = labels != -100
+    return {"accuracy": float((tags[keep] == labels[keep]).mean())}
+
+
+class InOrder(transformers.Trainer):  # the Trainer reading the data in order, as fitkit's shuffle=False
+    def _get_train_sampler(self, *a, **k):
+        return torch.utils.data.SequentialSampler(self.train_dataset)
+
+
+class Counter(transformers.TrainerCallback):
+    def __init__(self):
+        self.steps = []
+
+    def on_prediction_step(self, args, state, control, **kwargs):
+        self.steps.append(1)
+
+
+@pytest.fixture(scope="module")
+def ported(tmp_path_factory):
+    """run_ner.py's Trainer lines and their port, on the same tiny tagger, data and order."""
+    out = {}
+    for who in ("hf", "fitkit"):
+        tmp = tmp_path_factory.mktemp(who)
+        args = hf_args(tmp, per_device_eval_batch_size=5, eval_strategy="epoch", logging_strategy="epoch")
+        train, evaluation = DATA.select(range(24)), DATA.select(range(24, 40))
+        net, counter = tiny_tagger(), Counter()
+        steps = counter.steps
+        if who == "hf":
+            trainer = InOrder(model=net, args=args, train_dataset=train, eval_dataset=evaluation,
+                              data_collator=COLLATOR, compute_metrics=tag_accuracy,
+                              preprocess_logits_for_metrics=argmax_logits, callbacks=[counter])
+            train_result = trainer.train()
+            runner = trainer
+        else:
+            runner = Model(net).compile()
+            runner.add_callback(counter)  # kept for every later call, as the Trainer's callbacks
+            train_result = runner.fit(train, validation_data=evaluation, args=args, data_collator=COLLATOR,
+                                      compute_metrics=tag_accuracy, preprocess_logits_for_metrics=argmax_logits,
+                                      shuffle=False)
+        runner.log_metrics("train", train_result.metrics)
+        runner.save_metrics("train", train_result.metrics)
+        runner.save_state()
+        steps.clear()
+        metrics = runner.evaluate(metric_key_prefix="eval")
+        eval_steps = len(steps)
+        runner.save_metrics("eval", metrics)
+        prediction = (runner.predict if who == "hf" else runner.hf_predict)(evaluation)
+        out[who] = dict(runner=runner, train_result=train_result, metrics=metrics, prediction=prediction, dir=args.output_dir,
+                        eval_steps=eval_steps)
+    return out
+
+
+def test_train_output_fields_from_fit(ported):
+    hf, ours = ported["hf"]["train_result"], ported["fitkit"]["train_result"]
+    assert ours.global_step == hf.global_step == 3
+    assert ours.training_loss == pytest.approx(hf.training_loss, abs=1e-5)
+    assert set(hf.metrics) - set(ours.metrics) <= {"total_flos"}
+    assert ours.history["loss"]  # still Keras' History
+
+
+def test_evaluate_without_data_and_a_prefix_as_the_trainer(ported):
+    hf, ours = ported["hf"], ported["fitkit"]
+    assert set(ours["metrics"]) == set(hf["metrics"]) == {"eval_loss", "eval_accuracy", "epoch", "eval_runtime",
+                                                          "eval_samples_per_second", "eval_steps_per_second"}
+    for name in ("eval_loss", "eval_accuracy", "epoch"):
+        assert ours["metrics"][name] == pytest.approx(hf["metrics"][name], abs=1e-5), name
+    assert ours["eval_steps"] == hf["eval_steps"] == 4  # 16 samples by per_device_eval_batch_size=5
+
+
+def test_hf_predict_gives_predictions_label_ids_and_test_metrics(ported):
+    hf, ours = ported["hf"]["prediction"], ported["fitkit"]["prediction"]
+    predictions, label_ids, metrics = ours
+    np.testing.assert_array_equal(predictions, hf.predictions)  # tags, by preprocess_logits_for_metrics
+    np.testing.assert_array_equal(label_ids, hf.label_ids)
+    assert (label_ids == -100).any() and predictions.shape == label_ids.shape
+    assert metrics["test_loss"] == pytest.approx(hf.metrics["test_loss"], abs=1e-5)
+    assert metrics["test_accuracy"] == pytest.approx(hf.metrics["test_accuracy"], abs=1e-6)
+    assert set(metrics) == set(hf.metrics)
+    with pytest.raises(ValueError, match="not enough values"):
+        a, b, c, d = ours  # exactly three, never a dict's keys
+
+
+def test_result_files_as_the_trainers(ported):
+    import json
+    import pathlib
+
+    for name in ("train_results.json", "eval_results.json", "all_results.json", "trainer_state.json"):
+        hf = json.loads(pathlib.Path(ported["hf"]["dir"], name).read_text())
+        ours = json.loads(pathlib.Path(ported["fitkit"]["dir"], name).read_text())
+        if name == "trainer_state.json":
+            assert ours["global_step"] == hf["global_step"]
+            continue
+        assert set(hf) - set(ours) <= {"total_flos"}, name
+        assert ours.get("eval_loss") == pytest.approx(hf.get("eval_loss"), abs=1e-5)
+
+
+def test_log_metrics_prints_the_trainers_lines(capsys, ported):
+    metrics = {"eval_loss": 0.123456, "eval_runtime": 61.5, "epoch": 2.0, "train_mem_cpu_alloc_delta": 3 << 20}
+    ported["hf"]["runner"].log_metrics("eval", metrics)
+    theirs = capsys.readouterr().out
+    Model(torch.nn.Linear(1, 1)).log_metrics("eval", metrics)
+    assert capsys.readouterr().out == theirs and "0:01:01.50" in theirs
+
+
+def test_evaluate_without_data_and_no_validation_data_names_the_fix():
+    model = Model(torch.nn.Linear(1, 1)).compile("sgd", "mse")
+    with pytest.raises(ValueError, match="validation_data"):
+        model.evaluate()

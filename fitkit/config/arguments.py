@@ -149,6 +149,7 @@ class TrainingArguments(metaclass=_TakesOtherNames):
     gradient_checkpointing: bool | None = False  # call module.gradient_checkpointing_enable() at fit
     compute_metrics: Callable | None = None  # HF's compute_metrics(EvalPrediction) -> dict, over each evaluation
     data_collator: Callable | None = None  # list of samples -> batch, for the DataLoader fitkit builds
+    preprocess_logits_for_metrics: Callable | None = None  # HF's (logits, labels) -> what compute_metrics keeps, per batch
     # -- HF Trainer habits (checked by fitkit.config.hf_processing.check_habit_fields)
     remove_unused_columns: bool = True  # drop sample keys the module's forward does not name (labels kept)
     processing_class: Any = None  # an HF tokenizer/processor: its padding collator by default, saved beside the model
@@ -176,6 +177,10 @@ class TrainingArguments(metaclass=_TakesOtherNames):
     @property
     def eval_batch_size(self) -> int:
         return self.per_device_eval_batch_size or self.per_device_train_batch_size
+
+    def eval_batch_size_or(self, default: int) -> int:
+        """`per_device_eval_batch_size` when set, else `default` (Keras' evaluate and predict: 32)."""
+        return self.per_device_eval_batch_size or default
 
     @property
     def train_batch_size(self) -> int:

@@ -23,7 +23,7 @@ with a warning.
 
 `in_force` / `for_evaluation` carry the data options of the last fit (`data_collator`,
 `compute_metrics`, `remove_unused_columns`, `processing_class`, `label_names`,
-`eval_accumulation_steps`) into
+`eval_accumulation_steps`, `preprocess_logits_for_metrics`, `per_device_eval_batch_size`) into
 `evaluate` and `predict` when those are not given to them.
 """
 
@@ -37,7 +37,7 @@ from fitkit.config.names import canonical
 
 #: The options of the last fit that `evaluate` and `predict` use when not given.
 CARRIED = ("data_collator", "compute_metrics", "remove_unused_columns", "processing_class", "label_names",
-           "eval_accumulation_steps")
+           "eval_accumulation_steps", "preprocess_logits_for_metrics", "per_device_eval_batch_size")
 
 #: compile's default optimizer: it does not count as given against `args.optim`.
 DEFAULT_OPTIMIZER = "adam"

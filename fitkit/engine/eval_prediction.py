@@ -16,13 +16,23 @@ Nothing here runs during training steps: only evaluations with `compute_metrics`
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from fitkit.common.tensors import tensors_of
 from fitkit.engine.gather import BatchJoiner, gather_blocks
+
+
+class PredictionOutput(NamedTuple):
+    """What `Model.hf_predict` returns (HF's `PredictionOutput`): NumPy `predictions` and
+    `label_ids` (None without labels) over the whole set, and its `metrics` (`test_loss`, ...).
+    Unpacks into exactly these three: `predictions, label_ids, metrics = model.hf_predict(ds)`."""
+
+    predictions: Any
+    label_ids: Any
+    metrics: dict[str, float]
 
 
 class EvalPrediction:
@@ -80,21 +90,29 @@ class PredictionCollector:
     """Collects one evaluation's predictions and targets (detached, on their device), then calls
     `compute_metrics` once with them gathered."""
 
-    def __init__(self, compute_metrics: Callable[[EvalPrediction], Mapping[str, Any]],
-                 accumulation_steps: int | None = None) -> None:
-        self.compute_metrics = compute_metrics
+    def __init__(self, compute_metrics: Callable[[EvalPrediction], Mapping[str, Any]] | None,
+                 accumulation_steps: int | None = None, preprocess: Callable[[Any, Any], Any] | None = None,
+                 keep: bool = False) -> None:
+        self.compute_metrics, self.preprocess, self.keep = compute_metrics, preprocess, keep
+        self.kept: tuple[Any, Any] | None = None  # with `keep`: (predictions, label_ids) after `compute`
         self.predictions = BatchJoiner("predictions", accumulation_steps)
         self.labels = BatchJoiner("label_ids", accumulation_steps)
         self.chunk_rows: int | None = None  # rows per transfer between processes (with accumulation)
 
     @classmethod
-    def of(cls, args: Any) -> PredictionCollector | None:
-        """A collector for `args.compute_metrics`, or None when it is not set."""
+    def of(cls, args: Any, keep: bool = False) -> PredictionCollector | None:
+        """A collector for `args.compute_metrics` (None when it is not set and nothing is to be
+        kept); `keep`: also keep the gathered predictions and labels (HF's `predict`)."""
         fn = getattr(args, "compute_metrics", None)
-        return None if fn is None else cls(fn, getattr(args, "eval_accumulation_steps", None))
+        if fn is None and not keep:
+            return None
+        return cls(fn, getattr(args, "eval_accumulation_steps", None),
+                   getattr(args, "preprocess_logits_for_metrics", None), keep)
 
     def add(self, outputs: Any, target: Any) -> None:
         predictions = predictions_of(outputs)
+        if self.preprocess is not None:  # per batch, before gathering (HF's preprocess_logits_for_metrics)
+            predictions = self.preprocess(predictions, target)
         self.predictions.add(predictions)
         if target is not None:
             self.labels.add(target)
@@ -116,6 +134,10 @@ class PredictionCollector:
             predictions = gather_blocks(fabric, predictions, chunk_rows=chunk)
             labels = gather_blocks(fabric, labels, chunk_rows=chunk) if labels is not None else None
         predictions, labels = _numpy(predictions), _numpy(labels)
+        if self.keep:
+            self.kept = (predictions, labels)
+        if self.compute_metrics is None:
+            return {}
         values = self.compute_metrics(EvalPrediction(predictions, labels))
         if not isinstance(values, Mapping):
             raise TypeError(f"`compute_metrics` must return a dict of values, e.g. {{'accuracy': 0.9}}; "

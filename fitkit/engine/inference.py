@@ -48,14 +48,18 @@ class Inference:
 
         def call_event(self, event: str, **kwargs: Any) -> None: ...
 
-    def evaluate(self, source: DataSource, prefix: str = "", steps: int | None = None) -> dict[str, float]:
-        """Exact averages over `source`: loss weighted by samples, metrics over all of them."""
+    collected: tuple[Any, Any] | None = None  # (predictions, label_ids) of the last `evaluate(keep=True)`
+
+    def evaluate(self, source: DataSource, prefix: str = "", steps: int | None = None,
+                 keep: bool = False) -> dict[str, float]:
+        """Exact averages over `source`: loss weighted by samples, metrics over all of them;
+        `keep`: the gathered predictions and labels kept in `collected` (HF's `predict`)."""
         if self.overrides.test_step is not None:
             return self._own_evaluate(source, prefix, steps)
         fabric, stepper, carry = self.fabric, self.stepper, self._carry["on_prediction_step"]
         metrics = self.val_metrics if prefix else MetricSet(self.metric_specs)
         metrics.reset()
-        collector = PredictionCollector.of(self.args)  # HF's compute_metrics, when set
+        collector = PredictionCollector.of(self.args, keep)  # HF's compute_metrics, when set
         total = torch.zeros((), device=fabric.device, dtype=torch.float64)
         count, with_loss = 0, False
         self.call_event("on_evaluate_begin")
@@ -84,6 +88,7 @@ class Inference:
         results.update(metrics.compute())
         if collector is not None:
             results.update(collector.compute(fabric, prefix))
+            self.collected = collector.kept
         return results
 
     def _own_evaluate(self, source: DataSource, prefix: str, steps: int | None) -> dict[str, float]:
