@@ -51,7 +51,8 @@ def from_hf(hf_args: Any) -> Any:
     as `Seq2SeqTrainingArguments`): its values under fitkit's names; every field fitkit cannot
     honour that holds another value than a default-built instance of its class is named in one
     warning."""
-    defaults, mine = built_defaults(type(hf_args)), set(TrainingArguments.__dataclass_fields__)
+    cls: Any = type(hf_args)
+    defaults, mine = built_defaults(cls), set(TrainingArguments.__dataclass_fields__)
     values = {name: _plain(getattr(hf_args, name)) for name in defaults}
     options: dict[str, Any] = {k: v for k, v in values.items() if k in mine and k not in _TRANSLATED}
     ignored = [k for k, v in values.items() if k not in mine and k not in _TRANSLATED and k not in NOT_TRAINER_FIELDS
