@@ -149,6 +149,10 @@ class TrainingArguments(metaclass=_TakesOtherNames):
     gradient_checkpointing: bool | None = False  # call module.gradient_checkpointing_enable() at fit
     compute_metrics: Callable | None = None  # HF's compute_metrics(EvalPrediction) -> dict, over each evaluation
     data_collator: Callable | None = None  # list of samples -> batch, for the DataLoader fitkit builds
+    predict_with_generate: bool = False  # evaluation: compute_metrics gets the module's generate() ids (HF Seq2Seq)
+    generation_max_length: int | None = None  # generate's max_length (None: the model's generation_config)
+    generation_num_beams: int | None = None  # generate's num_beams (None: the model's generation_config)
+    generation_config: Any = None  # a transformers GenerationConfig for generate (None: the model's)
     preprocess_logits_for_metrics: Callable | None = None  # HF's (logits, labels) -> what compute_metrics keeps, per batch
     # -- HF Trainer habits (checked by fitkit.config.hf_processing.check_habit_fields)
     remove_unused_columns: bool = True  # drop sample keys the module's forward does not name (labels kept)

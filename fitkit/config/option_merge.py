@@ -37,7 +37,8 @@ from fitkit.config.names import canonical
 
 #: The options of the last fit that `evaluate` and `predict` use when not given.
 CARRIED = ("data_collator", "compute_metrics", "remove_unused_columns", "processing_class", "label_names",
-           "eval_accumulation_steps", "preprocess_logits_for_metrics", "per_device_eval_batch_size")
+           "eval_accumulation_steps", "preprocess_logits_for_metrics", "per_device_eval_batch_size",
+           "predict_with_generate", "generation_max_length", "generation_num_beams", "generation_config")
 
 #: compile's default optimizer: it does not count as given against `args.optim`.
 DEFAULT_OPTIMIZER = "adam"

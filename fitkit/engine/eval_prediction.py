@@ -86,6 +86,44 @@ def _numpy(value: Any) -> Any:
     return value
 
 
+def generated_ids(module: Any, inputs: Any, target: Any, args: Any) -> tuple[torch.Tensor, Any]:
+    """`module.generate` over one batch's inputs, as HF's `Seq2SeqTrainer` calls it for
+    `predict_with_generate` (`generation_max_length`, `generation_num_beams`, `generation_config`
+    when set), and the batch's target; both padded with the model's pad token to the generation
+    config's `max_length` (or `max_new_tokens + 1`) when shorter, as the Trainer pads them."""
+    generate = getattr(module, "generate", None)
+    if not callable(generate) or not isinstance(inputs, Mapping):
+        raise ValueError(f"`predict_with_generate=True` needs a module with `generate()` (a transformers generation "
+                         f"model) and keyword batches; {type(module).__name__} has no generate() or the batch is not "
+                         "a dict: set predict_with_generate=False")
+    options = {name: value for name, value in (("max_length", args.generation_max_length),
+                                               ("num_beams", args.generation_num_beams),
+                                               ("generation_config", args.generation_config)) if value is not None}
+    given = {k: v for k, v in inputs.items() if k not in ("decoder_input_ids", "decoder_attention_mask")}
+    ids = generate(**given, **options)
+    config = options.get("generation_config") or module.generation_config
+    pad = getattr(module.config, "pad_token_id", None)
+    pad = config.eos_token_id if pad is None else pad
+    return _to_length(ids, config, pad), _to_length(target, config, pad)
+
+
+def _to_length(ids: Any, config: Any, pad: int) -> Any:
+    """`ids` padded with `pad` to the generation config's `max_length` (the Trainer's rule: not
+    `generation_max_length`), or to `max_new_tokens + 1`, when shorter."""
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        return ids
+    width = None
+    if config.max_length and ids.shape[-1] < config.max_length:
+        width = config.max_length
+    elif config.max_new_tokens is not None and ids.shape[-1] < config.max_new_tokens + 1:
+        width = config.max_new_tokens + 1
+    if width is None:
+        return ids
+    padded = ids.new_full((ids.shape[0], width), int(pad))
+    padded[:, : ids.shape[-1]] = ids
+    return padded
+
+
 class PredictionCollector:
     """Collects one evaluation's predictions and targets (detached, on their device), then calls
     `compute_metrics` once with them gathered."""
@@ -109,8 +147,13 @@ class PredictionCollector:
         return cls(fn, getattr(args, "eval_accumulation_steps", None),
                    getattr(args, "preprocess_logits_for_metrics", None), keep)
 
-    def add(self, outputs: Any, target: Any) -> None:
-        predictions = predictions_of(outputs)
+    def add(self, outputs: Any, target: Any, generated: tuple[torch.Tensor, Any] | None = None) -> None:
+        """One batch: its outputs and target, or with `predict_with_generate` the `generated`
+        (ids, target) pair (`generated_ids`)."""
+        if generated is not None:
+            predictions, target = generated
+        else:
+            predictions = predictions_of(outputs)
         if self.preprocess is not None:  # per batch, before gathering (HF's preprocess_logits_for_metrics)
             predictions = self.preprocess(predictions, target)
         self.predictions.add(predictions)

@@ -13,10 +13,11 @@ import torch
 
 from fitkit.adapters.metrics import MetricSet
 from fitkit.common.tensors import to_cpu
+from fitkit.common.wrappers import unwrapped
 from fitkit.engine.data.batch import Batch, as_data
 from fitkit.engine.data.prefetch import stopping
 from fitkit.engine.data.sources import DataSource
-from fitkit.engine.eval_prediction import PredictionCollector
+from fitkit.engine.eval_prediction import PredictionCollector, generated_ids
 from fitkit.engine.gather import BatchJoiner, gather_blocks
 from fitkit.engine.overrides import StepMeans
 
@@ -74,7 +75,7 @@ class Inference:
                 if metrics and batch.target is not None:
                     metrics.update(out, batch.target)
                 if collector is not None:
-                    collector.add(out, batch.target)
+                    collector.add(out, batch.target, self._generated(batch))
                 self.running_logs.eval_sums = (total if with_loss else None, count, metrics, None)
                 self._prediction_step(batch, out, loss, carry)
         if fabric.world_size > 1:
@@ -90,6 +91,13 @@ class Inference:
             results.update(collector.compute(fabric, prefix))
             self.collected = collector.kept
         return results
+
+    def _generated(self, batch: Batch) -> tuple[torch.Tensor, Any] | None:
+        """With `predict_with_generate`: the module's `generate` ids for `batch` and its target,
+        padded as HF's `Seq2SeqTrainer` pads them."""
+        if not self.args.predict_with_generate:
+            return None
+        return generated_ids(unwrapped(self.stepper.module), batch.inputs, batch.target, self.args)
 
     def _own_evaluate(self, source: DataSource, prefix: str, steps: int | None) -> dict[str, float]:
         """`evaluate` through an overridden `test_step`: its values, sample-weighted means."""
