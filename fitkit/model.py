@@ -14,7 +14,7 @@ call is run by an engine `Trainer` (`fitkit.engine.trainer`), which never calls 
 
 from __future__ import annotations
 
-import inspect
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -29,13 +29,15 @@ from fitkit.config.compile_config import CompileConfig
 from fitkit.config.jit_compile import jit_note
 from fitkit.config.option_merge import in_force
 from fitkit.engine.overrides import StepOverrides
-from fitkit.engine.runtime import Runtime, pack_result, unpack_result
+from fitkit.engine.runtime import Runtime, unpack_result
 from fitkit.engine.trainer import Trainer
 from fitkit.events.handler import CallbackHandler, TrainerCallback, TrainerControl, TrainerState
 from fitkit.facade.callback_list import CallbackOwner, checked_callbacks, run_handler
 from fitkit.facade.defaults import defaults_for
 from fitkit.facade.hf_methods import HFMethods
+from fitkit.facade.hf_results import HFResults
 from fitkit.facade.keras_api import KerasMethods, as_list
+from fitkit.facade.model_init import call_model_init, run_in_child
 from fitkit.facade.saving import Saving
 from fitkit.facade.steps import Steps
 from fitkit.facade.summary import summarize
@@ -44,7 +46,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fitkit.search import BestRun
 
 
-class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods):
+class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods, HFResults):
     """Wrap an `nn.Module` (or a `model_init` factory) with Keras' training API. Subclass it to
     override `train_step`, `test_step`, `predict_step` or `compute_loss` (`fitkit.facade.steps`)."""
 
@@ -74,7 +76,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods):
         if self._runtime.tools is not None:
             return self._runtime.tools.module
         if self._module is None:
-            self._module = _call_model_init(self.model_init)
+            self._module = call_model_init(self.model_init)
         return self._module
 
     @property
@@ -162,6 +164,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods):
                 validation_split=validation_split, callbacks=callbacks, shuffle=shuffle, max_steps=max_steps,
                 class_weight=class_weight, sample_weight=sample_weight, initial_epoch=initial_epoch, args=args,
                 **options))
+        self._fit_validation_data = validation_data  # HF's trainer.evaluate() without data evaluates it
         history, given = History(), [*self.callback_handler.callbacks, *callbacks]
         self.history = history  # as Keras: the run's History, also while it runs
         handler = self._handler(callbacks, history, *defaults_for(run_args, given))
@@ -177,48 +180,70 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods):
                     self.last_checkpoint = trainer.checkpointer.last
         return history
 
-    def evaluate(self, x: Any = None, y: Any = None, *, batch_size: int = 32, verbose: int | str = "auto",
+    def evaluate(self, x: Any = None, y: Any = None, *, batch_size: int | None = None, verbose: int | str = "auto",
                  sample_weight: Any = None, steps: int | None = None, callbacks: Sequence[Any] | None = None,
-                 return_dict: bool = True, **data_options: Any) -> dict[str, float] | list[float] | float:
+                 return_dict: bool = True, metric_key_prefix: str | None = None,
+                 **data_options: Any) -> dict[str, float] | list[float] | float:
         """Loss and metrics over `x` (exact averages over the data, or its first `steps`
         batches), unprefixed: `{"loss": ..., "accuracy": ...}`; with `return_dict=False`,
         Keras' list in `metrics_names` order. `verbose` 1, 2 or "auto" prints Keras' line.
-        Data options (`data_collator`, `compute_metrics`, ...: `fitkit.facade.hf_methods`) as in the last fit."""
+        `x` left out: the `validation_data` of the last fit (HF's `trainer.evaluate()`).
+        `metric_key_prefix` ("eval", "test", ...): HF's names, `eval_loss`, with the `epoch`.
+        `batch_size` (default: the `per_device_eval_batch_size` in force, else 32). Data options
+        (`data_collator`, `compute_metrics`, ...: `fitkit.facade.hf_methods`) as in the last fit."""
         args = self._evaluation_arguments("evaluate", data_options)
+        if x is None and y is None:
+            x = self.fit_evaluation_data("evaluate")
         if self._runtime.must_spawn(args):
             return self._spawned("evaluate", args, dict(x=x, y=y, batch_size=batch_size, verbose=verbose,
                                                          sample_weight=sample_weight, steps=steps,
-                                                         callbacks=callbacks, return_dict=return_dict, **data_options))
-        trainer = Trainer(self._runtime, self.module, self.config, args, self._handler(callbacks, *evaluation_line_for(verbose)),
-                          StepOverrides.of(self, Model))
-        metrics = trainer.evaluate(x, y, sample_weight=sample_weight, batch_size=batch_size, state=self.state,
-                                   control=self.control, steps=steps)
-        self.control = trainer.control
+                                                         callbacks=callbacks, return_dict=return_dict,
+                                                         metric_key_prefix=metric_key_prefix, **data_options))
+        start = time.perf_counter()
+        metrics, _ = self._evaluate(args, x, y, batch_size, verbose, sample_weight, steps, callbacks)
+        if metric_key_prefix is not None:
+            speed = (time.perf_counter() - start, x if steps is None else None, args.eval_batch_size_or(32) if batch_size is None else batch_size)
+            return self.hf_named(metrics, metric_key_prefix, speed)
         return metrics if return_dict else as_list(metrics, self.metrics_names)
 
-    def predict(self, x: Any, *, batch_size: int = 32, verbose: int | str = "auto", steps: int | None = None,
+    def _evaluate(self, args: TrainingArguments, x: Any, y: Any, batch_size: int | None, verbose: int | str,
+                  sample_weight: Any, steps: int | None, callbacks: Sequence[Any] | None,
+                  keep: bool = False) -> tuple[dict[str, float], tuple[Any, Any] | None]:
+        """One evaluation in this process: its values and, with `keep`, (predictions, label_ids)."""
+        trainer = Trainer(self._runtime, self.module, self.config, args, self._handler(callbacks, *evaluation_line_for(verbose)),
+                          StepOverrides.of(self, Model))
+        metrics = trainer.evaluate(x, y, sample_weight=sample_weight, batch_size=args.eval_batch_size_or(32) if batch_size is None else batch_size,
+                                   state=self.state, control=self.control, steps=steps, keep=keep)
+        self.control = trainer.control
+        return metrics, trainer.collected
+
+    def predict(self, x: Any, *, batch_size: int | None = None, verbose: int | str = "auto", steps: int | None = None,
                 callbacks: Sequence[Any] | None = None, **data_options: Any) -> Any:
         """The module's outputs for every sample of `x` (or its first `steps` batches),
-        concatenated in input order, on CPU. `verbose` 1, 2 or "auto" prints Keras' line; data options as `evaluate`."""
+        concatenated in input order (padded with -100 where batches differ in length), on CPU.
+        `verbose` 1, 2 or "auto" prints Keras' line; `batch_size` and data options as `evaluate`.
+        HF's `trainer.predict` (predictions, label_ids, metrics) is `hf_predict`."""
         args = self._evaluation_arguments(None, data_options)
         if self._runtime.must_spawn(args):
             return self._spawned("predict", args, dict(x=x, batch_size=batch_size, verbose=verbose, steps=steps,
                                                         callbacks=callbacks, **data_options))
         trainer = Trainer(self._runtime, self.module, self.config, args, self._handler(callbacks, *evaluation_line_for(verbose)),
                           StepOverrides.of(self, Model))
-        out = trainer.predict(x, batch_size=batch_size, state=self.state, control=self.control, steps=steps)
+        out = trainer.predict(x, batch_size=args.eval_batch_size_or(32) if batch_size is None else batch_size, state=self.state,
+                              control=self.control, steps=steps)
         self.control = trainer.control
         return out
 
     def _spawned(self, method: str, args: TrainingArguments, call: dict[str, Any]) -> Any:
         """Run `method` in the processes a spawn/fork strategy starts, then take rank 0's trained
         weights, history and state back into this process."""
-        result = self._runtime.spawn(args, _run_in_child, self, method, call)
+        result = self._runtime.spawn(args, run_in_child, self, method, call)
         value, state = unpack_result(result, self.module)
         self.state = TrainerState(**state)
         if result["history"] is not None:
             self.history = History()
-            self.history.history, self.history.epoch, self.history.params = result["history"]
+            (self.history.history, self.history.epoch, self.history.params, self.history.metrics,
+             self.history.global_step) = result["history"]
         return self.history if method == "fit" else value
 
     # -- hyperparameter search ------------------------------------------------------------------
@@ -243,7 +268,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods):
         """A model for one search trial: a fresh module from `model_init(trial)`, this model's
         compile configuration and callbacks, the same (already launched) Fabric, and its state
         marked as a search's (`trial_name` from `hp_name(trial)`, `trial.params`)."""
-        copy = Model(_call_model_init(self.model_init, trial))
+        copy = Model(call_model_init(self.model_init, trial))
         copy.model_init, copy.config = self.model_init, self.config
         copy.callback_handler = CallbackHandler(self.callback_handler.callbacks)
         copy._runtime = self._runtime.shared()
@@ -268,25 +293,3 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods):
         name = type(self._module).__name__ if self._module is not None else "model_init"
         return f"Model({name}, compiled={self.config is not None})"
 
-
-def _run_in_child(fabric: Any, key: tuple, model: Model, method: str, call: dict[str, Any]) -> dict[str, Any]:
-    """What a spawn/fork strategy runs in each process (module level, so it pickles)."""
-    model._runtime.adopt(fabric, key)
-    value = getattr(model, method)(**call)
-    result = pack_result(model.module, None if method == "fit" else value, model.state)
-    history = model.history
-    result["history"] = None if history is None else (history.history, history.epoch, history.params)
-    return result
-
-
-def _call_model_init(model_init: Callable[..., Any] | None, trial: Any = None) -> torch.nn.Module:
-    if model_init is None:  # a model given an nn.Module, after `release()` or in `for_trial`
-        raise ValueError("the model has no `model_init` to build a module with: build it with Model(model_init=fn)")
-    try:
-        n_params = len(inspect.signature(model_init).parameters)
-    except (TypeError, ValueError):
-        n_params = 1
-    module = model_init() if n_params == 0 else model_init(trial)
-    if not isinstance(module, torch.nn.Module):
-        raise TypeError(f"`model_init` must return a torch.nn.Module, got {type(module).__name__}")
-    return module

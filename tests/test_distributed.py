@@ -102,6 +102,26 @@ def test_ddp_through_the_fabric_launcher(full_runs):
     assert started <= began + 0.02, f"process 1 started {started - began:.2f} s after process 0 began importing"
     assert proc.stdout.count("Epoch 1/3") == 1  # only the world-zero process prints
     assert results[0]["shards"] == [(16, 8), (16,), (2, 16), (2,)] or results[0]["shards"] == [[16, 8], [16], [2, 16], [2]]
+    _check_padded(results)
+
+
+def _check_padded(results):
+    """Outputs of varying length: padded with -100 across batches and the two processes, as one
+    process pads them (positions past a sample's own length hold the model's output or -100 by
+    the batch it fell in, as under HF's Trainer: they are compared where labels are kept)."""
+    import padded_ddp  # tests/scripts, on the path as `distributed` is
+
+    from fitkit import Model
+
+    one = padded_ddp.calls(Model(padded_ddp.PerPosition()).compile(accelerator="cpu"))
+    a, b = results[0]["padded"], results[1]["padded"]
+    assert a == b
+    for name in ("width", "rows", "kept", "kept_logits", "padded"):
+        assert a["evaluate"][name] == pytest.approx(one["evaluate"][name], rel=1e-6), name
+    ours, theirs = torch.tensor(a["predict"]), torch.tensor(one["predict"])
+    assert ours.shape == theirs.shape == (21, 7, 2)
+    kept = torch.tensor([[j < len(r["x"]) for j in range(7)] for r in padded_ddp.ROWS])
+    torch.testing.assert_close(ours[kept], theirs[kept])
 
 
 def test_ddp_through_torchrun():

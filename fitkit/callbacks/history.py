@@ -24,6 +24,14 @@ class History(TrainerCallback):
         hist.epoch                # [0, 1, 2]
         hist.params               # {"epochs": 3, "steps": 1, "verbose": "auto"}: steps per epoch
 
+    It also answers as Hugging Face's `TrainOutput` (what `Trainer.train()` returns), so an HF
+    example script's lines after training run unchanged::
+
+        train_result = model.fit(train_ds, args=training_args, ...)
+        train_result.metrics          # {"train_runtime": ..., "train_loss": ..., "epoch": 3.0, ...}
+        train_result.training_loss    # the run's mean training loss
+        train_result.global_step      # optimizer steps taken
+
     `learning_rate` is there when the rate varies in the run, as in Keras 3: a scheduler
     steps it (`lr_scheduler` other than a constant rate) or a callback changes it
     (`ReduceLROnPlateau`, `LearningRateScheduler`, any with `changes_learning_rate = True`).
@@ -42,6 +50,8 @@ class History(TrainerCallback):
         self._rows: dict[int, dict[str, float]] = {}
         self._skip = NOT_VALUES
         self._running_logs: Any = None
+        self.metrics: dict[str, Any] = {}  # HF's `TrainOutput.metrics`: the run's closing record
+        self.global_step = 0  # HF's `TrainOutput.global_step`
 
     def on_train_begin(self, args, state, control, lr_scheduler=None, callbacks=(), train_dataloader=None,
                        steps_per_epoch=None, running_logs=None, **kwargs):
@@ -54,7 +64,16 @@ class History(TrainerCallback):
             self._add(record.get("epoch"), record)
         self._rebuild()
 
+    @property
+    def training_loss(self) -> float | None:
+        """HF's `TrainOutput.training_loss`: the run's mean training loss (None before a fit ends)."""
+        value = self.metrics.get("train_loss")
+        return None if value is None else float(value)
+
     def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "train_runtime" in logs:
+            self.metrics = {k: v for k, v in logs.items() if k != "step"}
+            self.global_step = state.global_step
         if logs:
             self._add(state.epoch, logs)
             self._rebuild()

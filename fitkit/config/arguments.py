@@ -96,6 +96,7 @@ class TrainingArguments(metaclass=_TakesOtherNames):
     validation_steps: int | None = None  # Keras: batches per evaluation (None: the whole data)
     validation_freq: int = 1  # Keras: evaluate every this many epochs (eval_strategy="epoch")
     gradient_accumulation_steps: int = 1
+    eval_accumulation_steps: int | None = None  # evaluation/prediction: move gathered outputs to the CPU every N batches
     # -- optimisation
     learning_rate: float | None = None
     weight_decay: float | None = None
@@ -148,6 +149,11 @@ class TrainingArguments(metaclass=_TakesOtherNames):
     gradient_checkpointing: bool | None = False  # call module.gradient_checkpointing_enable() at fit
     compute_metrics: Callable | None = None  # HF's compute_metrics(EvalPrediction) -> dict, over each evaluation
     data_collator: Callable | None = None  # list of samples -> batch, for the DataLoader fitkit builds
+    predict_with_generate: bool = False  # evaluation: compute_metrics gets the module's generate() ids (HF Seq2Seq)
+    generation_max_length: int | None = None  # generate's max_length (None: the model's generation_config)
+    generation_num_beams: int | None = None  # generate's num_beams (None: the model's generation_config)
+    generation_config: Any = None  # a transformers GenerationConfig for generate (None: the model's)
+    preprocess_logits_for_metrics: Callable | None = None  # HF's (logits, labels) -> what compute_metrics keeps, per batch
     # -- HF Trainer habits (checked by fitkit.config.hf_processing.check_habit_fields)
     remove_unused_columns: bool = True  # drop sample keys the module's forward does not name (labels kept)
     processing_class: Any = None  # an HF tokenizer/processor: its padding collator by default, saved beside the model
@@ -175,6 +181,10 @@ class TrainingArguments(metaclass=_TakesOtherNames):
     @property
     def eval_batch_size(self) -> int:
         return self.per_device_eval_batch_size or self.per_device_train_batch_size
+
+    def eval_batch_size_or(self, default: int) -> int:
+        """`per_device_eval_batch_size` when set, else `default` (Keras' evaluate and predict: 32)."""
+        return self.per_device_eval_batch_size or default
 
     @property
     def train_batch_size(self) -> int:

@@ -31,7 +31,8 @@ _INTS: dict[str, tuple[int, bool]] = {
     "per_device_eval_batch_size": (1, True), "gradient_accumulation_steps": (1, False), "warmup_steps": (0, False),
     "save_total_limit": (1, True),
     "num_nodes": (1, False), "steps_per_epoch": (1, True), "validation_steps": (1, True), "validation_freq": (1, False),
-    "dataloader_num_workers": (0, False),
+    "dataloader_num_workers": (0, False), "eval_accumulation_steps": (1, True),
+    "generation_max_length": (1, True), "generation_num_beams": (1, True),
 }
 #: Float fields: the test of the value, what to pass instead, and whether None is allowed too.
 _FLOATS: dict[str, tuple[Callable[[float], bool], str, bool]] = {
@@ -45,7 +46,7 @@ _BOOLS: dict[str, bool] = {
     "shuffle": False, "logging_first_step": False, "load_best_model_at_end": False, "greater_is_better": True,
     "save_on_sigterm": True, "save_async": False, "skip_memory_metrics": False, "log_on_each_node": False,
     "fsdp_full_checkpoint": False, "dataloader_pin_memory": False, "gradient_checkpointing": True, "prefetch": False,
-    "tune_cpu_allocator": False,
+    "tune_cpu_allocator": False, "predict_with_generate": False,
 }
 #: String fields taking one of a set of names, and whether None is allowed too.
 _CHOICES: dict[str, tuple[tuple, bool]] = {
@@ -186,7 +187,7 @@ def _check_hf_fields(args: Any, fail: Callable[[str, str], NoReturn]) -> None:
     names = args.label_names
     if names is not None and (isinstance(names, str) or not all(isinstance(n, str) for n in names) or not names):
         fail("label_names", "pass a list of the batch keys that hold the target, e.g. ['labels']")
-    for name in ("compute_metrics", "data_collator"):
+    for name in ("compute_metrics", "data_collator", "preprocess_logits_for_metrics"):
         if getattr(args, name) is not None and not callable(getattr(args, name)):
             fail(name, "pass a function, or None")
     from fitkit.config.hf_processing import check_habit_fields

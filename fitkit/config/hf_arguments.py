@@ -18,14 +18,14 @@ from typing import Any
 
 from fitkit.config.arguments import TrainingArguments
 from fitkit.config.checks import SCHEDULERS
-from fitkit.config.hf_names import HF_OPTIMIZERS, hf_defaults, hf_options, warn_unhonoured
+from fitkit.config.hf_names import HF_OPTIMIZERS, built_defaults, hf_defaults, hf_options, warn_unhonoured
 
 #: HF fields read by a rule of their own rather than copied under the same name.
 _TRANSLATED = ("fp16", "bf16", "disable_tqdm", "use_cpu", "lr_scheduler_type", "warmup_steps", "max_grad_norm",
                "metric_for_best_model", "report_to", "num_train_epochs", "optim", "output_dir")
 
-#: HF fields the HF Trainer itself does not act on (scripts read them), or that Fabric settles.
-_NOT_TRAINER_FIELDS = ("do_train", "do_eval", "do_predict", "local_rank", "accelerator_config")
+#: HF fields the HF Trainer itself does not act on (the example scripts read them; the launcher sets local_rank).
+NOT_TRAINER_FIELDS = ("do_train", "do_eval", "do_predict", "local_rank")
 
 
 def optimizer_spec(optim: str) -> Any:
@@ -47,14 +47,16 @@ def _plain(value: Any) -> Any:
 
 
 def from_hf(hf_args: Any) -> Any:
-    """A fitkit `TrainingArguments` from a `transformers.TrainingArguments`: its values under
-    fitkit's names; fields fitkit cannot honour (a value other than HF's default) named in one
+    """A fitkit `TrainingArguments` from a `transformers.TrainingArguments` (or a subclass, such
+    as `Seq2SeqTrainingArguments`): its values under fitkit's names; every field fitkit cannot
+    honour that holds another value than a default-built instance of its class is named in one
     warning."""
-    defaults, mine = hf_defaults(), set(TrainingArguments.__dataclass_fields__)
-    values = {name: _plain(getattr(hf_args, name)) for name in defaults if hasattr(hf_args, name)}
+    cls: Any = type(hf_args)
+    defaults, mine = built_defaults(cls), set(TrainingArguments.__dataclass_fields__)
+    values = {name: _plain(getattr(hf_args, name)) for name in defaults}
     options: dict[str, Any] = {k: v for k, v in values.items() if k in mine and k not in _TRANSLATED}
-    ignored = [k for k, v in values.items() if k not in mine and k not in _TRANSLATED and k not in _NOT_TRAINER_FIELDS
-               and v != defaults[k] and v not in (None, False, "", [], {})]
+    ignored = [k for k, v in values.items() if k not in mine and k not in _TRANSLATED and k not in NOT_TRAINER_FIELDS
+               and not _same_value(v, _plain(defaults[k]))]
     options["output_dir"] = values.get("output_dir") or "trainer_output"
     epochs = float(values.get("num_train_epochs", 3.0))
     options["num_train_epochs"] = int(epochs) if epochs.is_integer() else epochs
@@ -78,6 +80,15 @@ def from_hf(hf_args: Any) -> Any:
     options.update(translated)
     warn_unhonoured(ignored, "TrainingArguments fields", stacklevel=5)
     return TrainingArguments(**options)
+
+
+def _same_value(value: Any, default: Any) -> bool:
+    """Whether a field holds its default (None and an empty list or dict count as the same)."""
+    empty: tuple[Any, ...] = (None, [], {}, "")
+    try:
+        return bool(value == default) or (value in empty and default in empty)
+    except Exception:  # noqa: BLE001 - a value whose == is not a bool
+        return value is default
 
 
 #: HF fields read under another fitkit name (the others keep theirs).

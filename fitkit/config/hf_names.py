@@ -45,6 +45,27 @@ def hf_defaults() -> dict[str, Any]:
     return defaults
 
 
+@functools.lru_cache(maxsize=4)
+def built_defaults(cls: Any) -> dict[str, Any]:
+    """The field values of `cls()` (a `transformers.TrainingArguments` class or subclass, such
+    as `Seq2SeqTrainingArguments`), as HF's `__post_init__` leaves them: what a field that was
+    not given holds."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        built = cls()
+    return {f.name: getattr(built, f.name) for f in dataclasses.fields(built)}
+
+
+@functools.lru_cache(maxsize=1)
+def seq2seq_fields() -> frozenset[str]:
+    """The fields `Seq2SeqTrainingArguments` adds to HF's `TrainingArguments` (empty without transformers)."""
+    if not hf_defaults():
+        return frozenset()
+    from transformers import Seq2SeqTrainingArguments
+
+    return frozenset(f.name for f in dataclasses.fields(Seq2SeqTrainingArguments)) - frozenset(hf_defaults())
+
+
 #: HF flags fitkit reads as one of its own fields (flag -> field), and the value when the flag is True.
 _HF_ONLY = {"fp16": "precision", "bf16": "precision", "disable_tqdm": "verbose", "use_cpu": "accelerator"}
 _WHEN_TRUE = {"fp16": "16-mixed", "bf16": "bf16-mixed", "disable_tqdm": 0, "use_cpu": "cpu"}
@@ -73,7 +94,7 @@ def hf_options(options: dict[str, Any], known: Collection[str]) -> tuple[dict[st
                                  "pass only one of them")
             out[target] = new
     unknown = [k for k in out if k not in known]
-    ignored = [k for k in unknown if k in hf_defaults()] if unknown else []
+    ignored = [k for k in unknown if k in hf_defaults() or k in seq2seq_fields()] if unknown else []
     for key in ignored:
         del out[key]
     return out, ignored

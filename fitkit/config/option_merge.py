@@ -22,7 +22,8 @@ the default "adam") is used unless `args.optim` was set to a non-default name, w
 with a warning.
 
 `in_force` / `for_evaluation` carry the data options of the last fit (`data_collator`,
-`compute_metrics`, `remove_unused_columns`, `processing_class`, `label_names`) into
+`compute_metrics`, `remove_unused_columns`, `processing_class`, `label_names`,
+`eval_accumulation_steps`, `preprocess_logits_for_metrics`, `per_device_eval_batch_size`) into
 `evaluate` and `predict` when those are not given to them.
 """
 
@@ -35,7 +36,9 @@ from fitkit.config.arguments import TrainingArguments
 from fitkit.config.names import canonical
 
 #: The options of the last fit that `evaluate` and `predict` use when not given.
-CARRIED = ("data_collator", "compute_metrics", "remove_unused_columns", "processing_class", "label_names")
+CARRIED = ("data_collator", "compute_metrics", "remove_unused_columns", "processing_class", "label_names",
+           "eval_accumulation_steps", "preprocess_logits_for_metrics", "per_device_eval_batch_size",
+           "predict_with_generate", "generation_max_length", "generation_num_beams", "generation_config")
 
 #: compile's default optimizer: it does not count as given against `args.optim`.
 DEFAULT_OPTIMIZER = "adam"

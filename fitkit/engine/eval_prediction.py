@@ -16,10 +16,23 @@ Nothing here runs during training steps: only evaluations with `compute_metrics`
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+
+from fitkit.common.tensors import tensors_of
+from fitkit.engine.gather import BatchJoiner, gather_blocks
+
+
+class PredictionOutput(NamedTuple):
+    """What `Model.hf_predict` returns (HF's `PredictionOutput`): NumPy `predictions` and
+    `label_ids` (None without labels) over the whole set, and its `metrics` (`test_loss`, ...).
+    Unpacks into exactly these three: `predictions, label_ids, metrics = model.hf_predict(ds)`."""
+
+    predictions: Any
+    label_ids: Any
+    metrics: dict[str, float]
 
 
 class EvalPrediction:
@@ -73,44 +86,101 @@ def _numpy(value: Any) -> Any:
     return value
 
 
-def _concat(parts: list) -> Any:
-    first = parts[0]
-    if isinstance(first, torch.Tensor):
-        return torch.cat([p if p.dim() else p.reshape(1) for p in parts])
-    if isinstance(first, (tuple, list)):
-        return type(first)(_concat([p[i] for p in parts]) for i in range(len(first)))
-    if isinstance(first, dict):
-        return {k: _concat([p[k] for p in parts]) for k in first}
-    return parts
+def generated_ids(module: Any, inputs: Any, target: Any, args: Any) -> tuple[torch.Tensor, Any]:
+    """`module.generate` over one batch's inputs, as HF's `Seq2SeqTrainer` calls it for
+    `predict_with_generate` (`generation_max_length`, `generation_num_beams`, `generation_config`
+    when set), and the batch's target; both padded with the model's pad token to the generation
+    config's `max_length` (or `max_new_tokens + 1`) when shorter, as the Trainer pads them."""
+    generate = getattr(module, "generate", None)
+    if not callable(generate) or not isinstance(inputs, Mapping):
+        raise ValueError(f"`predict_with_generate=True` needs a module with `generate()` (a transformers generation "
+                         f"model) and keyword batches; {type(module).__name__} has no generate() or the batch is not "
+                         "a dict: set predict_with_generate=False")
+    options = {name: value for name, value in (("max_length", args.generation_max_length),
+                                               ("num_beams", args.generation_num_beams),
+                                               ("generation_config", args.generation_config)) if value is not None}
+    given = {k: v for k, v in inputs.items() if k not in ("decoder_input_ids", "decoder_attention_mask")}
+    ids = generate(**given, **options)
+    config = options.get("generation_config") or module.generation_config
+    pad = getattr(module.config, "pad_token_id", None)
+    pad = config.eos_token_id if pad is None else pad
+    return _to_length(ids, config, pad), _to_length(target, config, pad)
+
+
+def _to_length(ids: Any, config: Any, pad: int) -> Any:
+    """`ids` padded with `pad` to the generation config's `max_length` (the Trainer's rule: not
+    `generation_max_length`), or to `max_new_tokens + 1`, when shorter."""
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        return ids
+    width = None
+    if config.max_length and ids.shape[-1] < config.max_length:
+        width = config.max_length
+    elif config.max_new_tokens is not None and ids.shape[-1] < config.max_new_tokens + 1:
+        width = config.max_new_tokens + 1
+    if width is None:
+        return ids
+    padded = ids.new_full((ids.shape[0], width), int(pad))
+    padded[:, : ids.shape[-1]] = ids
+    return padded
 
 
 class PredictionCollector:
     """Collects one evaluation's predictions and targets (detached, on their device), then calls
     `compute_metrics` once with them gathered."""
 
-    def __init__(self, compute_metrics: Callable[[EvalPrediction], Mapping[str, Any]]) -> None:
-        self.compute_metrics = compute_metrics
-        self.predictions: list = []
-        self.labels: list = []
+    def __init__(self, compute_metrics: Callable[[EvalPrediction], Mapping[str, Any]] | None,
+                 accumulation_steps: int | None = None, preprocess: Callable[[Any, Any], Any] | None = None,
+                 keep: bool = False) -> None:
+        self.compute_metrics, self.preprocess, self.keep = compute_metrics, preprocess, keep
+        self.kept: tuple[Any, Any] | None = None  # with `keep`: (predictions, label_ids) after `compute`
+        self.predictions = BatchJoiner("predictions", accumulation_steps)
+        self.labels = BatchJoiner("label_ids", accumulation_steps)
+        self.chunk_rows: int | None = None  # rows per transfer between processes (with accumulation)
 
     @classmethod
-    def of(cls, args: Any) -> PredictionCollector | None:
-        """A collector for `args.compute_metrics`, or None when it is not set."""
+    def of(cls, args: Any, keep: bool = False) -> PredictionCollector | None:
+        """A collector for `args.compute_metrics` (None when it is not set and nothing is to be
+        kept); `keep`: also keep the gathered predictions and labels (HF's `predict`)."""
         fn = getattr(args, "compute_metrics", None)
-        return None if fn is None else cls(fn)
+        if fn is None and not keep:
+            return None
+        return cls(fn, getattr(args, "eval_accumulation_steps", None),
+                   getattr(args, "preprocess_logits_for_metrics", None), keep)
 
-    def add(self, outputs: Any, target: Any) -> None:
-        self.predictions.append(predictions_of(outputs))
+    def add(self, outputs: Any, target: Any, generated: tuple[torch.Tensor, Any] | None = None) -> None:
+        """One batch: its outputs and target, or with `predict_with_generate` the `generated`
+        (ids, target) pair (`generated_ids`)."""
+        if generated is not None:
+            predictions, target = generated
+        else:
+            predictions = predictions_of(outputs)
+        if self.preprocess is not None:  # per batch, before gathering (HF's preprocess_logits_for_metrics)
+            predictions = self.preprocess(predictions, target)
+        self.predictions.add(predictions)
         if target is not None:
-            self.labels.append(target)
+            self.labels.add(target)
+        if self.predictions.every and self.chunk_rows is None:
+            rows = tensors_of(predictions)
+            self.chunk_rows = max(1, rows[0].shape[0] * self.predictions.every) if rows and rows[0].dim() else None
 
-    def compute(self, gather: Callable[[Any], Any], prefix: str) -> dict[str, float]:
-        """`compute_metrics` over everything added (`gather` joins the processes' blocks), its
-        values named `prefix + name` (an `eval_` it already has is replaced by the prefix)."""
+    def compute(self, fabric: Any, prefix: str) -> dict[str, float]:
+        """`compute_metrics` over everything added (joined over the processes of `fabric`, padded
+        with -100 across batches and processes), its values named `prefix + name` (an `eval_` it
+        already has is replaced by the prefix)."""
         if not self.predictions:
             return {}
-        predictions = _numpy(gather(_concat(self.predictions)))
-        labels = _numpy(gather(_concat(self.labels))) if self.labels else None
+        predictions, labels = self.predictions.joined(), self.labels.joined()
+        if fabric.world_size > 1:
+            chunk = None
+            if self.predictions.every:  # the same on every process: one chunk size agreed by all
+                chunk = int(fabric.all_gather(torch.tensor([self.chunk_rows or 0], device=fabric.device)).max()) or None
+            predictions = gather_blocks(fabric, predictions, chunk_rows=chunk)
+            labels = gather_blocks(fabric, labels, chunk_rows=chunk) if labels is not None else None
+        predictions, labels = _numpy(predictions), _numpy(labels)
+        if self.keep:
+            self.kept = (predictions, labels)
+        if self.compute_metrics is None:
+            return {}
         values = self.compute_metrics(EvalPrediction(predictions, labels))
         if not isinstance(values, Mapping):
             raise TypeError(f"`compute_metrics` must return a dict of values, e.g. {{'accuracy': 0.9}}; "
@@ -120,3 +190,4 @@ class PredictionCollector:
             name = key[len("eval_"):] if key.startswith("eval_") else key
             out[prefix + name] = float(value) if isinstance(value, (int, float, np.number)) else value
         return out
+

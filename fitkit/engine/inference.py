@@ -12,11 +12,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fitkit.adapters.metrics import MetricSet
-from fitkit.common.tensors import map_tensors, tensors_of, to_cpu
+from fitkit.common.tensors import to_cpu
+from fitkit.common.wrappers import unwrapped
 from fitkit.engine.data.batch import Batch, as_data
 from fitkit.engine.data.prefetch import stopping
 from fitkit.engine.data.sources import DataSource
-from fitkit.engine.eval_prediction import PredictionCollector
+from fitkit.engine.eval_prediction import PredictionCollector, generated_ids
+from fitkit.engine.gather import BatchJoiner, gather_blocks
 from fitkit.engine.overrides import StepMeans
 
 if TYPE_CHECKING:  # pragma: no cover - the members of `Loop` these methods use
@@ -47,14 +49,18 @@ class Inference:
 
         def call_event(self, event: str, **kwargs: Any) -> None: ...
 
-    def evaluate(self, source: DataSource, prefix: str = "", steps: int | None = None) -> dict[str, float]:
-        """Exact averages over `source`: loss weighted by samples, metrics over all of them."""
+    collected: tuple[Any, Any] | None = None  # (predictions, label_ids) of the last `evaluate(keep=True)`
+
+    def evaluate(self, source: DataSource, prefix: str = "", steps: int | None = None,
+                 keep: bool = False) -> dict[str, float]:
+        """Exact averages over `source`: loss weighted by samples, metrics over all of them;
+        `keep`: the gathered predictions and labels kept in `collected` (HF's `predict`)."""
         if self.overrides.test_step is not None:
             return self._own_evaluate(source, prefix, steps)
         fabric, stepper, carry = self.fabric, self.stepper, self._carry["on_prediction_step"]
         metrics = self.val_metrics if prefix else MetricSet(self.metric_specs)
         metrics.reset()
-        collector = PredictionCollector.of(self.args)  # HF's compute_metrics, when set
+        collector = PredictionCollector.of(self.args, keep)  # HF's compute_metrics, when set
         total = torch.zeros((), device=fabric.device, dtype=torch.float64)
         count, with_loss = 0, False
         self.call_event("on_evaluate_begin", running_logs=self.running_logs)
@@ -69,7 +75,7 @@ class Inference:
                 if metrics and batch.target is not None:
                     metrics.update(out, batch.target, batch.sample_weight)
                 if collector is not None:
-                    collector.add(out, batch.target)
+                    collector.add(out, batch.target, self._generated(batch))
                 self.running_logs.eval_sums = (total if with_loss else None, count, metrics, None)
                 self._prediction_step(batch, out, loss, carry)
         if fabric.world_size > 1:
@@ -82,9 +88,16 @@ class Inference:
             results[prefix + "loss"] = float(total) / count
         results.update(metrics.compute())
         if collector is not None:
-            gather = (lambda t: _gather_blocks(fabric, t)) if fabric.world_size > 1 else (lambda t: t)
-            results.update(collector.compute(gather, prefix))
+            results.update(collector.compute(fabric, prefix))
+            self.collected = collector.kept
         return results
+
+    def _generated(self, batch: Batch) -> tuple[torch.Tensor, Any] | None:
+        """With `predict_with_generate`: the module's `generate` ids for `batch` and its target,
+        padded as HF's `Seq2SeqTrainer` pads them."""
+        if not self.args.predict_with_generate:
+            return None
+        return generated_ids(unwrapped(self.stepper.module), batch.inputs, batch.target, self.args)
 
     def _own_evaluate(self, source: DataSource, prefix: str, steps: int | None) -> dict[str, float]:
         """`evaluate` through an overridden `test_step`: its values, sample-weighted means."""
@@ -122,7 +135,7 @@ class Inference:
         """The outputs for every sample of `source`, in input order, on CPU."""
         stepper, own_step = self.stepper, self.overrides.predict_step
         carry = self._carry["on_prediction_step"]
-        outputs: list = []
+        outputs = BatchJoiner("outputs", self.args.eval_accumulation_steps)
         self.call_event("on_predict_begin")
         with stepper.inference(), stopping(source):
             for batch in first(source.batches(0), steps):
@@ -131,13 +144,13 @@ class Inference:
                     _, out = stepper.forward(batch, with_loss=False)
                 else:
                     out = own_step(as_data(batch))
-                outputs.append(map_tensors(torch.Tensor.detach, out))
+                outputs.add(out)
                 self._prediction_step(batch, out, None, carry)
         if not outputs and self.fabric.world_size == 1:
             raise ValueError("`x` is empty: pass at least one sample to predict")
-        out = _concat(outputs) if outputs else None
+        out = outputs.joined()  # padded across batches with -100 (HF's Trainer)
         if self.fabric.world_size > 1:
-            out = _gather_blocks(self.fabric, out)
+            out = gather_blocks(self.fabric, out, chunk_rows=outputs.every and self.args.eval_batch_size * outputs.every)
         return to_cpu(out)
 
 
@@ -145,30 +158,3 @@ def first(batches: Iterable[Batch], steps: int | None) -> Iterable[Batch]:
     """The first `steps` batches (Keras' `steps` / `validation_steps`), or all for None."""
     return batches if steps is None else itertools.islice(batches, steps)
 
-
-def _gather_blocks(fabric: Any, out: Any) -> Any:
-    """Every rank's contiguous block of outputs, concatenated in rank order (= input order)."""
-    leaves = tensors_of(out)
-    rows = leaves[0].shape[0] if leaves else 0
-    sizes = fabric.all_gather(torch.tensor([rows], device=fabric.device)).reshape(-1).tolist()
-    most = max(sizes)
-
-    def gather(t: torch.Tensor) -> torch.Tensor:
-        padded = torch.zeros((most, *t.shape[1:]), dtype=t.dtype, device=t.device)
-        padded[: t.shape[0]] = t
-        everyone = fabric.all_gather(padded)
-        return torch.cat([everyone[r, : sizes[r]] for r in range(len(sizes))])
-
-    return map_tensors(gather, out)
-
-
-def _concat(outs: list) -> Any:
-    """Per-batch outputs joined along the batch dimension, structure kept."""
-    first = outs[0]
-    if isinstance(first, torch.Tensor):
-        return torch.cat([o if o.dim() else o.reshape(1) for o in outs]) if len(outs) > 1 else first
-    if isinstance(first, dict):
-        return {k: _concat([o[k] for o in outs]) for k in first}
-    if isinstance(first, (tuple, list)):
-        return type(first)(_concat([o[i] for o in outs]) for i in range(len(first)))
-    return outs

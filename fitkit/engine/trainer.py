@@ -62,6 +62,7 @@ class Trainer:
         self.state: TrainerState | None = None
         self.control = TrainerControl()
         self.checkpointer: Checkpointer | None = None
+        self.collected: tuple[Any, Any] | None = None  # evaluate(keep=True): (predictions, label_ids)
 
     # -- fit ------------------------------------------------------------------------------------
     def fit(self, x: Any, y: Any = None, *, sample_weight: Any = None, validation_data: Any = None,
@@ -190,14 +191,17 @@ class Trainer:
 
     # -- evaluate and predict --------------------------------------------------------------------
     def evaluate(self, x: Any, y: Any = None, *, sample_weight: Any = None, batch_size: int = 32,
-                 state: TrainerState, control: TrainerControl, steps: int | None = None) -> dict[str, float]:
-        """Loss and metrics over `x`, unprefixed; fires `on_prediction_step` and `on_evaluate`."""
+                 state: TrainerState, control: TrainerControl, steps: int | None = None,
+                 keep: bool = False) -> dict[str, float]:
+        """Loss and metrics over `x`, unprefixed; fires `on_prediction_step` and `on_evaluate`.
+        `keep`: the gathered predictions and labels are kept in `collected` (HF's `predict`)."""
         loop = self._eval_loop(state, control)
         source, _ = self._source(x, y, sample_weight, batch_size=batch_size, shuffle=False, seed=None, pad=False)
         if self.overrides.test_step is None:
             check_data(loop.stepper, self.module, source, metrics=loop.metric_specs, memo=self.runtime.checked)
         with self.runtime.using(loop.tools):
-            metrics = loop.evaluate(source, steps=steps)
+            metrics = loop.evaluate(source, steps=steps, keep=keep)
+        self.collected = loop.collected
         self.control = self.handler.on_evaluate(self.args, state, loop.control, metrics)
         return metrics
 

@@ -151,7 +151,7 @@ def hf_arguments(args: Any, directions: Mapping[str, str]) -> HFArguments:
         dataloader_pin_memory=get("dataloader_pin_memory", True), label_names=get("label_names", None),
         gradient_checkpointing=bool(get("gradient_checkpointing", False)),
         optim=get("optim", None) or fields.get("optim", "adamw_torch"),
-        eval_delay=get("eval_delay", 0) or 0,
+        eval_delay=get("eval_delay", 0) or 0, eval_accumulation_steps=get("eval_accumulation_steps", None),
     )
     return HFArguments(fields, args)
 

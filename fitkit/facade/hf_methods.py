@@ -1,22 +1,25 @@
-"""Hugging Face Trainer habits of `Model` (a mixin): `save_model`, and the data options
-`evaluate` and `predict` carry on from the last fit (`fitkit.config.option_merge`)::
+"""Hugging Face Trainer habits of `Model` (a mixin): `save_model`, `hf_predict` (the Trainer's
+`predict`), the evaluation data of the last fit, and the data options `evaluate` and `predict`
+carry on from the last fit (`fitkit.config.option_merge`)::
 
-    model.fit(train_ds, args=hf_args, processing_class=tokenizer, compute_metrics=compute_metrics)
-    model.evaluate(eval_ds)            # padded by the tokenizer, compute_metrics' values included
-    model.save_model("final")          # what from_pretrained reads, and the tokenizer
+    model.fit(train_ds, validation_data=eval_ds, args=hf_args, processing_class=tokenizer,
+              compute_metrics=compute_metrics)
+    model.evaluate(metric_key_prefix="eval")   # eval_ds, padded by the tokenizer: {"eval_loss": ...}
+    predictions, label_ids, metrics = model.hf_predict(test_ds)   # metrics: {"test_loss": ...}
+    model.save_model("final")                  # what from_pretrained reads, and the tokenizer
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
 
 from fitkit.config.arguments import TrainingArguments
 from fitkit.config.option_merge import CARRIED, for_evaluation
+from fitkit.engine.eval_prediction import PredictionOutput
 from fitkit.facade.members import ModelMembers
-
-if TYPE_CHECKING:  # pragma: no cover
-
-    pass
 
 
 class HFMethods(ModelMembers):
@@ -25,6 +28,73 @@ class HFMethods(ModelMembers):
 
     _in_force: dict[str, Any] | None = None  # the last fit's data options (set by fit)
     _last_output_dir: str | None = None  # the last fit's output_dir (set by fit)
+    _fit_validation_data: Any = None  # the last fit's validation_data (set by fit)
+
+    def fit_evaluation_data(self, what: str = "evaluate") -> Any:
+        """The `validation_data` of the last fit: what `evaluate()` and `hf_predict()` without
+        data evaluate (HF's `trainer.evaluate()` on the `eval_dataset`)."""
+        if self._fit_validation_data is None:
+            raise ValueError(f"`{what}()` was given no data (`x`) and the last fit had no `validation_data`: pass `x` "
+                             f"(`{what}(eval_ds)`), or give `validation_data=` to fit first")
+        return self._fit_validation_data
+
+    def hf_named(self, metrics: dict[str, Any], prefix: str, speed: tuple[float, Any, int] | None = None,
+                 epoch: bool = True) -> dict[str, Any]:
+        """`metrics` under HF's names, as the Trainer's `evaluate` and `predict` return them:
+        `prefix_` before each (`eval_loss`); with `speed` (seconds, data, batch size),
+        `prefix_runtime`, `prefix_samples_per_second` and `prefix_steps_per_second` for sized
+        data; with `epoch`, the epoch the last fit reached."""
+        if not isinstance(prefix, str) or not prefix:
+            raise ValueError(f"`metric_key_prefix`={prefix!r} is invalid: pass a word such as 'eval' or 'test'")
+        out = {k if k.startswith(prefix + "_") else f"{prefix}_{k}": v for k, v in metrics.items()}
+        if speed is not None:
+            seconds, data, batch_size = speed
+            out[f"{prefix}_runtime"] = round(seconds, 4)
+            if hasattr(data, "__len__") and not isinstance(data, tuple) and seconds > 0:
+                world = self.fabric.world_size if self.fabric is not None else 1
+                out[f"{prefix}_samples_per_second"] = round(len(data) / seconds, 3)
+                out[f"{prefix}_steps_per_second"] = round(math.ceil(len(data) / (batch_size * world)) / seconds, 3)
+        if epoch and self.state.epoch is not None and self.state.global_step:
+            out["epoch"] = self.state.epoch
+        return out
+
+    def hf_predict(self, test_dataset: Any = None, *, metric_key_prefix: str = "test", batch_size: int | None = None,
+                   verbose: int | str = 0, callbacks: Sequence[Any] | None = None,
+                   **data_options: Any) -> PredictionOutput:
+        """HF's `trainer.predict`: `(predictions, label_ids, metrics)` over `test_dataset`
+        (default: the last fit's `validation_data`): NumPy arrays over every sample, in input
+        order, padded with -100 across batches; `label_ids` None without labels; `metrics` named
+        `test_loss`, `test_<compute_metrics' names>` (`metric_key_prefix`). Keras' `predict`
+        returns the module's outputs instead; this is a separate method so that neither form
+        unpacks into the other's values. Data options as `evaluate`."""
+        args = self._evaluation_arguments("hf_predict", data_options)
+        x = self.fit_evaluation_data("hf_predict") if test_dataset is None else test_dataset
+        start = time.perf_counter()
+        if self.runtime.must_spawn(args):
+            metrics, predictions, labels = self._spawned("hf_collect", args, dict(
+                x=x, batch_size=batch_size, verbose=verbose, callbacks=callbacks, **data_options))
+            collected = (_numpy(predictions), _numpy(labels))
+        else:
+            metrics, kept = self._evaluate(args, x, None, batch_size, verbose, None, None, callbacks, keep=True)
+            if kept is None:
+                raise ValueError("`hf_predict` gathers the module's outputs, which an overridden `test_step` does "
+                                 "not give: call `predict` (your `predict_step`) and `evaluate` instead")
+            collected = kept
+        speed = (time.perf_counter() - start, x, args.eval_batch_size_or(32) if batch_size is None else batch_size)
+        return PredictionOutput(collected[0], collected[1], self.hf_named(metrics, metric_key_prefix, speed, epoch=False))
+
+    def hf_collect(self, x: Any, batch_size: int | None = None, verbose: int | str = 0,
+                   callbacks: Sequence[Any] | None = None, **data_options: Any) -> tuple:
+        """`hf_predict`'s work in one process of a spawn strategy: (metrics, predictions,
+        label_ids) with tensors, which travel back to the calling process."""
+        import torch
+
+        args = self._evaluation_arguments("hf_predict", data_options)
+        metrics, kept = self._evaluate(args, x, None, batch_size, verbose, None, None, callbacks, keep=True)
+        if kept is None:
+            raise ValueError("`hf_predict` gathers the module's outputs, which an overridden `test_step` does not give")
+        as_tensors = [None if v is None else torch.from_numpy(v) if hasattr(v, "dtype") else v for v in kept]
+        return metrics, as_tensors[0], as_tensors[1]
 
     def save_model(self, output_dir: str | None = None) -> str:
         """HF's `Trainer.save_model` for a Hugging Face model: `save_pretrained`'s files and the
@@ -47,3 +117,9 @@ class HFMethods(ModelMembers):
         else:
             args = TrainingArguments()
         return for_evaluation(args, self._in_force, data_options)
+
+
+def _numpy(value: Any) -> Any:
+    if value is None or not hasattr(value, "numpy"):
+        return value
+    return value.numpy()

@@ -10,6 +10,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from fitkit.config.compile_config import CompileConfig
     from fitkit.engine.runtime import Runtime
+    from fitkit.events.state import TrainerState
 
 
 class ModelMembers:
@@ -17,6 +18,9 @@ class ModelMembers:
 
     if TYPE_CHECKING:  # pragma: no cover
         config: CompileConfig | None
+        state: TrainerState
+        _last_output_dir: str | None
+        _in_force: dict[str, Any] | None
 
         @property
         def module(self) -> torch.nn.Module: ...
@@ -27,4 +31,13 @@ class ModelMembers:
         @property
         def runtime(self) -> Runtime: ...
 
+        @property
+        def fabric(self) -> Any: ...
+
         def _compiled(self, what: str) -> CompileConfig: ...
+
+        def _evaluate(self, args: Any, x: Any, y: Any, batch_size: int | None, verbose: int | str,
+                      sample_weight: Any, steps: int | None, callbacks: Any,
+                      keep: bool = False) -> tuple[dict[str, float], tuple[Any, Any] | None]: ...
+
+        def _spawned(self, method: str, args: Any, call: dict[str, Any]) -> Any: ...

@@ -32,6 +32,7 @@ class _ImportClock:
 
 sys.meta_path.insert(0, _ImportClock)
 
+import padded_ddp  # noqa: E402
 import torch  # noqa: E402
 
 from fitkit import Model, TrainerCallback  # noqa: E402
@@ -137,6 +138,10 @@ def train(opts):
         "weights": full_weights(model), "shards": shards,
         "started": process_started(), "lightning_import_began": _ImportClock.began,
     }
+    if opts.strategy == "ddp":  # outputs of varying length, on the processes this run started
+        padded = Model(padded_ddp.PerPosition())
+        padded.runtime.fabric, padded.runtime.key = model.fabric, model.runtime.key  # the same processes
+        result["padded"] = padded_ddp.calls(padded.compile(strategy="ddp", devices=opts.devices, accelerator="cpu"))
     report(opts, result)
 
 

@@ -1,0 +1,142 @@
+"""Joining what evaluation and prediction gather across batches and processes, padded as Hugging
+Face's Trainer pads it. Batches whose tensors differ in their second dimension (a collator that
+pads each batch to its own length) are padded to the longest with -100 and concatenated::
+
+    joiner = BatchJoiner(what="predictions", every=args.eval_accumulation_steps)
+    for batch in batches:
+        joiner.add(logits)                     # (8, 35, 9), then (8, 36, 9), ...
+    logits = gather_blocks(fabric, joiner.joined())   # (n, 36, 9): every process's rows, in order
+
+`every` (HF's `eval_accumulation_steps`) moves what was gathered to the CPU every that many
+batches, so the device holds at most that many batches of outputs; `gather_blocks` then sends
+such CPU tensors between processes in chunks of rows of the same size.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from fitkit.common.tensors import map_tensors, tensors_of
+
+#: What pads across batches and processes (HF's `padding_index`): labels' ignore index, also for predictions.
+PAD = -100
+
+
+def pad_concat(parts: list, pad: int = PAD) -> Any:
+    """Per-batch values (tensors, or dicts / tuples / lists of them) joined along the first
+    dimension, structure kept; tensors that differ in their second dimension are first padded to
+    the longest with `pad`. Other differences are refused by `BatchJoiner.add`."""
+    first = parts[0]
+    if isinstance(first, torch.Tensor):
+        return _join([p if p.dim() else p.reshape(1) for p in parts], pad)
+    if isinstance(first, dict):
+        return {k: pad_concat([p[k] for p in parts], pad) for k in first}
+    if isinstance(first, (tuple, list)):
+        return type(first)(pad_concat([p[i] for p in parts], pad) for i in range(len(first)))
+    return parts
+
+
+def _join(tensors: list[torch.Tensor], pad: int) -> torch.Tensor:
+    if len(tensors) == 1:
+        return tensors[0]
+    if tensors[0].dim() < 2 or all(t.shape[1] == tensors[0].shape[1] for t in tensors):
+        return torch.cat(tensors)
+    width = max(t.shape[1] for t in tensors)
+    rows = sum(t.shape[0] for t in tensors)
+    out = _full(tensors[0], (rows, width, *tensors[0].shape[2:]), pad)
+    at = 0
+    for t in tensors:
+        out[at: at + t.shape[0], : t.shape[1]] = t
+        at += t.shape[0]
+    return out
+
+
+def _full(like: torch.Tensor, shape: tuple, pad: int) -> torch.Tensor:
+    """A tensor of `shape` filled with `pad` (False for booleans, which cannot hold -100)."""
+    return like.new_full(shape, False if like.dtype == torch.bool else pad)
+
+
+class BatchJoiner:
+    """Collects one pass's per-batch values (detached), checks that each batch has the first's
+    structure and shapes but for the first two dimensions, and joins them (`joined`). `what`
+    names the values in errors; `every` (`eval_accumulation_steps`) moves them to the CPU every
+    that many batches."""
+
+    def __init__(self, what: str = "outputs", every: int | None = None, pad: int = PAD) -> None:
+        self.what, self.every, self.pad = what, every, pad
+        self.pending: list = []  # on their device, since the last move to the CPU
+        self.moved: list = []  # chunks already on the CPU
+        self.count = 0
+        self._shapes: list[tuple[int, ...]] | None = None
+
+    def __bool__(self) -> bool:
+        return self.count > 0
+
+    def add(self, value: Any) -> None:
+        value = map_tensors(torch.Tensor.detach, value)
+        self._check(value)
+        self.pending.append(value)
+        self.count += 1
+        if self.every and len(self.pending) >= self.every:
+            self._move()
+
+    def _move(self) -> None:
+        if self.pending:
+            self.moved.append(map_tensors(lambda t: t.cpu(), pad_concat(self.pending, self.pad)))
+            self.pending = []
+
+    def joined(self) -> Any:
+        """Everything added, joined in order (None when nothing was); on the CPU with `every`."""
+        if not self.count:
+            return None
+        if self.every:
+            self._move()
+            return pad_concat(self.moved, self.pad)
+        return pad_concat(self.pending, self.pad)
+
+    def _check(self, value: Any) -> None:
+        shapes = [tuple(t.shape) for t in tensors_of(value)]
+        if self._shapes is None:
+            self._shapes = shapes
+            return
+        if len(shapes) != len(self._shapes):
+            raise ValueError(f"the {self.what} of batch {self.count} hold {len(shapes)} tensors, the first batch's "
+                             f"{len(self._shapes)}: every batch must give the same structure of outputs")
+        for i, (shape, ref) in enumerate(zip(shapes, self._shapes)):
+            if len(shape) != len(ref) or shape[2:] != ref[2:]:
+                where = f" (tensor {i})" if len(shapes) > 1 else ""
+                raise ValueError(
+                    f"the {self.what} of batch {self.count}{where} have shape {list(shape)}, the first batch's "
+                    f"{list(ref)}: batches may differ only in their first dimension (the batch) and their second "
+                    f"(a sequence length, padded across batches with {self.pad} as Hugging Face's Trainer does); "
+                    "pad or crop the other dimensions to one size in your collator or model")
+
+
+def gather_blocks(fabric: Any, value: Any, pad: int = PAD, chunk_rows: int | None = None) -> Any:
+    """Every process's contiguous block of `value`, joined in rank order (= input order), each
+    tensor's second dimension padded with `pad` to the longest over the processes. A collective
+    call: every process calls it with the same structure. With `chunk_rows`, rows travel that
+    many at a time through the device and come back to the CPU (for values kept on the CPU)."""
+    return map_tensors(lambda t: _gather_tensor(fabric, t, pad, chunk_rows), value)
+
+
+def _gather_tensor(fabric: Any, t: torch.Tensor, pad: int, chunk_rows: int | None) -> torch.Tensor:
+    device = fabric.device
+    t = t if t.dim() else t.reshape(1)
+    width = t.shape[1] if t.dim() > 1 else 0
+    sizes = fabric.all_gather(torch.tensor([t.shape[0], width], device=device)).reshape(-1, 2).tolist()
+    most, widest = max(s[0] for s in sizes), max(s[1] for s in sizes)
+    shape = (most, widest, *t.shape[2:]) if t.dim() > 1 else (most,)
+    padded = _full(t, shape, pad)
+    padded[tuple(slice(0, n) for n in t.shape[:2])] = t
+    step = chunk_rows or max(most, 1)
+    pieces: list[list[torch.Tensor]] = [[] for _ in sizes]
+    for at in range(0, most, step):
+        everyone = fabric.all_gather(padded[at: at + step].to(device))
+        for r in range(len(sizes)):
+            piece = everyone[r]
+            pieces[r].append(piece.cpu() if chunk_rows else piece)
+    blocks = [torch.cat(p)[: sizes[r][0]] if p else padded[:0] for r, p in enumerate(pieces)]
+    return torch.cat(blocks)
