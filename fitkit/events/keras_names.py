@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from typing import Any
 
 #: Keras' methods whose names are also `TrainerCallback` events (with other arguments).
@@ -81,7 +82,26 @@ def _class_overrides(cls: type, name: str) -> bool:
 def keras_signature(method: Any, name: str) -> bool | None:
     """How a method named like a Keras one reads its arguments: True for Keras' (`(batch, logs)`,
     `(epoch, logs)` or `(logs)`), False for HF's `(args, state, control, **kwargs)`, None when it
-    fits neither."""
+    fits neither. Kept per function: every handler asks it of every callback's methods when it
+    builds its listeners (a search trial's handler is new each trial), and `inspect.signature`
+    is slow."""
+    func = getattr(method, "__func__", method)  # one answer per function (bound or not: `self` is not read)
+    key = (inspect.ismethod(method), name)
+    try:
+        known = _SIGNATURES.get(func)
+    except TypeError:  # not weakly referenceable: not kept
+        return _keras_signature(method, name)
+    if known is None:
+        known = _SIGNATURES[func] = {}
+    if key not in known:
+        known[key] = _keras_signature(method, name)
+    return known[key]
+
+
+_SIGNATURES: weakref.WeakKeyDictionary[Any, dict[tuple[bool, str], bool | None]] = weakref.WeakKeyDictionary()
+
+
+def _keras_signature(method: Any, name: str) -> bool | None:
     try:
         params = list(inspect.signature(method).parameters.values())
     except (TypeError, ValueError):
