@@ -6,7 +6,8 @@ sample for `predict`. The hand loops are what a user writes: `module.eval()`, `i
 for each batch a slice (or the DataLoader's batch), the forward, the loss and the correct count
 summed on the device and read once at the end; `predict` concatenates the outputs. The same runs
 over a `DataLoader(TensorDataset(x, y), batch_size=1024)` (`--loader-samples` of them: its
-per-sample indexing and collation dominate, so fewer samples keep the run short).
+per-sample indexing and collation dominate, so fewer samples keep the run short). One more row
+compares `evaluate` with the same hand loop under `torch.no_grad` (what fitkit runs in).
 
 Each repetition runs every contender once, the order rotated from one repetition to the next,
 and divides fitkit's time by its hand loop's in that repetition; the table gives the medians of
@@ -42,9 +43,10 @@ def _batches(x: torch.Tensor, y: torch.Tensor, loader: Any) -> Any:
     return ((x[i:i + BATCH], y[i:i + BATCH]) for i in range(0, len(x), BATCH))
 
 
-def hand_evaluate(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, loader: Any = None) -> dict[str, float]:
+def hand_evaluate(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, loader: Any = None,
+                  mode: Callable[[], Any] = torch.inference_mode) -> dict[str, float]:
     net.eval()
-    with torch.inference_mode():
+    with mode():
         total, correct, count = torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.long), 0
         for xb, yb in _batches(x, y, loader):
             out = net(xb)
@@ -70,6 +72,8 @@ def contenders(x: torch.Tensor, y: torch.Tensor, loader_samples: int) -> dict[st
     return {
         "evaluate, tensors": (lambda: hand_evaluate(net, x, y),
                               lambda: model.evaluate(x, y, batch_size=BATCH, verbose=0, return_dict=True)),
+        "evaluate, tensors, vs no_grad": (lambda: hand_evaluate(net, x, y, mode=torch.no_grad),
+                                          lambda: model.evaluate(x, y, batch_size=BATCH, verbose=0, return_dict=True)),
         "predict, tensors": (lambda: hand_predict(net, x, y), lambda: model.predict(x, batch_size=BATCH, verbose=0)),
         "evaluate, DataLoader": (lambda: hand_evaluate(net, xl, yl, loader),
                                  lambda: model.evaluate(loader, verbose=0, return_dict=True)),
@@ -114,7 +118,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"{opts.samples:,} samples in memory ({opts.loader_samples:,} through the DataLoader), batch {BATCH}, "
           f"MLP {'-'.join(map(str, DIMS))}, {opts.reps} reps, one torch thread; CPU/wall {share:.0%} "
           "(under ~95% other processes took the core: read the CPU-time ratio)")
-    print(f"  {'call':22} {'hand (ms)':>10} {'fitkit (ms)':>12} {'fitkit / hand, wall [IQR]':>28} "
+    print(f"  {'call':30} {'hand (ms)':>10} {'fitkit (ms)':>12} {'fitkit / hand, wall [IQR]':>28} "
           f"{'fitkit / hand, CPU time [IQR]':>30}")
     result: dict[str, Any] = {"cpu_share": share}
     for name in runs:
@@ -124,7 +128,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             low, mid, high = quartiles([m / h for m, h in zip(mine, hand)])
             row[clock] = {"median": mid, "q1": low, "q3": high, "hand": quartiles(hand)[1], "fitkit": quartiles(mine)[1]}
         w, c = row["wall"], row["cpu"]
-        print(f"  {name:22} {w['hand'] * 1e3:10.1f} {w['fitkit'] * 1e3:12.1f} "
+        print(f"  {name:30} {w['hand'] * 1e3:10.1f} {w['fitkit'] * 1e3:12.1f} "
               f"{w['median']:15.3f} [{w['q1']:.3f}-{w['q3']:.3f}] {c['median']:17.3f} [{c['q1']:.3f}-{c['q3']:.3f}]")
         result[name] = row
     return result
