@@ -155,12 +155,12 @@ class _TrialModel:
     """What `TrialMemory.release` sees of a trial's `Model`: a module, dropped by `release()`."""
 
     def __init__(self, in_a_cycle):
-        self._module = torch.nn.Linear(2, 2)
+        self.module = torch.nn.Linear(2, 2)
         if in_a_cycle:  # as the engine's objects hold it: only a collection frees it
-            self._module.__dict__["loop"] = [self._module]
+            self.module.__dict__["loop"] = [self.module]
 
     def release(self):
-        self._module = None
+        self.module = None
 
 
 def test_a_finished_trial_is_collected_only_when_its_module_outlives_it():
@@ -168,7 +168,7 @@ def test_a_finished_trial_is_collected_only_when_its_module_outlives_it():
 
     def released(memory, in_a_cycle, **kwargs):
         trial_model = _TrialModel(in_a_cycle)
-        module = weakref.ref(trial_model._module)
+        module = weakref.ref(trial_model.module)
         collected = memory.release(trial_model, **kwargs)
         return collected, module() is None
 

@@ -67,9 +67,7 @@ class TrialMemory:
 def _watch(trial_model: Any) -> list[weakref.ref]:
     """Weak references to what must not outlive the trial: its module and its first parameter
     (which the optimizer's state also keeps alive while the optimizer lives)."""
-    module = getattr(trial_model, "_module", None)
-    if module is None:
-        return []
+    module = trial_model.module  # a trial's model is built with its module (never None before `release`)
     refs = [weakref.ref(module)]
     first = next(iter(module.parameters()), None)
     if first is not None:
