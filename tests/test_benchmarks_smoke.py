@@ -128,3 +128,16 @@ def test_the_command_line_prints_the_table(capsys):
     assert "| tiny (32-64-10, batch 64, 3 steps/fit)" in out
     assert "fitkit" in out and "raw loop" in out and "slicing loop" in out
     assert "fitkit against the two hand-written loops" in out and "<= 0.85" in out
+
+
+def test_the_search_and_inference_comparisons_run_smallest(capsys):
+    pytest.importorskip("optuna")
+    pytest.importorskip("sklearn")
+    from benchmarks import inference, search_trial
+
+    searched = search_trial.main(["--trials", "1", "--epochs", "1", "--reps", "1"])
+    assert len(searched["wall"]["hand"]) == len(searched["wall"]["fitkit"]) == 1
+    # fitkit's values are checked against the hand loop's before anything is timed
+    inferred = inference.main(["--samples", "3000", "--loader-samples", "2000", "--reps", "1"])
+    assert set(inferred) >= {"evaluate, tensors", "predict, tensors", "evaluate, DataLoader", "predict, DataLoader"}
+    assert "fitkit / hand" in capsys.readouterr().out

@@ -4,6 +4,7 @@ import gc
 import os
 import subprocess
 import sys
+import weakref
 
 import pytest
 import torch
@@ -147,6 +148,41 @@ def test_memory_does_not_grow_with_trials():
     model.hyperparameter_search(x, y, validation_split=0.25, hp_space=_lr_space, n_trials=20, study=study, verbose=0)
     assert len(study.trials) == 20
     assert live_modules() <= after_two
+    assert gc.get_freeze_count() == 0  # what the search froze is given back to the collector
+
+
+class _TrialModel:
+    """What `TrialMemory.release` sees of a trial's `Model`: a module, dropped by `release()`."""
+
+    def __init__(self, in_a_cycle):
+        self.module = torch.nn.Linear(2, 2)
+        if in_a_cycle:  # as the engine's objects hold it: only a collection frees it
+            self.module.__dict__["loop"] = [self.module]
+
+    def release(self):
+        self.module = None
+
+
+def test_a_finished_trial_is_collected_only_when_its_module_outlives_it():
+    from fitkit.search.memory import TrialMemory
+
+    def released(memory, in_a_cycle, **kwargs):
+        trial_model = _TrialModel(in_a_cycle)
+        module = weakref.ref(trial_model.module)
+        collected = memory.release(trial_model, **kwargs)
+        return collected, module() is None
+
+    frozen = gc.get_freeze_count()
+    with TrialMemory() as memory:
+        assert frozen or gc.get_freeze_count() > 0  # the heap before the search is out of the collection's way
+        assert released(memory, in_a_cycle=False) == (False, True)  # freed by reference counting: no collection
+        assert released(memory, in_a_cycle=True) == (True, True)
+    assert gc.get_freeze_count() == frozen
+    with TrialMemory(optuna_collects=True) as memory:  # gc_after_trial=True: Optuna's full collection
+        assert gc.get_freeze_count() == frozen
+        assert released(memory, in_a_cycle=True)[0] is False  # Optuna collects right after the trial
+        assert released(memory, in_a_cycle=True, optuna_follows=False) == (True, True)  # a follower rank
+    assert memory.collections == 1
 
 
 def test_errors_name_the_argument():

@@ -3,6 +3,9 @@
 Named metrics become torchmetrics objects when the first batch is seen, which tells the
 task (binary, multiclass, multilabel, regression) and the class count. Metrics accumulate on
 the device; nothing is read back to the host until `compute()` (once per epoch or evaluation).
+Named classification metrics count (or keep) what they see, so one update over many batches
+equals one per batch: their batches are held on the device and given to torchmetrics in blocks
+(`HELD_BYTES`), which leaves a batch with the work a hand-written loop does for it.
 """
 
 from __future__ import annotations
@@ -387,6 +390,48 @@ def _prepare(kind: str, name: str, preds: torch.Tensor, target: torch.Tensor):
     return (preds > 0).long(), target.long()  # logits -> hard labels (binary and multilabel)
 
 
+#: The kinds of named metrics whose torchmetrics states are integer counts or kept predictions:
+#: an update over the concatenation of batches gives what one update per batch gives, bit for
+#: bit. Regression metrics (float sums, rounded per update) and callables are updated per batch.
+BLOCK_KINDS = frozenset({"binary", "multiclass", "onehot", "multilabel", "top_k", "auc"})
+#: The most bytes of predictions and targets a metric holds before it updates (one update per
+#: block of batches instead of one per batch: torchmetrics' update costs far more per call than
+#: the arithmetic of a small batch).
+HELD_BYTES = 16 * 2**20
+
+
+class _Held:
+    """A block metric's prepared batches not yet given to it."""
+
+    __slots__ = ("preds", "targets", "nbytes")
+
+    def __init__(self) -> None:
+        self.preds: list[torch.Tensor] = []
+        self.targets: list[torch.Tensor] = []
+        self.nbytes = 0
+
+    def add(self, kind: str, key: str, preds: torch.Tensor, target: torch.Tensor) -> None:
+        preds, target = _prepare(kind, key, preds, target)
+        if kind in ("multiclass", "onehot") and key != "auroc" and preds.dim() == 2 and target.dim() == 1:
+            preds = preds.argmax(dim=1)  # what torchmetrics' update does first: hold labels, not scores
+        self.preds.append(preds)
+        self.targets.append(target)
+        self.nbytes += preds.nelement() * preds.element_size() + target.nelement() * target.element_size()
+
+    def give(self, metric: Any) -> None:
+        if not self.preds:
+            return
+        preds, targets = self.preds, self.targets
+        self.clear()
+        if len(preds) == 1:
+            metric.update(preds[0], targets[0])
+        else:
+            metric.update(torch.cat(preds), torch.cat(targets))
+
+    def clear(self) -> None:
+        self.preds, self.targets, self.nbytes = [], [], 0
+
+
 #: One built metric of a `MetricSet`: (log name, metric, kind, key, select, weight), `select` being
 #: the `OutputMetric.select` of a metric of one output (None: the whole model's output) and `weight`
 #: what picks its sample weights from a batch's (None: an unweighted metric).
@@ -402,6 +447,7 @@ class MetricSet:
         self._items: list[_Item] | None = None
         self._pending: dict | None = None  # states to apply once the metrics are built
         self._tasks: dict[str, tuple[str, int]] = {}
+        self._held: dict[int, _Held] = {}  # by item index: the block metrics' batches not given yet
         self.device = torch.device("cpu")  # where metrics rebuilt from a saved state live
 
     def __bool__(self) -> bool:
@@ -468,14 +514,24 @@ class MetricSet:
                 metric = metric.to(preds.device if preds is not None else self.device)
             items.append((self.prefix + name, metric, kind, key, select, weight))
         self._items = items
+        self._held = {i: _Held() for i, item in enumerate(items) if item[2] in BLOCK_KINDS and item[5] is None}
         if self._pending:
             self._apply(self._pending)
             self._pending = None
+
+    def _give_held(self) -> None:
+        """Update the block metrics with the batches they hold (before anything reads them)."""
+        if self._items is None:
+            return
+        for index, held in self._held.items():
+            if held.preds:
+                held.give(self._items[index][1])
 
     def export_state(self) -> dict | None:
         """The accumulated values (tensors and numbers), to resume an epoch exactly."""
         if not self._items:
             return None
+        self._give_held()
         out: dict[str, dict[str, Any]] = {}
         for name, metric, *_ in self._items:
             if isinstance(metric, (_Mean, KerasMean)):
@@ -499,6 +555,8 @@ class MetricSet:
     def load_state(self, states: dict | None) -> None:
         if not states:
             return
+        for held in self._held.values():
+            held.clear()
         if self._items is not None:
             self._apply(states)
         elif all(isinstance(spec, (str, LossParts)) or isinstance(getattr(spec, "spec", None), str)
@@ -539,21 +597,30 @@ class MetricSet:
             self._build(outputs, target)
         assert self._items is not None  # set by `_build`
         plain = None
-        for _, metric, kind, key, select, weight in self._items:
+        held, nbytes = self._held, 0
+        for index, (_, metric, kind, key, select, weight) in enumerate(self._items):
             if select is None and kind != "part":
                 if plain is None:
                     plain = _select(None, outputs, target)
                 preds, tgt = plain
             else:
                 preds, tgt = _select(select, outputs, target) if kind != "part" else (None, target)
-            w = weight(outputs, sample_weight) if weight is not None and sample_weight is not None else None
-            _update(metric, kind, key, preds, tgt, w)
+            block = held.get(index)
+            if block is None:
+                w = weight(outputs, sample_weight) if weight is not None and sample_weight is not None else None
+                _update(metric, kind, key, preds, tgt, w)
+            else:
+                block.add(kind, key, preds, tgt)
+                nbytes += block.nbytes
+        if nbytes > HELD_BYTES:
+            self._give_held()
 
     def update_one(self, index: int, outputs: Any, target: Any, sample_weight: Any = None) -> None:
         """Update only the `index`-th metric (`Model.metrics[i].update_state` in a custom step)."""
         if self._items is None:
             self._build(outputs, target)
         assert self._items is not None  # set by `_build`
+        self._give_held()
         _, metric, kind, key, select, weight = self._items[index]
         preds, tgt = _select(select, outputs, target) if kind != "part" else (None, target)
         w = weight(outputs, sample_weight) if weight is not None and sample_weight is not None else None
@@ -562,6 +629,7 @@ class MetricSet:
     def compute(self) -> dict[str, float]:
         if not self._items:
             return {}
+        self._give_held()
         return {name: float(metric.compute()) for name, metric, *_ in self._items}
 
     def results(self) -> dict[str, torch.Tensor]:
@@ -569,14 +637,20 @@ class MetricSet:
         what `Model.compute_metrics` returns in a custom step."""
         if not self._items:
             return {}
+        self._give_held()
         return {name[len(self.prefix):]: metric.compute() for name, metric, *_ in self._items}
 
     def result_of(self, index: int) -> torch.Tensor | None:
         """The `index`-th metric's value so far (None before its first update)."""
-        return None if not self._items else self._items[index][1].compute()
+        if not self._items:
+            return None
+        self._give_held()
+        return self._items[index][1].compute()
 
     def reset(self) -> None:
         self._pending = None
+        for held in self._held.values():
+            held.clear()
         for _, metric, *_ in self._items or ():
             metric.reset()
 

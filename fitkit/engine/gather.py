@@ -75,7 +75,8 @@ class BatchJoiner:
         return self.count > 0
 
     def add(self, value: Any) -> None:
-        value = map_tensors(torch.Tensor.detach, value)
+        if not isinstance(value, torch.Tensor) or value.requires_grad:
+            value = map_tensors(torch.Tensor.detach, value)
         self._check(value)
         self.pending.append(value)
         self.count += 1

@@ -62,22 +62,25 @@ class Inference:
         metrics.reset()
         collector = PredictionCollector.of(self.args, keep)  # HF's compute_metrics, when set
         total = torch.zeros((), device=fabric.device, dtype=torch.float64)
-        count, with_loss = 0, False
+        count, with_loss, measured = 0, False, bool(metrics)
         self.call_event("on_evaluate_begin", running_logs=self.running_logs)
+        begins, steps_end = self._listened("on_prediction_step_begin"), self._listened("on_prediction_step")
         with stepper.inference(), stopping(source):
             for batch in first(source.batches(0), steps):
-                self.call_event("on_prediction_step_begin")
+                if begins:
+                    self.call_event("on_prediction_step_begin")
                 loss, out = stepper.forward(batch)
                 if loss is not None:
-                    total += loss.detach().double() * batch.size
+                    total.add_(loss.detach(), alpha=batch.size)  # one op: the sum in float64, on the device
                     with_loss = True
                 count += batch.size
-                if metrics and batch.target is not None:
+                if measured and batch.target is not None:
                     metrics.update(out, batch.target, batch.sample_weight)
                 if collector is not None:
                     collector.add(out, batch.target, self._generated(batch))
-                self.running_logs.eval_sums = (total if with_loss else None, count, metrics, None)
-                self._prediction_step(batch, out, loss, carry)
+                if steps_end:  # what a Keras-style batch-end method reads, and the event
+                    self.running_logs.eval_sums = (total if with_loss else None, count, metrics, None)
+                    self._prediction_step(batch, out, loss, carry)
         if fabric.world_size > 1:
             total = fabric.all_reduce(total, reduce_op="sum")
             count = int(fabric.all_reduce(torch.tensor(count, device=fabric.device), reduce_op="sum"))
@@ -123,6 +126,11 @@ class Inference:
             raise ValueError("the evaluation data is empty: pass at least one sample")
         return {**means.compute(self.fabric, prefix), **(metrics.compute() if tools.updated else {})}
 
+    def _listened(self, event: str) -> bool:
+        """Whether any callback listens to `event`: the batch loops skip firing an event nobody
+        hears (the handler would find no listener each batch and return the same control)."""
+        return bool(self.handler.listeners(event))
+
     def _prediction_step(self, batch: Batch, outputs: Any, loss: Any, carry: bool) -> None:
         cb = self.handler
         if carry:
@@ -137,15 +145,18 @@ class Inference:
         carry = self._carry["on_prediction_step"]
         outputs = BatchJoiner("outputs", self.args.eval_accumulation_steps)
         self.call_event("on_predict_begin")
+        begins, steps_end = self._listened("on_prediction_step_begin"), self._listened("on_prediction_step")
         with stepper.inference(), stopping(source):
             for batch in first(source.batches(0), steps):
-                self.call_event("on_prediction_step_begin")
+                if begins:
+                    self.call_event("on_prediction_step_begin")
                 if own_step is None:
                     _, out = stepper.forward(batch, with_loss=False)
                 else:
                     out = own_step(as_data(batch))
                 outputs.add(out)
-                self._prediction_step(batch, out, None, carry)
+                if steps_end:
+                    self._prediction_step(batch, out, None, carry)
         if not outputs and self.fabric.world_size == 1:
             raise ValueError("`x` is empty: pass at least one sample to predict")
         out = outputs.joined()  # padded across batches with -100 (HF's Trainer)

@@ -10,7 +10,6 @@ heartbeats are on, and takes over (resumes) any that goes stale.
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import math
@@ -33,6 +32,7 @@ from fitkit.search.claims import (
     is_surplus,
     requeue,
 )
+from fitkit.search.memory import TrialMemory
 from fitkit.search.objective import check_params, objective_value, parameters
 from fitkit.search.reporter import TrialReporter
 from fitkit.search.storage import StorageError, _chain
@@ -84,12 +84,14 @@ class Search:
         self.n_trials = 0
         self.preempted: int | None = None  # the trial SIGTERM stopped
         self.waiting = False
+        self.memory = TrialMemory(optuna_collects=bool(optimize_kwargs.get("gc_after_trial", False)))
 
     # -- the two roles ------------------------------------------------------------------------
     def lead(self, study: Any, n_trials: int) -> BestRun | list[BestRun]:
         self.study, self.n_trials = study, n_trials
         try:
-            self._run_trials()
+            with self.memory:
+                self._run_trials()
         except Exception as error:
             storage_error = next((e for e in _chain(error) if isinstance(e, StorageError)), None)
             if storage_error is not None and storage_error is not error:
@@ -151,18 +153,19 @@ class Search:
     def follow(self) -> BestRun | list[BestRun]:
         import optuna
 
-        while True:
-            plan = self.fabric.broadcast(None, src=0)
-            if plan is None:
-                break
-            trial = optuna.trial.FixedTrial(plan["params"], number=plan["number"])
-            params = parameters(self.hp_space, trial)
-            try:
-                self.train_trial(self.fresh_model(trial, params), trial, params, plan)
-            except optuna.TrialPruned:
-                pass
-            except _Preempted:
-                raise SystemExit(PREEMPTED_EXIT_CODE) from None
+        with self.memory:
+            while True:
+                plan = self.fabric.broadcast(None, src=0)
+                if plan is None:
+                    break
+                trial = optuna.trial.FixedTrial(plan["params"], number=plan["number"])
+                params = parameters(self.hp_space, trial)
+                try:
+                    self.train_trial(self.fresh_model(trial, params), trial, params, plan)
+                except optuna.TrialPruned:
+                    pass
+                except _Preempted:
+                    raise SystemExit(PREEMPTED_EXIT_CODE) from None
         return self.fabric.broadcast(None, src=0)
 
     # -- one trial ----------------------------------------------------------------------------
@@ -197,7 +200,6 @@ class Search:
         """Fit one trial (resuming from the newest checkpoint in its `output_dir` when it is the
         re-run of an interrupted one); store its results on the trial; the objective."""
         import optuna
-        import torch
 
         reporter = TrialReporter(trial, self.compute_objective, self.multi, self.fabric, reported or ())
         trial_options = {**self.fit_options, **params, "output_dir": plan["output_dir"]}
@@ -214,11 +216,9 @@ class Search:
         finally:
             state = trial_model.state
             best_checkpoint = getattr(state, "best_model_checkpoint", None) or trial_model.last_checkpoint
-            trial_model.release()
+            # Optuna runs the leader's trials (and its gc_after_trial), the followers' not
+            self.memory.release(trial_model, optuna_follows=self.fabric.is_global_zero)
             del trial_model
-            gc.collect()
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
         if self.fabric.is_global_zero:
             trial.set_user_attr(METRICS, _plain(metrics))
             trial.set_user_attr(BEST_CHECKPOINT, best_checkpoint)

@@ -1,0 +1,134 @@
+"""`evaluate` and `predict` do per batch what a hand-written loop does: named classification
+metrics updated in blocks (with the per-batch values, bit for bit), no event fired that no
+callback hears, the same numbers as the per-batch sums."""
+
+import pytest
+import torch
+
+from fitkit import Model, TrainerCallback
+from fitkit.adapters import metrics as metrics_module
+from fitkit.adapters.metrics import MetricSet
+from fitkit.events.handler import CallbackHandler
+
+BATCH = 8
+
+
+def _batches(kind, n=6):
+    g = torch.Generator().manual_seed(3)
+    out = []
+    for _ in range(n):
+        if kind == "multiclass":
+            out.append((torch.randn(BATCH, 5, generator=g), torch.randint(0, 5, (BATCH,), generator=g)))
+        elif kind == "binary":
+            out.append((torch.randn(BATCH, 1, generator=g), torch.randint(0, 2, (BATCH, 1), generator=g).float()))
+        elif kind == "onehot":
+            labels = torch.randint(0, 5, (BATCH,), generator=g)
+            out.append((torch.randn(BATCH, 5, generator=g), torch.nn.functional.one_hot(labels, 5).float()))
+        else:  # multilabel
+            out.append((torch.randn(BATCH, 4, generator=g), torch.randint(0, 2, (BATCH, 4), generator=g).float()))
+    return out
+
+
+NAMES = {
+    "multiclass": ["accuracy", "f1", "precision", "recall", "auroc", "top_k_categorical_accuracy"],
+    "binary": ["accuracy", "f1", "auroc", "auc"],
+    "onehot": ["categorical_accuracy", "f1"],
+    "multilabel": ["accuracy", "recall"],
+}
+
+
+@pytest.mark.parametrize("kind", list(NAMES))
+def test_block_updates_give_the_per_batch_values_bit_for_bit(kind, monkeypatch):
+    batches = _batches(kind)
+    blocks = MetricSet(NAMES[kind], "val_")
+    for preds, target in batches:
+        blocks.update(preds, target)
+    assert all(item[1]._update_count == 0 for item in blocks._items)  # held: no torchmetrics update yet
+    held = blocks.compute()
+    assert all(item[1]._update_count == 1 for item in blocks._items)  # one update for the six batches
+
+    monkeypatch.setattr(metrics_module, "HELD_BYTES", -1)  # given at every batch: the per-batch updates
+    each = MetricSet(NAMES[kind], "val_")
+    for preds, target in batches:
+        each.update(preds, target)
+    assert all(item[1]._update_count == len(batches) for item in each._items)
+    assert held == each.compute()
+
+
+def test_what_is_read_or_saved_mid_epoch_includes_the_held_batches():
+    batches = _batches("multiclass")
+    metrics = MetricSet(["accuracy"])
+    for preds, target in batches[:3]:
+        metrics.update(preds, target)
+    state = metrics.export_state()
+    correct = sum(int((p.argmax(-1) == t).sum()) for p, t in batches[:3])
+    assert float(metrics.results()["accuracy"]) == pytest.approx(correct / (3 * BATCH))
+    restored = MetricSet(["accuracy"])
+    restored.load_state(state)
+    for preds, target in batches[3:]:
+        metrics.update(preds, target)
+        restored.update(preds, target)
+    assert restored.compute() == metrics.compute()
+    metrics.update(*batches[0])  # held, then dropped by the reset
+    metrics.reset()
+    preds, target = batches[1]
+    metrics.update(preds, target)
+    assert metrics.compute()["accuracy"] == pytest.approx(float((preds.argmax(-1) == target).float().mean()))
+
+
+@pytest.fixture(scope="module")
+def model_and_data():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(100, 6, generator=g), torch.randint(0, 4, (100,), generator=g)
+    return Model(net).compile("adam", "cross_entropy", ["accuracy"]), x, y
+
+
+def test_evaluate_gives_the_per_batch_sums(model_and_data):
+    model, x, y = model_and_data
+    got = model.evaluate(x, y, batch_size=BATCH, verbose=0, return_dict=True)
+    net = model.module
+    total, correct = torch.zeros((), dtype=torch.float64), 0
+    with torch.no_grad():
+        for i in range(0, len(x), BATCH):
+            out = net(x[i:i + BATCH])
+            total += torch.nn.functional.cross_entropy(out, y[i:i + BATCH]).double() * len(out)
+            correct += int((out.argmax(-1) == y[i:i + BATCH]).sum())
+    assert got["loss"] == float(total) / len(x)  # the same float64 sum, exactly
+    assert got["accuracy"] == pytest.approx(correct / len(x), abs=1e-7)
+
+
+def test_no_event_is_fired_per_batch_that_nobody_hears(model_and_data, monkeypatch):
+    model, x, y = model_and_data
+    fired = []
+    real = CallbackHandler.call_event
+
+    def counting(self, event, *args, **kwargs):
+        fired.append(event)
+        return real(self, event, *args, **kwargs)
+
+    monkeypatch.setattr(CallbackHandler, "call_event", counting)
+    per_call = {}
+    for n in (2 * BATCH, 10 * BATCH):
+        for call in ("evaluate", "predict"):
+            fired.clear()
+            if call == "evaluate":
+                model.evaluate(x[:n], y[:n], batch_size=BATCH, verbose=0)
+            else:
+                model.predict(x[:n], batch_size=BATCH, verbose=0)
+            per_call.setdefault(call, []).append(len(fired))
+    assert per_call["evaluate"][0] == per_call["evaluate"][1]  # not one more call per batch
+    assert per_call["predict"][0] == per_call["predict"][1]
+
+    class Steps(TrainerCallback):
+        def __init__(self):
+            self.steps = 0
+
+        def on_prediction_step(self, args, state, control, **kwargs):
+            self.steps += 1
+
+    listener = Steps()
+    model.evaluate(x[:n], y[:n], batch_size=BATCH, verbose=0, callbacks=[listener])
+    model.predict(x[:n], batch_size=BATCH, verbose=0, callbacks=[listener])
+    assert listener.steps == 20  # heard: once per batch, as before
