@@ -33,7 +33,7 @@ NAMES = {
     "multiclass": ["accuracy", "f1", "precision", "recall", "auroc", "top_k_categorical_accuracy"],
     "binary": ["accuracy", "f1", "auroc", "auc"],
     "onehot": ["categorical_accuracy", "f1"],
-    "multilabel": ["accuracy", "recall"],
+    "multilabel": ["binary_accuracy", "f1", "auroc"],  # ("recall" there is Keras' own, per element)
 }
 
 
