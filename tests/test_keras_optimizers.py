@@ -163,5 +163,28 @@ def test_weight_decay_given_to_adam_decays_the_weights_as_keras():
     for _ in range(2):
         kmodel.train_on_batch(x.numpy(), y.numpy())
         model.train_on_batch(x, y)
-    for ours, theirs, before in zip(net.parameters(), keras_weights(kmodel), start):
-        torch.testing.assert_close(ours.detach() - before, theirs - before, rtol=2e-3, atol=1e-7)
+    for mine, theirs, before in zip(net.parameters(), keras_weights(kmodel), start):
+        torch.testing.assert_close(mine.detach() - before, theirs - before, rtol=2e-3, atol=1e-7)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU on this machine")
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_cuda_fast_paths_step_as_the_cpu_classes(name):
+    """On CUDA each name runs its fused / foreach kernels; they step as the CPU class does (which
+    the tests above hold to Keras), with weight decay and a rate change."""
+    g = torch.Generator().manual_seed(0)
+    start = [torch.randn(64, 32, generator=g), torch.randn(32, generator=g)]
+    cpu = [torch.nn.Parameter(w.clone()) for w in start]
+    gpu = [torch.nn.Parameter(w.cuda()) for w in start]
+    opts = [build_optimizer(name, params, None, 0.01) for params in (cpu, gpu)]
+    assert implementation(opts[1]) in ("fused", "foreach")
+    for step in range(6):
+        grads = [torch.randn(w.shape, generator=g) * 1e-3 for w in start]
+        for params, opt in zip((cpu, gpu), opts):
+            if step == 3:
+                opt.param_groups[0]["lr"] = 3e-4
+            for p, grad in zip(params, grads):
+                p.grad = grad.to(p.device)
+            opt.step()
+    for a, b in zip(cpu, gpu):
+        torch.testing.assert_close(b.detach().cpu(), a.detach(), rtol=1e-6, atol=0)

@@ -53,7 +53,7 @@ class _DecoupledDecay(torch.optim.Optimizer):
     _torch_step: Callable[..., Any]
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
         loss = _closure_loss(closure)
         decays = [group["weight_decay"] for group in self.param_groups]
         for group in self.param_groups:
@@ -77,7 +77,7 @@ class SGD(_DecoupledDecay, torch.optim.SGD):
     _torch_step = torch.optim.SGD.step
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
         for group in self.param_groups:
             lr, last = group["lr"], group.get("keras_lr")
             if group["momentum"] and last and lr and last != lr:
@@ -113,7 +113,7 @@ class _KerasEpsilon(torch.optim.Optimizer):
                 group["keras_step"] = int(steps[0]) if steps else 0
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
         loss = _closure_loss(closure)
         epsilons = [group["eps"] for group in self.param_groups]
         for group in self.param_groups:
@@ -164,13 +164,13 @@ class ForeachOptimizer(torch.optim.Optimizer):
         raise NotImplementedError
 
     @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
         loss = _closure_loss(closure)
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
                 continue
-            grads = [p.grad.to_dense() if p.grad.is_sparse else p.grad for p in params]  # type: ignore[union-attr]
+            grads = [p.grad.to_dense() if p.grad.is_sparse else p.grad for p in params]
             states = []
             for p in params:
                 if not self.state[p]:
