@@ -43,7 +43,8 @@ def _closure_loss(closure: Callable[[], Any] | None) -> Any:
 def _decay(group: dict[str, Any], params: list[torch.Tensor]) -> None:
     """Keras' weight decay: `w -= w * weight_decay * lr`, before the update."""
     if group["weight_decay"] and params:
-        torch._foreach_mul_(params, 1 - group["lr"] * group["weight_decay"])
+        with torch.no_grad():
+            torch._foreach_mul_(params, 1 - group["lr"] * group["weight_decay"])
 
 
 class _DecoupledDecay(torch.optim.Optimizer):
@@ -52,7 +53,6 @@ class _DecoupledDecay(torch.optim.Optimizer):
 
     _torch_step: Callable[..., Any]
 
-    @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         loss = _closure_loss(closure)
         decays = [group["weight_decay"] for group in self.param_groups]
@@ -76,14 +76,13 @@ class SGD(_DecoupledDecay, torch.optim.SGD):
 
     _torch_step = torch.optim.SGD.step
 
-    @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         for group in self.param_groups:
             lr, last = group["lr"], group.get("keras_lr")
             if group["momentum"] and last and lr and last != lr:
                 buffers = [self.state[p]["momentum_buffer"] for p in group["params"]
                            if self.state.get(p, {}).get("momentum_buffer") is not None]
-                if buffers:
+                if buffers:  # no autograd: buffers never require a gradient
                     torch._foreach_mul_(buffers, float(last) / float(lr))
             group["keras_lr"] = lr
         return super().step(closure)
@@ -112,7 +111,6 @@ class _KerasEpsilon(torch.optim.Optimizer):
                 steps = [self.state[p]["step"] for p in group["params"] if "step" in self.state.get(p, {})]
                 group["keras_step"] = int(steps[0]) if steps else 0
 
-    @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         loss = _closure_loss(closure)
         epsilons = [group["eps"] for group in self.param_groups]
@@ -209,25 +207,26 @@ class RMSprop(ForeachOptimizer):
 
     def _update(self, group: dict[str, Any], params: list[torch.Tensor], grads: list[torch.Tensor],
                 states: list[dict[str, Any]]) -> None:
-        rho, lr = group["alpha"], group["lr"]
+        rho, lr = group["alpha"], float(group["lr"])
         velocities = _pick(states, "square_avg")
         torch._foreach_mul_(velocities, rho)
-        torch._foreach_add_(velocities, torch._foreach_mul(grads, grads), alpha=1 - rho)
-        denominators = torch._foreach_add(velocities, group["eps"])
+        torch._foreach_addcmul_(velocities, grads, grads, value=1 - rho)
         if group["centered"]:
             averages = _pick(states, "grad_avg")
             torch._foreach_mul_(averages, rho)
             torch._foreach_add_(averages, grads, alpha=1 - rho)
-            torch._foreach_add_(denominators, torch._foreach_mul(averages, averages), alpha=-1)
+            denominators = torch._foreach_addcmul(velocities, averages, averages, value=-1)
+            torch._foreach_add_(denominators, group["eps"])
+        else:
+            denominators = torch._foreach_add(velocities, group["eps"])
         torch._foreach_sqrt_(denominators)
-        increments = torch._foreach_div(torch._foreach_mul(grads, lr), denominators)
         if group["momentum"] > 0:
             buffers = _pick(states, "momentum_buffer")
             torch._foreach_mul_(buffers, group["momentum"])
-            torch._foreach_add_(buffers, increments)
+            torch._foreach_addcdiv_(buffers, grads, denominators, value=lr)
             torch._foreach_add_(params, buffers, alpha=-1)
         else:
-            torch._foreach_add_(params, increments, alpha=-1)
+            torch._foreach_addcdiv_(params, grads, denominators, value=-lr)
 
 
 class Adagrad(ForeachOptimizer):
@@ -248,9 +247,10 @@ class Adagrad(ForeachOptimizer):
     def _update(self, group: dict[str, Any], params: list[torch.Tensor], grads: list[torch.Tensor],
                 states: list[dict[str, Any]]) -> None:
         sums = _pick(states, "sum")
-        torch._foreach_add_(sums, torch._foreach_mul(grads, grads))
-        roots = torch._foreach_sqrt(torch._foreach_add(sums, group["eps"]))
-        torch._foreach_add_(params, torch._foreach_div(torch._foreach_mul(grads, group["lr"]), roots), alpha=-1)
+        torch._foreach_addcmul_(sums, grads, grads)
+        roots = torch._foreach_add(sums, group["eps"])
+        torch._foreach_sqrt_(roots)
+        torch._foreach_addcdiv_(params, grads, roots, value=-float(group["lr"]))
 
 
 class Adamax(ForeachOptimizer):
@@ -279,8 +279,7 @@ class Adamax(ForeachOptimizer):
         torch._foreach_maximum_(norms, torch._foreach_abs(grads))
         denominators = torch._foreach_add(norms, group["eps"])
         torch._foreach_mul_(denominators, corrections)
-        torch._foreach_add_(params, torch._foreach_div(torch._foreach_mul(moments, group["lr"]), denominators),
-                            alpha=-1)
+        torch._foreach_addcdiv_(params, moments, denominators, value=-float(group["lr"]))
 
 
 class Lion(ForeachOptimizer):
@@ -303,6 +302,6 @@ class Lion(ForeachOptimizer):
         directions = torch._foreach_mul(moments, beta_1)
         torch._foreach_add_(directions, grads, alpha=1 - beta_1)
         torch._foreach_sign_(directions)
-        torch._foreach_add_(params, torch._foreach_mul(directions, group["lr"]), alpha=-1)
+        torch._foreach_add_(params, directions, alpha=-float(group["lr"]))
         torch._foreach_mul_(moments, beta_2)
         torch._foreach_add_(moments, grads, alpha=1 - beta_2)
