@@ -20,7 +20,8 @@ from fitkit.adapters import keras_optimizers
 from fitkit.common.options import did_you_mean
 
 #: name -> (class, Keras default learning rate): each class computes Keras 3's update
-#: (`fitkit.adapters.keras_optimizers`; Nadam is torch's NAdam with Keras' momentum schedule).
+#: (`fitkit.adapters.keras_optimizers`; Nadam is torch's NAdam with Keras' momentum schedule;
+#: Adagrad is torch's, equal to Keras' to float32 rounding with Keras' initial accumulator).
 OPTIMIZERS: dict[str, tuple[type, float]] = {
     "adam": (keras_optimizers.Adam, 1e-3),
     "adamw": (keras_optimizers.AdamW, 1e-3),
