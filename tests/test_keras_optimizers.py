@@ -192,3 +192,12 @@ def test_cuda_fast_paths_step_as_the_cpu_classes(name):
             opt.step()
     for a, b in zip(cpu, gpu):
         torch.testing.assert_close(b.detach().cpu(), a.detach(), rtol=1e-6, atol=0)
+
+
+def test_a_keras_optimizer_object_is_refused_naming_the_name_and_the_class():
+    keras = real_keras()
+    with pytest.raises(TypeError, match=r"pass optimizer='rmsprop' .*keras_optimizers.RMSprop\(params, \.\.\.\) "
+                                        r"with torch's keywords \(lr, alpha, eps, momentum, centered\)"):
+        Model(torch.nn.Linear(2, 1)).compile(keras.optimizers.RMSprop(rho=0.8), "mse")
+    with pytest.raises(TypeError, match="precision=\"16-mixed\""):
+        Model(torch.nn.Linear(2, 1)).compile(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()), "mse")

@@ -93,11 +93,27 @@ def check_optimizer(spec: Any) -> None:
                 f"{did_you_mean(spec, OPTIMIZERS)}unknown optimizer {spec!r} for `optimizer`; valid names are: {', '.join(OPTIMIZERS)} "
                 "(or pass a torch.optim.Optimizer subclass or a callable params -> optimizer)"
             )
+    elif type(spec).__module__.split(".")[0] == "keras":
+        raise TypeError(_keras_object_error(spec))
     elif not (isinstance(spec, torch.optim.Optimizer) or callable(spec)):
         raise TypeError(
             f"`optimizer` must be a name, a torch.optim.Optimizer subclass or instance, or a callable "
             f"params -> optimizer; got {type(spec).__name__}"
         )
+
+
+def _keras_object_error(spec: Any) -> str:
+    """What to pass instead of a `keras.optimizers` object (a Keras optimizer steps Keras variables)."""
+    name = type(spec).__name__.lower()
+    if name in REFUSED:
+        return f"a keras.optimizers.{type(spec).__name__} object cannot drive a torch module: {REFUSED[name]}"
+    if name not in OPTIMIZERS:
+        return f"a keras.optimizers.{type(spec).__name__} object cannot drive a torch module: pass a torch.optim.Optimizer"
+    cls = OPTIMIZERS[name][0]
+    return (f"a keras.optimizers.{type(spec).__name__} object cannot drive a torch module: pass optimizer={name!r} "
+            f"(Keras' algorithm and defaults; learning_rate= and weight_decay= to compile), or, for Keras' other "
+            f"options, optimizer=lambda params: {cls.__module__}.{cls.__name__}(params, ...) with torch's keywords "
+            f"({', '.join(KERAS_DEFAULTS[name])}); docs/migrating-from-keras.md, \"Optimizer defaults\"")
 
 
 #: The implementation torch runs fastest for a named optimizer on a device type, measured with
