@@ -104,7 +104,8 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods, HFResults):
                 **options: Any) -> Model:
         """Configure training; returns `self` so calls chain.
 
-        `optimizer`: "adam", "adamw", "sgd", "rmsprop", "adagrad", an Optimizer subclass or
+        `optimizer`: "adam", "adamw", "sgd", "rmsprop", "adagrad", "adadelta", "adamax", "nadam",
+        "lion" (Keras 3's algorithms and defaults), an Optimizer subclass or
         instance, or a callable params -> optimizer. `loss`: a name ("cross_entropy", "mse",
         ...), an nn.Module, a callable (outputs, targets) -> tensor, or None when the module
         returns its loss. `metrics`: names, torchmetrics objects or callables. Options:

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from fitkit import Model
-from fitkit.adapters.optimizers import FASTEST, implementation
+from fitkit.adapters import keras_optimizers
+from fitkit.adapters.optimizers import FASTEST, OPTIMIZERS, fastest_implementation, implementation
 from fitkit.engine.checkpoint import layout, listing
 
 
@@ -35,23 +36,27 @@ def _trained(optimizer, epochs=1, **options):
 
 
 @pytest.mark.parametrize("name, expected", [("adam", "fused"), ("adamw", "fused"), ("adagrad", "fused"),
-                                            ("sgd", "for-loop"), ("rmsprop", "for-loop")])
+                                            ("sgd", "for-loop"), ("rmsprop", "foreach"), ("adadelta", "for-loop"),
+                                            ("adamax", "foreach"), ("nadam", "for-loop"), ("lion", "foreach")])
 def test_each_name_builds_the_fastest_implementation_on_cpu(name, expected):
     model = _trained(name)
     built = model.runtime.optimizer.optimizer
     assert implementation(built) == expected
-    assert FASTEST.get((name, "cpu"), "for-loop") == expected  # the table the choice reads
+    if issubclass(OPTIMIZERS[name][0], keras_optimizers.ForeachOptimizer):  # fitkit's own: always foreach
+        assert expected == "foreach"
+    else:
+        assert FASTEST.get((name, "cpu"), "for-loop") == expected  # the table the choice reads
     assert type(built).__name__.lower() == name
     assert f"Optimizer: {type(built).__name__} ({expected})" in model.summary()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU on this machine")
-@pytest.mark.parametrize("name", ["adam", "adamw", "sgd", "adagrad", "rmsprop"])
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_each_name_builds_the_fastest_implementation_on_cuda(name):
     x, y = _data()
     model = Model(_net()).compile(name, "cross_entropy", accelerator="cuda", devices=1)
     model.fit(x, y, batch_size=16, epochs=1, verbose=0)
-    assert implementation(model.runtime.optimizer) == FASTEST[(name, "cuda")]
+    assert implementation(model.runtime.optimizer) == FASTEST.get((name, "cuda"), "foreach")
 
 
 def test_what_the_user_builds_is_left_as_given():
@@ -75,7 +80,7 @@ def test_summary_before_the_first_fit_says_what_the_name_will_build():
 def test_fused_computes_the_default_update():
     """The same algorithm: weights agree with torch's default implementation to float rounding
     (given the hyperparameters the name builds: Keras' epsilon)."""
-    fused, default = _trained("adam", epochs=3), _trained(lambda p: torch.optim.Adam(p, eps=1e-7), epochs=3)
+    fused, default = _trained("adam", epochs=3), _trained(lambda p: keras_optimizers.Adam(p, eps=1e-7), epochs=3)
     assert implementation(fused.runtime.optimizer) == "fused"
     for a, b in zip(fused.module.parameters(), default.module.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
@@ -85,9 +90,19 @@ def test_fused_computes_the_default_update():
 def test_sparse_gradients_and_complex_parameters_keep_the_default_loop():
     x = torch.randint(0, 20, (64, 2))
     y = torch.randint(0, 3, (64,))
-    model = Model(_net(embedding=True)).compile("adagrad", "cross_entropy")
+    net = _net(embedding=True)
+    assert fastest_implementation("adam", list(net.parameters()), net) is None
+    model = Model(net).compile("sgd", "cross_entropy")
     model.fit(x, y, batch_size=16, verbose=0)  # a fused step would raise on the sparse gradient
     assert implementation(model.runtime.optimizer) == "for-loop"
+    sparse = Model(_net(embedding=True)).compile(keras_optimizers.KerasAdagrad, "cross_entropy")  # made dense
+    dense_net = torch.nn.Sequential(torch.nn.Embedding(20, 8), torch.nn.Flatten(), torch.nn.Linear(16, 3))
+    dense_net.load_state_dict(_net(embedding=True).state_dict())
+    dense = Model(dense_net).compile(keras_optimizers.KerasAdagrad, "cross_entropy")
+    sparse.fit(x, y, batch_size=16, verbose=0, seed=1)
+    dense.fit(x, y, batch_size=16, verbose=0, seed=1)
+    for a, b in zip(sparse.module.parameters(), dense.module.parameters()):
+        torch.testing.assert_close(a, b)
 
     class Complex(torch.nn.Module):
         def __init__(self):
@@ -116,24 +131,33 @@ def test_fused_under_reduced_precision_on_cpu(precision):
     assert model.history.history["loss"][-1] < model.history.history["loss"][0]
 
 
-def _checkpointed(out, optimizer, stop_at=None, resume=False, seed=0):
+def _checkpointed(out, optimizer, stop_at=None, resume=False, seed=0, **compile_options):
     x, y = _data()
-    model = Model(_net(seed)).compile(optimizer, "cross_entropy", learning_rate=1e-2)
+    model = Model(_net(seed)).compile(optimizer, "cross_entropy", learning_rate=1e-2, **compile_options)
     options = dict(max_steps=stop_at) if stop_at else {}
     model.fit(x, y, batch_size=16, epochs=4, seed=3, verbose=0, output_dir=str(out), save_strategy="steps",
               save_steps=5, resume_from_checkpoint=resume or None, **options)
     return model
 
 
-@pytest.mark.parametrize("optimizer", ["adam", "adagrad"])
-def test_resume_with_a_fused_optimizer_is_bit_identical(tmp_path, optimizer):
-    full = _checkpointed(tmp_path / "full", optimizer)
-    _checkpointed(tmp_path / "cut", optimizer, stop_at=10)  # checkpoints at steps 5 and 10 (mid-epoch 2)
+def _momentum_sgd(params):
+    return keras_optimizers.SGD(params, lr=1e-2, momentum=0.9)
+
+
+@pytest.mark.parametrize("optimizer, kind", [("adam", "fused"), ("adagrad", "fused"), ("rmsprop", "foreach"),
+                                                (_momentum_sgd, "for-loop")])
+def test_resume_with_a_fused_optimizer_is_bit_identical(tmp_path, optimizer, kind):
+    """Also the state Keras' algorithms add: Adam's step count, SGD's last rate (the rate halves
+    every 3 steps: the momentum buffer is rescaled as the rate changes, across the resume too)."""
+    halving = lambda opt, total: torch.optim.lr_scheduler.StepLR(opt, 3, 0.5)  # noqa: E731
+    options = {"lr_scheduler": halving} if optimizer is _momentum_sgd else {}
+    full = _checkpointed(tmp_path / "full", optimizer, **options)
+    _checkpointed(tmp_path / "cut", optimizer, stop_at=10, **options)  # checkpoints at steps 5 and 10 (mid-epoch 2)
     newest = listing.list_checkpoints(str(tmp_path / "cut"))[-1]
     with open(os.path.join(newest, layout.MANIFEST), encoding="utf-8") as f:
-        assert json.load(f)["optimizer_implementation"] == "fused"
-    resumed = _checkpointed(tmp_path / "cut", optimizer, resume=True, seed=99)  # another initialisation
-    assert implementation(resumed.runtime.optimizer) == "fused"
+        assert json.load(f)["optimizer_implementation"] == kind
+    resumed = _checkpointed(tmp_path / "cut", optimizer, resume=True, seed=99, **options)  # another initialisation
+    assert implementation(resumed.runtime.optimizer) == kind
     assert resumed.state.global_step == full.state.global_step == 24
     for a, b in zip(full.module.parameters(), resumed.module.parameters()):
         assert torch.equal(a, b)
@@ -142,8 +166,8 @@ def test_resume_with_a_fused_optimizer_is_bit_identical(tmp_path, optimizer):
 def test_a_checkpoint_resumes_with_the_implementation_it_was_written_with(tmp_path):
     """A run written with the default loop (a class given, or before names built fused) resumed
     under the name "adam" keeps stepping with the default loop: bit-identical to going on."""
-    full = _checkpointed(tmp_path / "full", torch.optim.Adam)
-    _checkpointed(tmp_path / "cut", torch.optim.Adam, stop_at=10)
+    full = _checkpointed(tmp_path / "full", keras_optimizers.Adam)
+    _checkpointed(tmp_path / "cut", keras_optimizers.Adam, stop_at=10)
     newest = listing.list_checkpoints(str(tmp_path / "cut"))[-1]
     with open(os.path.join(newest, layout.MANIFEST), encoding="utf-8") as f:
         assert json.load(f)["optimizer_implementation"] == "for-loop"

@@ -3,7 +3,7 @@
 A name builds torch's optimizer with Keras 3's defaults for every hyperparameter (`KERAS_DEFAULTS`);
 an HF `optim` name (`TorchDefaults`, from `TrainingArguments(optim=...)`) keeps torch's / HF's::
 
-    build_optimizer("rmsprop", net.parameters(), None, None)     # RMSprop(lr=1e-3, alpha=0.9, eps=1e-7)
+    build_optimizer("rmsprop", net.parameters(), None, None)     # Keras' RMSprop(lr=1e-3, rho=0.9, eps=1e-7)
     build_optimizer(TorchDefaults("adamw"), net.parameters(), 5e-5, 0.0)  # HF's AdamW (eps=1e-8)
 """
 
@@ -16,29 +16,60 @@ from typing import Any
 
 import torch
 
+from fitkit.adapters import keras_optimizers
 from fitkit.common.options import did_you_mean
 
-#: name -> (class, Keras default learning rate)
+#: name -> (class, Keras default learning rate): each class computes Keras 3's update
+#: (`fitkit.adapters.keras_optimizers`; Nadam is torch's NAdam with Keras' momentum schedule;
+#: Adagrad is torch's, equal to Keras' to float32 rounding with Keras' initial accumulator).
 OPTIMIZERS: dict[str, tuple[type, float]] = {
-    "adam": (torch.optim.Adam, 1e-3),
-    "adamw": (torch.optim.AdamW, 1e-3),
-    "sgd": (torch.optim.SGD, 1e-2),
-    "rmsprop": (torch.optim.RMSprop, 1e-3),
-    "adagrad": (torch.optim.Adagrad, 1e-3),
+    "adam": (keras_optimizers.Adam, 1e-3),
+    "adamw": (keras_optimizers.AdamW, 1e-3),
+    "sgd": (keras_optimizers.SGD, 1e-2),
+    "rmsprop": (keras_optimizers.RMSprop, 1e-3),
+    "adagrad": (keras_optimizers.Adagrad, 1e-3),
+    "adadelta": (keras_optimizers.Adadelta, 1e-3),
+    "adamax": (keras_optimizers.Adamax, 1e-3),
+    "nadam": (torch.optim.NAdam, 1e-3),
+    "lion": (keras_optimizers.Lion, 1e-3),
+}
+
+#: torch's own classes, for the HF `optim` names (`TorchDefaults`): HF's Trainer builds these.
+TORCH_CLASSES: dict[str, type] = {
+    "adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD,
+    "rmsprop": torch.optim.RMSprop, "adagrad": torch.optim.Adagrad,
+}
+
+#: Keras 3 optimizers fitkit does not build, with what to use instead (lower-case class names).
+REFUSED: dict[str, str] = {
+    "adafactor": "Keras' Adafactor is not built by name; torch.optim.Adafactor is another variant of it "
+                 "(pass optimizer=torch.optim.Adafactor)",
+    "ftrl": "Keras' Ftrl has no torch counterpart; pass a torch.optim.Optimizer subclass (e.g. optimizer=\"adagrad\")",
+    "lamb": "Keras' Lamb has no torch counterpart; pass a torch.optim.Optimizer subclass (e.g. optimizer=\"adamw\")",
+    "muon": "Keras' Muon is not built by name; torch.optim.Muon takes 2-D weights only "
+            "(pass a callable params -> optimizer that builds it on the matrices and AdamW on the rest)",
+    "schedulefreeadamw": "Keras' ScheduleFreeAdamW has no torch counterpart; use optimizer=\"adamw\" with lr_scheduler=",
+    "lossscaleoptimizer": "loss scaling is fitkit's precision option: pass precision=\"16-mixed\" (Fabric's gradient scaler)",
+    "multioptimizer": "pass a callable params -> optimizer that builds one torch optimizer with parameter groups",
+    "optimizermap": "pass a callable params -> optimizer that builds one torch optimizer with parameter groups",
 }
 
 
 #: Keras 3's default for every hyperparameter of each named optimizer, as torch's keywords
-#: (keras/src/optimizers/*.py, Keras 3.15). Where torch's algorithm places epsilon elsewhere
-#: (Adam/AdamW: after the bias correction; RMSprop/Adagrad: outside the square root), the same
-#: epsilon value is used: the updates agree to float tolerance unless the gradients are of
-#: epsilon's order (docs/migrating-from-keras.md, "Optimizer defaults").
+#: (keras/src/optimizers/*.py, Keras 3.15; `alpha` is Keras' `rho` for RMSprop). The classes
+#: place epsilon where Keras does and decay the weights as Keras does (decoupled): the updates
+#: equal Keras' to float32 rounding (docs/migrating-from-keras.md, "Optimizer defaults").
 KERAS_DEFAULTS: dict[str, dict[str, Any]] = {
     "adam": {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-7, "amsgrad": False},
     "adamw": {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-7, "weight_decay": 0.004, "amsgrad": False},
     "sgd": {"lr": 1e-2, "momentum": 0.0, "nesterov": False},
     "rmsprop": {"lr": 1e-3, "alpha": 0.9, "eps": 1e-7, "momentum": 0.0, "centered": False},
     "adagrad": {"lr": 1e-3, "initial_accumulator_value": 0.1, "eps": 1e-7},
+    "adadelta": {"lr": 1e-3, "rho": 0.95, "eps": 1e-7},
+    "adamax": {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-7},
+    "nadam": {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-7, "momentum_decay": 1.0,
+              "decoupled_weight_decay": True},
+    "lion": {"lr": 1e-3, "betas": (0.9, 0.99)},
 }
 
 
@@ -55,11 +86,15 @@ def check_optimizer(spec: Any) -> None:
     if isinstance(spec, TorchDefaults):
         spec = spec.name
     if isinstance(spec, str):
+        if spec.lower().replace("_", "") in REFUSED:
+            raise ValueError(f"optimizer {spec!r} is not available by name: {REFUSED[spec.lower().replace('_', '')]}")
         if spec.lower() not in OPTIMIZERS:
             raise ValueError(
                 f"{did_you_mean(spec, OPTIMIZERS)}unknown optimizer {spec!r} for `optimizer`; valid names are: {', '.join(OPTIMIZERS)} "
                 "(or pass a torch.optim.Optimizer subclass or a callable params -> optimizer)"
             )
+    elif type(spec).__module__.split(".")[0] == "keras":
+        raise TypeError(_keras_object_error(spec))
     elif not (isinstance(spec, torch.optim.Optimizer) or callable(spec)):
         raise TypeError(
             f"`optimizer` must be a name, a torch.optim.Optimizer subclass or instance, or a callable "
@@ -67,11 +102,26 @@ def check_optimizer(spec: Any) -> None:
         )
 
 
+def _keras_object_error(spec: Any) -> str:
+    """What to pass instead of a `keras.optimizers` object (a Keras optimizer steps Keras variables)."""
+    name = type(spec).__name__.lower()
+    if name in REFUSED:
+        return f"a keras.optimizers.{type(spec).__name__} object cannot drive a torch module: {REFUSED[name]}"
+    if name not in OPTIMIZERS:
+        return f"a keras.optimizers.{type(spec).__name__} object cannot drive a torch module: pass a torch.optim.Optimizer"
+    cls = OPTIMIZERS[name][0]
+    return (f"a keras.optimizers.{type(spec).__name__} object cannot drive a torch module: pass optimizer={name!r} "
+            f"(Keras' algorithm and defaults; learning_rate= and weight_decay= to compile), or, for Keras' other "
+            f"options, optimizer=lambda params: {cls.__module__}.{cls.__name__}(params, ...) with torch's keywords "
+            f"({', '.join(KERAS_DEFAULTS[name])}); docs/migrating-from-keras.md, \"Optimizer defaults\"")
+
+
 #: The implementation torch runs fastest for a named optimizer on a device type, measured with
 #: torch 2.13 (CPU: one thread, the tiny MLP of `benchmarks/`: fused Adam 213 us a step against
 #: 298 us for the default, Adagrad 206 against 242; fused SGD 182 against 174, and foreach no
 #: faster than the default anywhere on CPU). "fused" and "foreach" compute the same update as the
 #: default loop (the same algorithm, not an approximation); names not listed keep torch's default.
+#: The classes fitkit writes itself (`keras_optimizers.ForeachOptimizer`) always run foreach.
 FASTEST: dict[tuple[str, str], str] = {
     ("adam", "cpu"): "fused", ("adamw", "cpu"): "fused", ("adagrad", "cpu"): "fused",
     ("adam", "cuda"): "fused", ("adamw", "cuda"): "fused", ("sgd", "cuda"): "fused",
@@ -79,7 +129,7 @@ FASTEST: dict[tuple[str, str], str] = {
 }
 
 #: Named optimizers whose `eps` would vanish in float16 (1e-8 underflows): used with "16-true".
-_EPS_FP16 = {"adam": 1e-4, "adamw": 1e-4, "rmsprop": 1e-4, "adagrad": 1e-4}
+_EPS_FP16 = {"adam": 1e-4, "adamw": 1e-4, "rmsprop": 1e-4, "adagrad": 1e-4, "adamax": 1e-4, "nadam": 1e-4}
 
 
 def build_optimizer(
@@ -138,11 +188,11 @@ def _named(spec: str | TorchDefaults, params: list, learning_rate: float | None,
            precision: str | int | None, module: torch.nn.Module | None) -> torch.optim.Optimizer:
     """A named optimizer in the fastest exact implementation for the parameters' device."""
     name = spec.name if isinstance(spec, TorchDefaults) else spec.lower()
-    cls = OPTIMIZERS[name][0]
+    cls = TORCH_CLASSES[name] if isinstance(spec, TorchDefaults) else OPTIMIZERS[name][0]
     kwargs = named_keywords(spec, learning_rate, given.get("weight_decay"))
     if str(precision) in ("16-true", "16") and name in _EPS_FP16:
         kwargs["eps"] = _EPS_FP16[name]  # pure float16 weights: keep the denominator representable
-    kind = fastest_implementation(name, params, module)
+    kind = None if issubclass(cls, keras_optimizers.ForeachOptimizer) else fastest_implementation(name, params, module)
     if kind is not None:
         try:
             return cls(params, **kwargs, **{kind: True})
@@ -198,7 +248,10 @@ def optimizer_note(spec: Any, built: Any = None) -> str:
                 devices.setdefault(kind, []).append(device)
         where = "; ".join(f"{kind} on {', '.join(devices[kind])}" for kind in sorted(devices))
         where = f"{where}, torch's default elsewhere" if where else "torch's default"
-        return f"Optimizer: {OPTIMIZERS[spec.lower()][0].__name__} ({where}; built at the first fit)"
+        cls = OPTIMIZERS[spec.lower()][0]
+        if issubclass(cls, keras_optimizers.ForeachOptimizer):
+            where = "foreach"
+        return f"Optimizer: {cls.__name__} ({where}; built at the first fit)"
     return f"Optimizer: {getattr(spec, '__name__', type(spec).__name__)} (as given)"
 
 
