@@ -12,6 +12,14 @@ from fitkit.engine.devices import early_start
 from fitkit.engine.devices import fabric as fabric_module
 
 
+@pytest.fixture(autouse=True)
+def _a_script(monkeypatch):
+    """As in a `python train.py` run: a script to re-run (a pytest-xdist worker's `__main__` is
+    none), and no Hydra (a run under Hydra is left to Lightning; another test may import it)."""
+    monkeypatch.setattr(sys, "argv", [__file__])
+    monkeypatch.delitem(sys.modules, "hydra", raising=False)
+
+
 def _args(**options):
     return TrainingArguments(output_dir="unused", **{"strategy": "ddp", "devices": 2, **options})
 

@@ -4,6 +4,7 @@ changes; each call is exactly a hand-written step."""
 import torch
 
 from fitkit import Model
+from fitkit.adapters import keras_optimizers
 
 
 def _net(seed=0):
@@ -19,7 +20,8 @@ def _batches(n=6):
 def test_a_loop_of_train_on_batch_is_the_hand_written_loop():
     model = Model(_net()).compile("adam", "cross_entropy", learning_rate=1e-2)
     hand = _net()
-    optimizer = torch.optim.Adam(hand.parameters(), lr=1e-2, eps=1e-7, fused=True)  # what "adam" builds on CPU
+    # what "adam" builds on CPU: torch's fused Adam with Keras' epsilon placement
+    optimizer = keras_optimizers.Adam(hand.parameters(), lr=1e-2, eps=1e-7, fused=True)
     for x, y in _batches():
         reported = model.train_on_batch(x, y)
         optimizer.zero_grad()

@@ -4,10 +4,12 @@
 
 - one `save_strategy="epoch"` save, from the epoch's end (`on_epoch_end`, before `DefaultFlowCallback` asks
   for the save) to `on_save`: at most 8 (on a run that does not log: the epoch-end log is its own story; so
-  is each stateful callback's `state()`, which the save asks for: `History`'s rows here);
+  are each stateful callback's `state()`, which the save asks for, and another callback's own `on_epoch_end`
+  record: `History`'s here);
 - a Keras-style callback's `on_epoch_end` is reached from the loop through at most 3 (the loop, the
   handler, the adapter: the fitkit frames on the stack when it runs);
-- one training step, from `on_step_begin` to `on_step_end`: at most 7.
+- one training step, from `on_step_begin` to `on_step_end`: at most 7 (the optimizer's own `step` is its story,
+  as torch's is).
 """
 
 from __future__ import annotations
@@ -22,13 +24,25 @@ from fitkit.callbacks import Callback, Order
 
 
 def _inside_state(frame) -> str | None:
-    """The callback module whose `state()` this call runs inside (its frame or a caller's), if any."""
+    """The callback module this call runs inside (its frame or a caller's) when that is another
+    story than the save's: a stateful callback's `state()` (what it saves), or a callback's own
+    `on_epoch_end` record (`History`'s under step logging); None otherwise."""
     while frame is not None:
         name = frame.f_globals.get("__name__", "")
-        if name.startswith("fitkit.callbacks") and frame.f_code.co_name == "state":
+        if name.startswith("fitkit.callbacks") and (frame.f_code.co_name == "state" or (
+                frame.f_code.co_name == "on_epoch_end" and name != "fitkit.callbacks.flow")):
             return name
         frame = frame.f_back
     return None
+
+
+def _in_optimizer(frame) -> bool:
+    """True inside an optimizer's own methods (or the helpers they call)."""
+    while frame is not None:
+        if isinstance(frame.f_locals.get("self"), torch.optim.Optimizer):
+            return True
+        frame = frame.f_back
+    return False
 
 
 class _Profile:
@@ -43,7 +57,9 @@ class _Profile:
         if self.on and event == "call":
             name = frame.f_globals.get("__name__", "")
             exporting = _inside_state(frame)
-            if exporting:
+            if _in_optimizer(frame):
+                pass  # the optimizer's own update (torch's, or Keras' algorithm on torch's kernels)
+            elif exporting:
                 self.exported.add(exporting)  # what a stateful callback saves is its own story
             elif name.startswith("fitkit"):
                 self.modules.add(name)
@@ -87,7 +103,7 @@ def test_an_epoch_end_save_runs_through_at_most_8_modules(tmp_path):
     _fit(tmp_path, Probe(), save_strategy="epoch", logging_strategy="no")
     modules = [m for m in found["modules"] if m != __name__]
     assert "fitkit.engine.checkpoint.checkpointer" in modules  # the checker sees the save
-    assert Probe.profile.exported == {"fitkit.callbacks.history"}  # and the one stateful callback asked
+    assert Probe.profile.exported == {"fitkit.callbacks.history"}  # its record and its saved rows
     assert len(modules) <= 8, " ".join(modules)
 
 

@@ -209,5 +209,6 @@ class EpochRecordsCallback(RunStateCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         done = self._records.train_end()
+        self._running_logs = None  # it reaches the loop and the set-up module: not kept past the run
         super().on_train_end(args, state, control, **kwargs)
         return self._done(done, args, state, control, kwargs)

@@ -38,7 +38,7 @@ class History(TrainerCallback):
     `CSVLogger` follows the same rule, so both hold the same keys.
 
     Under step logging (`logging_strategy="steps"`, which logs no epoch record) the epoch's
-    training values are read from the run after its validation (`running_logs.epoch()`), so the history
+    training values are read at its end from the run (`running_logs.epoch()`), so the history
     holds epoch averages whatever the logging; a checkpoint keeps the rows (`state()`), so a
     resumed run's history starts with the epochs before it.
     """
@@ -70,6 +70,9 @@ class History(TrainerCallback):
         value = self.metrics.get("train_loss")
         return None if value is None else float(value)
 
+    def on_train_end(self, args, state, control, **kwargs):
+        self._running_logs = None  # it reaches the loop and the set-up module: not kept past the run
+
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "train_runtime" in logs:
             self.metrics = {k: v for k, v in logs.items() if k != "step"}
@@ -78,9 +81,8 @@ class History(TrainerCallback):
             self._add(state.epoch, logs)
             self._rebuild()
 
-    def on_epoch_summary(self, args, state, control, **kwargs):
-        # Keras' `on_epoch_end` moment (after the epoch's validation and save), where Keras'
-        # History records the epoch: the save at the epoch's end does not pass through here.
+    def on_epoch_end(self, args, state, control, **kwargs):
+        # Before the epoch-end save: the checkpoint holds this epoch's row.
         if getattr(args, "logging_strategy", None) != "steps":  # the epoch-end log brings them, or none do
             return
         values = unlogged_epoch_values(args, self._running_logs)

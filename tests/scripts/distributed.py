@@ -141,7 +141,8 @@ def train(opts):
     if opts.strategy == "ddp":  # outputs of varying length, on the processes this run started
         padded = Model(padded_ddp.PerPosition())
         padded.runtime.fabric, padded.runtime.key = model.fabric, model.runtime.key  # the same processes
-        result["padded"] = padded_ddp.calls(padded.compile(strategy="ddp", devices=opts.devices, accelerator="cpu"))
+        result["padded"] = padded_ddp.calls(padded.compile(strategy="ddp", devices=opts.devices,
+                                                           num_nodes=opts.num_nodes, accelerator="cpu"))
     report(opts, result)
 
 

@@ -48,7 +48,7 @@ def build_fabric(args: TrainingArguments):
     if accelerator == "auto":
         import torch
 
-        accelerator = "cuda" if torch.cuda.is_available() else "cpu"
+        accelerator = _strategy_device(args.strategy) or ("cuda" if torch.cuda.is_available() else "cpu")
     launched_here = not _launched_by_cli() and not is_spawning(args)
     started = early_start.start(args, accelerator) if launched_here else None
     try:
@@ -69,6 +69,15 @@ def build_fabric(args: TrainingArguments):
         _children.extend(getattr(getattr(fabric.strategy, "launcher", None), "procs", None) or ())
         teardown_at_exit()
     return fabric
+
+
+def _strategy_device(strategy: Any) -> str | None:
+    """The device type a ready strategy instance was built for (`SingleDeviceStrategy(device="cpu")`
+    on a machine with a GPU runs on the CPU, as its owner asked); None for a name or no device."""
+    if isinstance(strategy, str):
+        return None
+    device = getattr(strategy, "_root_device", None)
+    return getattr(device, "type", None) if device is not None else None
 
 
 def _fabric(args: TrainingArguments, accelerator: str) -> Any:
