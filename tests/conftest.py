@@ -1,4 +1,5 @@
 import os
+import sys
 import tempfile
 import warnings
 
@@ -21,6 +22,16 @@ def blobs():
     y = torch.arange(240) % 3
     x = centers[y] + torch.randn(240, 8, generator=g)
     return x, y
+
+
+@pytest.fixture(autouse=True)
+def _fresh_wandb():
+    """wandb reads its settings (`WANDB_DIR`, ...) once per process, at its first run: a test that
+    sets them must not find the settings of another test's run (tests share worker processes)."""
+    yield
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and hasattr(wandb, "teardown"):
+        wandb.teardown()
 
 
 @pytest.fixture(autouse=True)

@@ -290,3 +290,26 @@ def test_records_of_the_checkpoint_step_logged_after_the_checkpoint_are_there_on
         got, want = _tb(tmp_path, tag), _tb(by_epochs, tag)
         assert [s for s, _ in got] == [s for s, _ in want] == [6, 12], tag
         assert [v for _, v in got] == pytest.approx([v for _, v in want], abs=1e-6), tag
+
+
+def test_a_resumed_runs_event_file_is_read_after_the_interrupted_ones(tmp_path):
+    """TensorBoard reads a folder's event files in name order (second, host, process id, counter):
+    a run resumed in the same second, or by a process of a smaller id, must still come last."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from fitkit.integrations.tensorboard import _read_last
+
+    interrupted = SummaryWriter(log_dir=str(tmp_path))
+    interrupted.add_scalar("loss", 1.0, 6)
+    interrupted.close()
+    (earlier,) = os.listdir(tmp_path)
+    os.replace(tmp_path / earlier, tmp_path / "events.out.tfevents.9999999999.host.99999.9")  # sorts after any
+    resumed = SummaryWriter(log_dir=str(tmp_path), purge_step=6)
+    _read_last(resumed, str(tmp_path))
+    resumed.add_scalar("loss", 2.0, 6)
+    resumed.add_scalar("loss", 3.0, 12)
+    resumed.close()
+    assert sorted(os.listdir(tmp_path))[0].endswith(".host.99999.9")  # the interrupted run's, read first
+    acc = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0})
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("loss")] == [(6, 2.0), (12, 3.0)]

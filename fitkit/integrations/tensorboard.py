@@ -72,6 +72,8 @@ class TensorBoardCallback(TrackingCallback):
         # resume logs them again. Those that came before it are in the checkpoint's log history:
         # written again here, so each record is there once.
         self.writer, self._owns_writer = SummaryWriter(log_dir=log_dir, purge_step=step or None), True
+        if step:
+            _read_last(self.writer, log_dir)
         for record in state.log_history if step else ():
             if record.get("step") == step and "stopped" not in record:
                 values = self.numbers({k: v for k, v in record.items() if k != "step"})
@@ -117,3 +119,21 @@ class TensorBoardCallback(TrackingCallback):
         file_writer = get() if callable(get) else writer.file_writer
         for summary in (experiment, session_start, session_end):
             file_writer.add_summary(summary)
+
+
+def _read_last(writer: Any, log_dir: str) -> None:
+    """Make the resumed run's event file sort after the interrupted run's: TensorBoard reads a
+    folder's files in name order, and a purge hides only what it read before. The names hold the
+    second, the process id and a per-process counter, so a run resumed within the same second (or
+    by a process with a smaller id) could sort first and be hidden instead. The interrupted run's
+    files (closed: that run has ended) are then renamed to sort first, in their own order."""
+    event_writer = getattr(getattr(writer, "file_writer", None), "event_writer", None)
+    path = getattr(event_writer, "_file_name", None)
+    if not isinstance(path, str):
+        return
+    mine = os.path.basename(path)
+    others = sorted(n for n in os.listdir(log_dir) if "tfevents" in n and n != mine)
+    if not others or mine > others[-1]:
+        return
+    for i, name in enumerate(others):
+        os.replace(os.path.join(log_dir, name), os.path.join(log_dir, f"events.out.tfevents.0000000000.{i:04d}.{name}"))
