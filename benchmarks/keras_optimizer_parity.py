@@ -47,6 +47,29 @@ CASES = [
 ]
 
 
+def same_steps(keras, kopt, opt, params, scale: float, generator: torch.Generator, steps: int = 6,
+               new_rate: float | None = None) -> float:
+    """Step Keras' `kopt` and torch's `opt` from the same weights with the same gradients (of size
+    `scale`, drawn from `generator`); the rate changes to `new_rate` after the third step. Returns
+    the largest relative difference of the weights seen (tests/test_keras_optimizers.py uses it)."""
+    kvars = [keras.Variable(p.detach().numpy().copy()) for p in params]
+    worst = 0.0
+    for step in range(steps):
+        if new_rate is not None and step == 3:
+            kopt.learning_rate.assign(new_rate)
+            for group in opt.param_groups:
+                group["lr"] = new_rate
+        grads = [torch.randn(p.shape, generator=generator) * scale for p in params]
+        kopt.apply_gradients([(grad.clone(), v) for grad, v in zip(grads, kvars)])
+        for p, grad in zip(params, grads):
+            p.grad = grad.clone()
+        opt.step()
+        for p, v in zip(params, kvars):
+            theirs = torch.from_numpy(np.asarray(v.numpy()))
+            worst = max(worst, ((p.detach() - theirs).abs() / theirs.abs()).max().item())
+    return worst
+
+
 def worst_difference(keras_name: str, keras_options: dict, spec: object, options: dict) -> float:
     """The largest relative weight difference over the four runs."""
     worst = 0.0
@@ -59,20 +82,7 @@ def worst_difference(keras_name: str, keras_options: dict, spec: object, options
         else:
             opt = spec(params, **options)
         kopt = getattr(keras.optimizers, keras_name)(**keras_options)
-        kvars = [keras.Variable(w.numpy().copy()) for w in start]
-        for step in range(6):
-            if new_rate is not None and step == 3:
-                kopt.learning_rate.assign(new_rate)
-                for group in opt.param_groups:
-                    group["lr"] = new_rate
-            grads = [torch.randn(w.shape, generator=g) * scale for w in start]
-            kopt.apply_gradients([(grad.clone(), v) for grad, v in zip(grads, kvars)])
-            for p, grad in zip(params, grads):
-                p.grad = grad.clone()
-            opt.step()
-            for p, v in zip(params, kvars):
-                theirs = torch.from_numpy(np.asarray(v.numpy()))
-                worst = max(worst, ((p.detach() - theirs).abs() / theirs.abs()).max().item())
+        worst = max(worst, same_steps(keras, kopt, opt, params, scale, g, new_rate=new_rate))
     return worst
 
 

@@ -5,7 +5,6 @@ rounding, also with Keras' options and after a rate change; every optimizer clas
 
 import inspect
 
-import numpy as np
 import pytest
 import torch
 from keras_real import keras_weights, real_keras, twin_dense
@@ -47,23 +46,9 @@ CASES = [
 def _same_steps(keras, kopt, opt, params, scale, steps=6, new_rate=None):
     """Step both with the same gradients (of size `scale`); the rate changes to `new_rate` after
     the third step. Returns the largest relative difference of the weights seen."""
-    g = torch.Generator().manual_seed(0)
-    kvars = [keras.Variable(p.detach().numpy().copy()) for p in params]
-    worst = 0.0
-    for step in range(steps):
-        if new_rate is not None and step == 3:
-            kopt.learning_rate.assign(new_rate)
-            for group in opt.param_groups:
-                group["lr"] = new_rate
-        grads = [torch.randn(p.shape, generator=g) * scale for p in params]
-        kopt.apply_gradients([(grad.clone(), v) for grad, v in zip(grads, kvars)])
-        for p, grad in zip(params, grads):
-            p.grad = grad.clone()
-        opt.step()
-        for p, v in zip(params, kvars):
-            theirs = torch.from_numpy(np.asarray(v.numpy()))
-            worst = max(worst, ((p.detach() - theirs).abs() / theirs.abs()).max().item())
-    return worst
+    from benchmarks.keras_optimizer_parity import same_steps  # the docs table's own comparison
+
+    return same_steps(keras, kopt, opt, params, scale, torch.Generator().manual_seed(0), steps, new_rate)
 
 
 @pytest.mark.parametrize("keras_name, keras_options, name, options", CASES,

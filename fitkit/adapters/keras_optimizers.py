@@ -19,8 +19,9 @@ not torch's L2 term added to the gradient.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -41,6 +42,20 @@ def _closure_loss(closure: Callable[[], Any] | None) -> Any:
         return closure()
 
 
+@contextlib.contextmanager
+def _for_torch(groups: list[dict[str, Any]], key: str, value: Callable[[dict[str, Any]], Any]) -> Iterator[None]:
+    """Each group's `key` set to `value(group)` while torch's step runs, then given back: the
+    groups keep Keras' hyperparameters outside `step`."""
+    kept = [group[key] for group in groups]
+    for group in groups:
+        group[key] = value(group)
+    try:
+        yield
+    finally:
+        for group, old in zip(groups, kept):
+            group[key] = old
+
+
 def _decay(group: dict[str, Any], params: list[torch.Tensor]) -> None:
     """Keras' weight decay: `w -= w * weight_decay * lr`, before the update."""
     if group["weight_decay"] and params:
@@ -56,15 +71,10 @@ class _DecoupledDecay(torch.optim.Optimizer):
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         loss = _closure_loss(closure)
-        decays = [group["weight_decay"] for group in self.param_groups]
         for group in self.param_groups:
             _decay(group, [p for p in group["params"] if p.grad is not None])
-            group["weight_decay"] = 0.0
-        try:
+        with _for_torch(self.param_groups, "weight_decay", lambda group: 0.0):
             _unhooked(type(self)._torch_step)(self)
-        finally:
-            for group, decay in zip(self.param_groups, decays):
-                group["weight_decay"] = decay
         return loss
 
 
@@ -124,18 +134,13 @@ class _KerasEpsilon(torch.optim.Optimizer):
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         loss = _closure_loss(closure)
-        epsilons = [group["eps"] for group in self.param_groups]
         for group in self.param_groups:
             group.setdefault("keras_step", 0)
             if any(p.grad is not None for p in group["params"]):
                 group["keras_step"] += 1
-            t = max(group["keras_step"], 1)
-            group["eps"] = group["eps"] / math.sqrt(1 - group["betas"][1] ** t)
-        try:
+        with _for_torch(self.param_groups, "eps", lambda group: group["eps"] / math.sqrt(
+                1 - group["betas"][1] ** max(group["keras_step"], 1))):
             _unhooked(type(self)._torch_step)(self)
-        finally:
-            for group, eps in zip(self.param_groups, epsilons):
-                group["eps"] = eps
         return loss
 
 

@@ -42,14 +42,8 @@ EVENT_OF: dict[str, str] = {
 #: prediction batch's start, the epoch's end after its validation).
 MOMENTS: tuple[str, ...] = ("on_evaluate_begin", "on_prediction_step_begin", "on_predict_begin", "on_epoch_summary")
 #: The HF event to use instead of a Keras-only name, for a `TrainerCallback` that defines one.
-HF_INSTEAD: dict[str, str] = {
-    "on_train_batch_begin": "on_step_begin", "on_batch_begin": "on_step_begin",
-    "on_train_batch_end": "on_step_end", "on_batch_end": "on_step_end",
-    "on_test_begin": "on_evaluate_begin", "on_test_end": "on_evaluate",
-    "on_test_batch_begin": "on_prediction_step_begin", "on_test_batch_end": "on_prediction_step",
-    "on_predict_end": "on_predict", "on_predict_batch_begin": "on_prediction_step_begin",
-    "on_predict_batch_end": "on_prediction_step",
-}
+HF_INSTEAD: dict[str, str] = {name: event for name, event in EVENT_OF.items()
+                              if name in KERAS_ONLY_NAMES and name != event}
 
 _NO_OP = "__fitkit_no_op__"  # fitkit.events.handler.NO_OP
 _KERAS_DEFAULT = "_is_default"  # keras.src.utils.python_utils.default
