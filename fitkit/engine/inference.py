@@ -64,7 +64,8 @@ class Inference:
         total = torch.zeros((), device=fabric.device, dtype=torch.float64)
         count, with_loss, measured = 0, False, bool(metrics)
         self.call_event("on_evaluate_begin", running_logs=self.running_logs)
-        begins, steps_end = self._listened("on_prediction_step_begin"), self._listened("on_prediction_step")
+        listens = self.handler.has_listeners  # an event nobody hears is not fired per batch
+        begins, steps_end = listens("on_prediction_step_begin"), listens("on_prediction_step")
         with stepper.inference(), stopping(source):
             for batch in first(source.batches(0), steps):
                 if begins:
@@ -126,11 +127,6 @@ class Inference:
             raise ValueError("the evaluation data is empty: pass at least one sample")
         return {**means.compute(self.fabric, prefix), **(metrics.compute() if tools.updated else {})}
 
-    def _listened(self, event: str) -> bool:
-        """Whether any callback listens to `event`: the batch loops skip firing an event nobody
-        hears (the handler would find no listener each batch and return the same control)."""
-        return bool(self.handler.listeners(event))
-
     def _prediction_step(self, batch: Batch, outputs: Any, loss: Any, carry: bool) -> None:
         cb = self.handler
         if carry:
@@ -145,7 +141,8 @@ class Inference:
         carry = self._carry["on_prediction_step"]
         outputs = BatchJoiner("outputs", self.args.eval_accumulation_steps)
         self.call_event("on_predict_begin")
-        begins, steps_end = self._listened("on_prediction_step_begin"), self._listened("on_prediction_step")
+        listens = self.handler.has_listeners  # an event nobody hears is not fired per batch
+        begins, steps_end = listens("on_prediction_step_begin"), listens("on_prediction_step")
         with stepper.inference(), stopping(source):
             for batch in first(source.batches(0), steps):
                 if begins:
