@@ -295,8 +295,9 @@ def of_save(f, path):
 
 
 def of_seed_everything(f, path):
-    saved = {k: os.environ.get(k) for k in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS")}
-    try:
+    with pytest.MonkeyPatch.context() as env:  # seed_everything sets Lightning's variables; undone on leaving
+        env.delenv("PL_GLOBAL_SEED", raising=False)
+        env.delenv("PL_SEED_WORKERS", raising=False)
         first = f.seed_everything(7)
         drawn = torch.rand(2), random.random(), np.random.rand(), dict(os.environ)["PL_SEED_WORKERS"]
         os.environ["PL_GLOBAL_SEED"] = "11"
@@ -308,12 +309,6 @@ def of_seed_everything(f, path):
             default = f.seed_everything()
         return (first, drawn, from_environment, drawn_again, default, [str(w.message) for w in caught],
                 _captured(lambda: f.seed_everything(-1)), _captured(lambda: f.seed_everything("3")))
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def of_setup(f, path):

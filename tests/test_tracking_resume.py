@@ -62,8 +62,9 @@ def runs(tmp_path_factory):
     interrupted run had before its resume."""
     tmp = tmp_path_factory.mktemp("tracking")
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
-    saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME")}
-    try:
+    with pytest.MonkeyPatch.context() as env:  # _fit sets MLflow's variables; undone on leaving
+        env.delenv("MLFLOW_TRACKING_URI", raising=False)
+        env.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
         found = {"reference": (tmp / "reference", _fit(tmp / "reference", uri, "reference"), None)}
         client = MlflowClient(tracking_uri=uri)
         for how, stop in (("exception", RuntimeError), ("sigterm", SystemExit)):
@@ -80,12 +81,6 @@ def runs(tmp_path_factory):
         assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
         (interrupted,) = _mlflow_runs(client, "kill")
         found["kill"] = (out, _fit(out, uri, "kill", resume=True), interrupted.info.status)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
     return uri, found
 
 
