@@ -99,3 +99,16 @@ def test_custom_values_of_a_test_step_follow_the_compiled_names_in_their_logged_
     model = Extra(torch.nn.Linear(4, 1)).compile("sgd", "mse", metrics=["mae"])
     loss, mae, z, a = model.evaluate(x, y, verbose=0)
     assert (z, a) == (2.0, 1.0) and loss != mae
+
+
+def test_under_hf_arguments_evaluate_keeps_keras_form_and_return_dict_gives_the_trainers_dict(tmp_path):
+    from transformers import TrainingArguments
+
+    x, y = _regression()
+    args = TrainingArguments(output_dir=str(tmp_path), num_train_epochs=1, per_device_train_batch_size=8,
+                             report_to="none", use_cpu=True, save_strategy="no")
+    model = Model(torch.nn.Linear(4, 1)).compile("sgd", "mse", metrics=["mae"])
+    model.fit(x, y, args=args, verbose=0)
+    values = model.evaluate(x, y, verbose=0)
+    assert isinstance(values, list) and model.metrics_names == ["loss", "mae"]
+    assert dict(zip(model.metrics_names, values)) == pytest.approx(model.evaluate(x, y, verbose=0, return_dict=True))
