@@ -37,7 +37,7 @@ def main() -> None:
                                accelerator="cpu", devices=opts.devices, strategy=opts.strategy)
     # batch_size is per process: 2 processes x 32 = 64 samples per optimizer step
     model.fit(x, y, epochs=opts.epochs, batch_size=32, validation_split=0.2, verbose=2)
-    result = model.evaluate(x[int(0.8 * len(x)):], y[int(0.8 * len(y)):])
+    result = model.evaluate(x[int(0.8 * len(x)):], y[int(0.8 * len(y)):], return_dict=True)
     if model.state.is_world_process_zero:
         print(f"validation accuracy on {opts.devices} processes: {result['accuracy']:.4f}")
 

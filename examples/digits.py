@@ -44,11 +44,11 @@ def main() -> float:
     callbacks = [EarlyStopping(monitor="val_loss", patience=3, restore_best_weights=True)]
     history = model.fit(x, y, epochs=20, batch_size=32, validation_split=0.2, callbacks=callbacks,
                         verbose=1 if sys.stdout.isatty() else 2, seed=0)
-    val = model.evaluate(x[int(len(x) * 0.8):], y[int(len(y) * 0.8):])
+    val_loss, val_accuracy = model.evaluate(x[int(len(x) * 0.8):], y[int(len(y) * 0.8):])  # Keras' list
     print(f"epochs run: {len(history.epoch)}")
-    print(f"final validation accuracy: {val['accuracy']:.4f} (loss {val['loss']:.4f})")
+    print(f"final validation accuracy: {val_accuracy:.4f} (loss {val_loss:.4f})")
     save_curves(history)
-    return val["accuracy"]
+    return val_accuracy
 
 
 def save_curves(history, path: str = os.path.join("fitkit_output", "digits_history.png")) -> None:

@@ -113,7 +113,7 @@ def main() -> None:
         trainer.fit(tokenized["train"], validation_data=tokenized["validation"], args=training_args,
                     processing_class=tokenizer, data_collator=data_collator, compute_metrics=compute_metrics,
                     callbacks=callbacks)
-        state, accuracy = trainer.state, trainer.evaluate(tokenized["validation"])["accuracy"]
+        state, accuracy = trainer.state, trainer.evaluate(tokenized["validation"], return_dict=True)["accuracy"]
     # ---------------------------------------------------------------------------------------------
 
     model.eval()

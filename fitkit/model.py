@@ -6,7 +6,7 @@
     net = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
     model = Model(net).compile("adam", "cross_entropy", metrics=["accuracy"])
     history = model.fit(x, y, epochs=5, validation_split=0.2)
-    model.evaluate(x_test, y_test)      # {"loss": ..., "accuracy": ...}
+    loss, accuracy = model.evaluate(x_test, y_test)   # Keras' list; return_dict=True: a dict
     model.predict(x_test)               # tensor, input order, on CPU
 
 The facade holds the configuration, the callbacks and a `Runtime` (what outlives one call); each
@@ -183,11 +183,13 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods, HFResults):
 
     def evaluate(self, x: Any = None, y: Any = None, *, batch_size: int | None = None, verbose: int | str = "auto",
                  sample_weight: Any = None, steps: int | None = None, callbacks: Sequence[Any] | None = None,
-                 return_dict: bool = True, metric_key_prefix: str | None = None,
+                 return_dict: bool = False, metric_key_prefix: str | None = None,
                  **data_options: Any) -> dict[str, float] | list[float] | float:
         """Loss and metrics over `x` (exact averages over the data, or its first `steps`
-        batches), unprefixed: `{"loss": ..., "accuracy": ...}`; with `return_dict=False`,
-        Keras' list in `metrics_names` order. `verbose` 1, 2 or "auto" prints Keras' line.
+        batches), as Keras 3 returns them: the loss alone, or a list in `metrics_names` order
+        when there are metrics or several outputs (`test_loss, test_acc = model.evaluate(x, y)`);
+        `return_dict=True`: a dict, unprefixed (`{"loss": ..., "accuracy": ...}`), the form of
+        HF's `trainer.evaluate()`. `verbose` 1, 2 or "auto" prints Keras' line.
         `x` left out: the `validation_data` of the last fit (HF's `trainer.evaluate()`).
         `metric_key_prefix` ("eval", "test", ...): HF's names, `eval_loss`, with the `epoch`.
         `batch_size` (default: the `per_device_eval_batch_size` in force, else 32). Data options

@@ -52,7 +52,7 @@ def test_a_list_of_numpy_batches_trains_and_evaluates():
     history = model.fit(batches, epochs=1, shuffle=False, verbose=0)
     reference = _model().fit(x, y, epochs=1, batch_size=6, shuffle=False, verbose=0)
     assert history.history["loss"] == pytest.approx(reference.history["loss"], rel=1e-6)
-    assert set(model.evaluate(batches, verbose=0)) == {"loss", "accuracy"}
+    assert set(model.evaluate(batches, verbose=0, return_dict=True)) == {"loss", "accuracy"}
 
 
 def test_a_batch_of_an_unsupported_type_is_a_clear_error():

@@ -99,7 +99,7 @@ def test_a_loss_with_a_shape_is_reduced_as_keras_does(data):
     x, y = data
     model = Model(mlp()).compile("adam", lambda out, y: (out - 1) ** 2)
     expected = float(((model.module(x) - 1) ** 2).mean())
-    assert model.evaluate(x, y, batch_size=len(x), verbose=0)["loss"] == pytest.approx(expected, rel=1e-6)
+    assert model.evaluate(x, y, batch_size=len(x), verbose=0, return_dict=True)["loss"] == pytest.approx(expected, rel=1e-6)
 
 
 def test_validation_options_conflict_and_bad_split(data):

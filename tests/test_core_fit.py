@@ -43,12 +43,12 @@ def test_evaluate_is_exact_with_a_short_last_batch(blobs):
     w = torch.rand(103, generator=torch.Generator().manual_seed(1))
     net = mlp()
     model = Model(net).compile("adam", "cross_entropy", ["accuracy", "mae"] and ["accuracy"])
-    result = model.evaluate(x, y, batch_size=10)
+    result = model.evaluate(x, y, batch_size=10, return_dict=True)
     with torch.no_grad():
         logits = net(x)
     assert result["loss"] == pytest.approx(torch.nn.functional.cross_entropy(logits, y).item(), rel=1e-6)
     assert result["accuracy"] == pytest.approx((logits.argmax(1) == y).float().mean().item(), abs=1e-7)
-    weighted = model.evaluate(x, y, batch_size=10, sample_weight=w)
+    weighted = model.evaluate(x, y, batch_size=10, sample_weight=w, return_dict=True)
     per = torch.nn.functional.cross_entropy(logits, y, reduction="none")
     assert weighted["loss"] == pytest.approx((per * w).mean().item(), rel=1e-6)
 
@@ -84,7 +84,7 @@ def test_numpy_arrays_are_accepted(blobs):
     model = Model(mlp()).compile("adam", "cross_entropy", ["accuracy"], learning_rate=1e-2)
     h = model.fit(x.double().numpy(), y.numpy(), epochs=3, verbose=0)
     assert h.history["accuracy"][-1] > 0.9
-    assert model.evaluate(x.numpy(), y.numpy())["accuracy"] > 0.9
+    assert model.evaluate(x.numpy(), y.numpy(), return_dict=True)["accuracy"] > 0.9
     assert isinstance(model.predict(x.numpy()), torch.Tensor)
 
 
@@ -297,7 +297,7 @@ def test_metrics_by_name_instance_and_callable(blobs):
     for name in ("accuracy", "f1", "multiclass_accuracy", "top_logit"):
         assert name in h.history and "val_" + name in h.history
     assert h.history["accuracy"][-1] == pytest.approx(h.history["multiclass_accuracy"][-1], abs=1e-6)
-    result = model.evaluate(x, y)
+    result = model.evaluate(x, y, return_dict=True)
     with torch.no_grad():
         logits = model.module(x)
     assert result["top_logit"] == pytest.approx(logits.max(1).values.mean().item(), rel=1e-5)
@@ -314,7 +314,7 @@ def test_binary_and_regression_metrics():
     r = Model(mlp(4, 1)).compile("adam", "mse", ["mae"], learning_rate=1e-2)
     h = r.fit(x, yr, epochs=10, verbose=0)
     assert h.history["loss"][-1] < 0.5 * h.history["loss"][0]
-    out = r.evaluate(x, yr)
+    out = r.evaluate(x, yr, return_dict=True)
     pred = r.predict(x).squeeze(1)
     assert out["mae"] == pytest.approx((pred - yr).abs().mean().item(), rel=1e-5)
 

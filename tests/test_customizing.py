@@ -121,7 +121,7 @@ def test_compute_loss_adds_a_penalty_used_by_the_default_train_and_test_steps():
         assert h1.history[name] == pytest.approx(h2.history[name], rel=1e-6)
     with torch.no_grad():
         expected = torch.nn.functional.mse_loss(net(x), y) + 1e-2 * sum(p.square().sum() for p in net.parameters())
-    assert penalised.evaluate(x, y)["loss"] == pytest.approx(expected.item(), rel=1e-5)
+    assert penalised.evaluate(x, y, return_dict=True)["loss"] == pytest.approx(expected.item(), rel=1e-5)
 
 
 # -- test_step and predict_step --------------------------------------------------------------------
@@ -141,7 +141,7 @@ def test_test_step_values_are_val_prefixed_in_fit_and_plain_in_evaluate():
     model = OwnEvaluation(small_net()).compile("sgd", "mse", learning_rate=0.05)
     history = model.fit(x[:32], y[:32], epochs=2, batch_size=8, validation_data=(x[32:], y[32:]), verbose=0)
     assert {"loss", "val_loss", "val_max_error"} == set(history.history)
-    result = model.evaluate(x, y, batch_size=16)  # three batches of 16
+    result = model.evaluate(x, y, batch_size=16, return_dict=True)  # three batches of 16
     with torch.no_grad():
         errors = [(model.module(x[i:i + 16]) - y[i:i + 16]) for i in (0, 16, 32)]
     assert set(result) == {"loss", "max_error"}
@@ -257,7 +257,7 @@ def test_prediction_step_callbacks_compute_metrics_and_save_predictions(tmp_path
     history = model.fit(x[:60], y[:60], epochs=2, batch_size=16, validation_data=(x[60:], y[60:]),
                         callbacks=[metrics], verbose=0)
     assert metrics.results == pytest.approx(history.history["val_accuracy"])
-    result = model.evaluate(x, y, batch_size=32, callbacks=[metrics, saver])
+    result = model.evaluate(x, y, batch_size=32, callbacks=[metrics, saver], return_dict=True)
     assert metrics.results[-1] == pytest.approx(result["accuracy"])
     with open(tmp_path / "predictions.csv") as f:
         rows = list(csv.DictReader(f))

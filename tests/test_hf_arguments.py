@@ -167,7 +167,7 @@ def test_compute_metrics_sees_the_whole_evaluation_set_and_its_values_are_logged
     assert seen[0]["eval_my_accuracy"] == history.history["val_my_accuracy"][0] and "eval_count" in seen[0]
     # evaluate() with compile's compute_metrics: unprefixed values, as fitkit's evaluate gives them
     model.compile("sgd", "cross_entropy", ["accuracy"], compute_metrics=compute_metrics)
-    result = model.evaluate(x[:40], y[:40], verbose=0)
+    result = model.evaluate(x[:40], y[:40], verbose=0, return_dict=True)
     assert result["my_accuracy"] == pytest.approx(result["accuracy"]) and result["count"] == 40
 
 

@@ -278,12 +278,12 @@ def test_evaluate_and_predict_use_the_collator_and_metrics_of_the_last_fit():
     data = tokenized()
     model.fit(data, batch_size=8, verbose=0, data_collator=transformers.DataCollatorWithPadding(TOKENIZER),
               compute_metrics=accuracy)
-    metrics = model.evaluate(data, verbose=0, batch_size=16)
+    metrics = model.evaluate(data, verbose=0, batch_size=16, return_dict=True)
     assert set(metrics) >= {"loss", "accuracy"}
     logits = model.predict(data, verbose=0, batch_size=16)["logits"]  # the model's output, a dict of tensors
     assert logits.shape == (48, 2)
     assert metrics["accuracy"] == pytest.approx(float((logits.argmax(-1) == torch.tensor(LABELS)).float().mean()))
-    plain = model.evaluate(data, verbose=0, batch_size=16, compute_metrics=lambda p: {"seen": float(len(p[1]))})
+    plain = model.evaluate(data, verbose=0, batch_size=16, compute_metrics=lambda p: {"seen": float(len(p[1]))}, return_dict=True)
     assert plain["seen"] == 48.0  # given to evaluate: wins over fit's
 
 

@@ -72,7 +72,7 @@ def trained(tmp_path_factory):
 
 def test_evaluate_pads_across_batches_as_the_trainer(trained):
     model, trainer = trained
-    ours = model.evaluate(DATA, verbose=0, batch_size=8)
+    ours = model.evaluate(DATA, verbose=0, batch_size=8, return_dict=True)
     theirs = trainer.evaluate(DATA)
     widths = {len(ids) for ids in DATA["input_ids"]}
     assert len(widths) > 1 and ours["width"] == max(widths)  # batches of several lengths met
@@ -91,8 +91,8 @@ def test_predict_pads_outputs_with_minus_100_as_the_trainer(trained):
 
 def test_eval_accumulation_steps_moves_gathered_values_to_the_cpu_with_the_same_values(trained):
     model, trainer = trained
-    plain = model.evaluate(DATA, verbose=0, batch_size=8)
-    chunked = model.evaluate(DATA, verbose=0, batch_size=8, eval_accumulation_steps=2)
+    plain = model.evaluate(DATA, verbose=0, batch_size=8, return_dict=True)
+    chunked = model.evaluate(DATA, verbose=0, batch_size=8, eval_accumulation_steps=2, return_dict=True)
     assert plain == chunked
     trainer.args.eval_accumulation_steps = 2
     assert trainer.evaluate(DATA)["eval_width"] == chunked["width"]

@@ -108,7 +108,7 @@ def test_the_dict_form_reaches_torch_compile_and_every_call_runs_compiled():
     # evaluate, predict and train_on_batch use the same compiled module
     x, y = blobs(48)
     seen = len(calls)
-    assert model.evaluate(x, y, verbose=0)["loss"] == pytest.approx(eager.evaluate(x, y, verbose=0)["loss"], rel=1e-6)
+    assert model.evaluate(x, y, verbose=0, return_dict=True)["loss"] == pytest.approx(eager.evaluate(x, y, verbose=0, return_dict=True)["loss"], rel=1e-6)
     assert len(calls) > seen  # eval mode is another graph: compiled on first use
     torch.testing.assert_close(model.predict(x, verbose=0), eager.predict(x, verbose=0))
     wrapped = model.runtime.wrapped

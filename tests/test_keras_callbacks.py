@@ -258,7 +258,7 @@ def test_the_model_offers_what_keras_callbacks_use(tmp_path):
         def on_epoch_end(self, epoch, logs=None):
             m = self.model
             seen["history"] = m.history.history.get("loss")
-            seen["evaluate"] = m.evaluate(*data(), verbose=0)["loss"]
+            seen["evaluate"] = m.evaluate(*data(), verbose=0, return_dict=True)["loss"]
             seen["predict"] = tuple(m.predict(data()[0][:5], verbose=0).shape)
             m.save_weights(str(tmp_path / "w.pt"))
             seen["lr"] = m.optimizer.learning_rate

@@ -478,5 +478,5 @@ def test_training_mode_output_is_what_fit_sees():
         warnings.simplefilter("ignore")
         history = model.fit(x, y, batch_size=32, verbose=0)
     assert history.history["loss"] == [1.0]
-    assert model.evaluate(x, y, batch_size=32, verbose=0)["loss"] == 0.0
+    assert model.evaluate(x, y, batch_size=32, verbose=0, return_dict=True)["loss"] == 0.0
     assert torch.equal(model.predict(x), torch.zeros(128, 1))

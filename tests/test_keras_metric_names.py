@@ -119,7 +119,7 @@ def test_keras_names_give_keras_values_plain_and_weighted(kind):
     theirs = kmodel.evaluate(x.numpy(), y.numpy(), sample_weight=w.numpy(), batch_size=BATCH, verbose=0,
                              return_dict=True)
     model = Model(net).compile("sgd", LOSSES.get(kind, "mse"), metrics=names, weighted_metrics=weighted)
-    ours = model.evaluate(x, y, sample_weight=w, batch_size=BATCH, verbose=0)
+    ours = model.evaluate(x, y, sample_weight=w, batch_size=BATCH, verbose=0, return_dict=True)
     theirs.pop("loss"), ours.pop("loss")
     assert sorted(ours) == sorted(theirs)
     for name, value in theirs.items():
@@ -165,7 +165,7 @@ def test_weighted_metrics_per_output_equal_keras():
                   metrics={"score": ["mae"], "cls": ["accuracy"]}, weighted_metrics={"score": ["mae"], "cls": ["accuracy"]})
     y, sw = {"score": ys, "cls": yc}, {"score": ws, "cls": wc}
     theirs = kmodel.evaluate([xa, xb], y, sample_weight=sw, batch_size=BATCH, verbose=0, return_dict=True)
-    ours = model.evaluate((xa, xb), y, sample_weight=sw, batch_size=BATCH, verbose=0)
+    ours = model.evaluate((xa, xb), y, sample_weight=sw, batch_size=BATCH, verbose=0, return_dict=True)
     assert sorted(ours) == sorted(theirs)
     for key, value in theirs.items():
         assert ours[key] == pytest.approx(value, rel=1e-5), key
@@ -245,7 +245,7 @@ def test_keras_metric_objects_give_keras_values_under_their_names(kind):
     given = [_object(keras, c) for c in classes]
     model = Model(net).compile("sgd", LOSSES.get(kind, "mse"), metrics=given,
                                weighted_metrics=[_object(keras, c) for c in weighted])
-    ours = model.evaluate(x, y, sample_weight=w, batch_size=BATCH, verbose=0)
+    ours = model.evaluate(x, y, sample_weight=w, batch_size=BATCH, verbose=0, return_dict=True)
     theirs.pop("loss"), ours.pop("loss")  # fitkit's named losses read logits; these modules end in softmax
     assert sorted(ours) == sorted(theirs)
     for name, value in theirs.items():
@@ -302,7 +302,7 @@ def test_a_keras_order_function_averages_per_sample_as_keras():
     kmodel.compile("sgd", "mse", metrics=[keras_max_error, keras.metrics.mean_absolute_percentage_error])
     theirs = kmodel.evaluate(x.numpy(), y.numpy(), batch_size=BATCH, verbose=0, return_dict=True)
     ours = Model(net).compile("sgd", "mse", metrics=[per_sample_max_error, keras.metrics.mean_absolute_percentage_error]) \
-        .evaluate(x, y, batch_size=12, verbose=0)  # a partial last batch: still the mean over samples
+        .evaluate(x, y, batch_size=12, verbose=0, return_dict=True)  # a partial last batch: still the mean over samples
     assert sorted(ours) == sorted(theirs)
     for name, value in theirs.items():
         assert ours[name] == pytest.approx(value, rel=1e-5), name
@@ -314,7 +314,7 @@ def test_a_torchmetrics_object_never_logs_another_value_under_a_keras_name():
 
     x, y, _ = _data("regression")
     ours = Model(torch.nn.Linear(6, 3)).compile("sgd", "mse", metrics=[
-        torchmetrics.MeanAbsolutePercentageError(), "mape", torchmetrics.MeanAbsoluteError()]).evaluate(x, y, verbose=0)
+        torchmetrics.MeanAbsolutePercentageError(), "mape", torchmetrics.MeanAbsoluteError()]).evaluate(x, y, verbose=0, return_dict=True)
     assert ours["mape"] == pytest.approx(100 * ours["torchmetrics_mean_absolute_percentage_error"], rel=1e-5)
     assert "mean_absolute_error" in ours  # the same value as Keras': Keras' name kept
 
@@ -349,10 +349,10 @@ def test_weighted_metrics_in_a_custom_train_step_equal_keras():
 def test_weighted_metrics_survive_save_and_load(tmp_path):
     x, y, w = _data("regression")
     model = Model(torch.nn.Linear(6, 3)).compile("sgd", "mse", metrics=["mae"], weighted_metrics=["mae", "msle"])
-    before = model.evaluate(x, y, sample_weight=w, verbose=0)
+    before = model.evaluate(x, y, sample_weight=w, verbose=0, return_dict=True)
     model.save(tmp_path / "model.pt")
     loaded = Model.load(tmp_path / "model.pt", torch.nn.Linear(6, 3))
-    assert loaded.evaluate(x, y, sample_weight=w, verbose=0) == pytest.approx(before)
+    assert loaded.evaluate(x, y, sample_weight=w, verbose=0, return_dict=True) == pytest.approx(before)
     assert {"weighted_mae", "msle"} <= set(before)
 
 
@@ -384,7 +384,7 @@ def test_keras_precision_and_recall_by_class_name_on_several_labels_equal_keras(
     kmodel.compile("sgd", "binary_crossentropy", metrics=names, weighted_metrics=["Precision"])
     theirs = kmodel.evaluate(x.numpy(), y.numpy(), sample_weight=w.numpy(), verbose=0, return_dict=True)
     ours = Model(net).compile("sgd", "binary_crossentropy", metrics=names,
-                              weighted_metrics=["Precision"]).evaluate(x, y, sample_weight=w, verbose=0)
+                              weighted_metrics=["Precision"]).evaluate(x, y, sample_weight=w, verbose=0, return_dict=True)
     assert sorted(ours) == sorted(theirs)
     for name, value in theirs.items():
         assert ours[name] == pytest.approx(value, rel=1e-5), name

@@ -40,7 +40,7 @@ def test_keras_metric_names_log_keras_values(names, kind, kloss, floss, activati
     kmodel, net = twin_dense(keras, 6, units, activation=activation)
     kmodel.compile(optimizer="adam", loss=kloss, metrics=names)
     theirs = kmodel.evaluate(x.numpy(), y.numpy(), batch_size=16, verbose=0, return_dict=True)
-    ours = Model(net).compile("adam", floss, metrics=names).evaluate(x, y, batch_size=16, verbose=0)
+    ours = Model(net).compile("adam", floss, metrics=names).evaluate(x, y, batch_size=16, verbose=0, return_dict=True)
     assert set(ours) == set(theirs)  # logged under the names Keras logs
     for name in theirs:
         # Keras' AUC interpolates over 200 thresholds; torchmetrics' binned AUROC on the same bins

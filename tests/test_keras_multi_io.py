@@ -70,7 +70,7 @@ def test_list_losses_loss_weights_and_per_output_metrics_equal_keras():
                      validation_split=0.25).history
     _close(ours, theirs)
     assert "score_loss" in ours and "val_cls_sparse_categorical_accuracy" in ours
-    _close(model.evaluate((xa, xb), {"score": ys, "cls": yc}, verbose=0),
+    _close(model.evaluate((xa, xb), {"score": ys, "cls": yc}, verbose=0, return_dict=True),
            kmodel.evaluate([xa, xb], {"score": ys, "cls": yc}, verbose=0, return_dict=True))
 
 
@@ -138,7 +138,7 @@ def test_dict_inputs_validation_data_and_predict_keep_the_structure():
     assert {"loss", "score_loss", "cls_loss", "val_loss", "val_score_loss", "val_cls_loss"} == set(history.history)
     out = model.predict([xa, xb], batch_size=5)
     assert set(out) == {"score", "cls"} and out["score"].shape == (N, 1) and out["cls"].shape == (N, 3)
-    values = model.evaluate((xa, xb), (ys, yc), verbose=0)  # tuple targets, in the outputs' order
+    values = model.evaluate((xa, xb), (ys, yc), verbose=0, return_dict=True)  # tuple targets, in the outputs' order
     assert set(values) == {"loss", "score_loss", "cls_loss"}
     assert values["loss"] == pytest.approx(values["score_loss"] + values["cls_loss"], rel=1e-5)
 
@@ -179,7 +179,7 @@ def test_a_per_output_compile_survives_save_and_load(tmp_path):
     model.save(tmp_path / "m.pt")
     loaded = Model.load(str(tmp_path / "m.pt"), TwoHeads())
     assert loaded.config.loss == model.config.loss and loaded.config.options["loss_weights"] == {"cls": 0.5}
-    assert set(loaded.evaluate([xa, xb], {"score": ys, "cls": yc}, verbose=0)) == {
+    assert set(loaded.evaluate([xa, xb], {"score": ys, "cls": yc}, verbose=0, return_dict=True)) == {
         "loss", "score_loss", "cls_loss", "cls_accuracy"}
 
 

@@ -75,11 +75,12 @@ def test_on_batch_steps_train_like_fit():
 
 
 # -- evaluate --------------------------------------------------------------------------------------
-def test_evaluate_flow_returns_a_dict_or_keras_list():
+def test_evaluate_flow_returns_keras_list_or_a_dict():
     model = Model(dense_of_ones()).compile("sgd", "mse", metrics=["mse"])
-    assert model.evaluate(X, Y, batch_size=16, return_dict=False) == pytest.approx([16.0, 16.0])
-    result = model.evaluate(X, Y, batch_size=16)  # fitkit's default: a dict
+    assert model.evaluate(X, Y, batch_size=16) == pytest.approx([16.0, 16.0])  # Keras' default: a list
+    result = model.evaluate(X, Y, batch_size=16, return_dict=True)
     assert result == pytest.approx({"loss": 16.0, "mse": 16.0})
+    assert Model(dense_of_ones()).compile("sgd", "mse").evaluate(X, Y, batch_size=16) == pytest.approx(16.0)
 
 
 class CustomTestStep(Model):
@@ -119,8 +120,8 @@ def test_evaluate_list_follows_the_metrics_order():
 def test_evaluate_with_a_different_batch_size_gives_the_same_loss():
     x, y = blobs(64)
     model = Model(mlp()).compile("sgd", "cross_entropy")
-    assert model.evaluate(x, y, batch_size=8, verbose=0)["loss"] == pytest.approx(
-        model.evaluate(x, y, batch_size=64, verbose=0)["loss"], rel=1e-6)
+    assert model.evaluate(x, y, batch_size=8, verbose=0, return_dict=True)["loss"] == pytest.approx(
+        model.evaluate(x, y, batch_size=64, verbose=0, return_dict=True)["loss"], rel=1e-6)
 
 
 def test_evaluate_and_predict_take_steps_and_verbose(capsys):
@@ -128,7 +129,7 @@ def test_evaluate_and_predict_take_steps_and_verbose(capsys):
     model = Model(mlp()).compile("sgd", "cross_entropy")
     with torch.no_grad():
         expected = torch.nn.functional.cross_entropy(model.module(x[:20]), y[:20]).item()
-    assert model.evaluate(x, y, batch_size=10, steps=2, verbose=0)["loss"] == pytest.approx(expected, rel=1e-6)
+    assert model.evaluate(x, y, batch_size=10, steps=2, verbose=0, return_dict=True)["loss"] == pytest.approx(expected, rel=1e-6)
     assert model.predict(x, batch_size=10, steps=3, verbose=0).shape == (30, 3)
     assert capsys.readouterr().out == ""
     model.evaluate(x, y, batch_size=16, verbose=2)

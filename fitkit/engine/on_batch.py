@@ -111,7 +111,7 @@ def train(runtime: Any, module: torch.nn.Module, config: Any, args: Any, overrid
     stepper.clip(args.max_grad_norm)
     stepper.step()
     stepper.zero_grad()
-    return _logs(config.metrics, loss, out, batch)
+    return _logs(config.logged_metrics, loss, out, batch)
 
 
 def test(runtime: Any, module: torch.nn.Module, config: Any, args: Any, overrides: StepOverrides, x: Any,
@@ -125,7 +125,7 @@ def test(runtime: Any, module: torch.nn.Module, config: Any, args: Any, override
                 values = step_values(overrides.test_step(as_data(batch)), "test_step")
             return {name: float(value) for name, value in values.items()}
         loss, out = stepper.forward(batch)
-    return _logs(config.metrics if config else [], loss, out, batch)
+    return _logs(config.logged_metrics if config else [], loss, out, batch)
 
 
 def predict(runtime: Any, module: torch.nn.Module, config: Any, args: Any, overrides: StepOverrides,

@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from fitkit.adapters.keras_metrics import Weighted
 from fitkit.adapters.metrics import metric_name
+from fitkit.adapters.outputs import OutputMetric
 from fitkit.callbacks._monitor import set_learning_rates
 from fitkit.engine import on_batch
 from fitkit.engine.overrides import StepOverrides
@@ -36,10 +38,33 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def as_list(logs: dict[str, float], names: list[str]) -> float | list[float]:
-    """Keras' `return_dict=False` form: values in `metrics_names` order (others after), or the
-    single value alone."""
+    """Keras' `return_dict=False` form: the values of `names` (`metrics_names`) in that order,
+    then any other value (a custom step's own) in the order it was logged; a single value alone."""
     ordered = [logs[n] for n in names if n in logs] + [v for k, v in logs.items() if k not in names]
     return ordered[0] if len(ordered) == 1 else ordered
+
+
+def keras_names(config: CompileConfig | None) -> list[str]:
+    """The names Keras 3's `evaluate(return_dict=False)` orders its values by: "loss", the
+    metrics of a single output as compiled, the per-output losses in the outputs' order (known
+    once the loss has run), then per-output and weighted metrics sorted by name (Keras sorts the
+    names its compiled metrics do not carry)::
+
+        compile(loss=["mse", "mse"], metrics=[["mse", "mae"], ["acc"]])
+        # -> ["loss", "output_0_loss", "output_1_loss", "output_0_mae", "output_0_mse", "output_1_acc"]
+    """
+    if config is None:
+        return ["loss"]
+    plain = [metric_name(s) for s in config.metrics if _as_compiled(s)]
+    parts = config.loss_parts.names() if config.loss_parts is not None else []
+    rest = sorted(metric_name(s) for s in config.metrics if not _as_compiled(s))
+    return list(dict.fromkeys(["loss", *plain, *parts, *rest]))
+
+
+def _as_compiled(spec: Any) -> bool:
+    """Whether Keras logs the metric under the name it was compiled with (one output, and no
+    `weighted_` prefix), which keeps it in compile order."""
+    return not isinstance(spec, OutputMetric) and not (isinstance(spec, Weighted) and spec.name)
 
 
 class OptimizerView:
@@ -172,10 +197,12 @@ class KerasMethods(ModelMembers):
 
     @property
     def metrics_names(self) -> list[str]:
-        """The names `evaluate` and the `*_on_batch` methods report, in order: "loss", then
-        the compiled metrics."""
-        metrics = self.config.metrics if self.config is not None else []
-        return ["loss", *(metric_name(spec) for spec in metrics)]
+        """The names of the values `evaluate(return_dict=False)` and the `*_on_batch` methods
+        return, in their order (Keras 3's), so `dict(zip(model.metrics_names, values))` pairs
+        them: "loss", the compiled metrics of a single output, the per-output losses (once a
+        call has run the loss, as Keras builds them), then per-output and weighted metrics
+        sorted by name. Keras 3 itself lists its compiled metrics as one "compile_metrics"."""
+        return keras_names(self.config)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """`model(x)`: the module's forward (as it is set up inside an overridden step)."""

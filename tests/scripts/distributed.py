@@ -134,7 +134,7 @@ def train(opts):
         "rank": fabric.global_rank, "world": fabric.world_size, "zero": model.state.is_world_process_zero,
         "local_zero": model.state.is_local_process_zero, "history": history.history,
         "log_history": [r for r in model.state.log_history if "train_runtime" not in r], "step": model.state.global_step,
-        "evaluate": model.evaluate(x, y, batch_size=16), "predict": model.predict(x, batch_size=16).tolist(),
+        "evaluate": model.evaluate(x, y, batch_size=16, return_dict=True), "predict": model.predict(x, batch_size=16).tolist(),
         "weights": full_weights(model), "shards": shards,
         "started": process_started(), "lightning_import_began": _ImportClock.began,
     }

@@ -65,7 +65,7 @@ def main() -> None:
                                         compute_metrics=compute_metrics)
     world = WorldSize(out)
     history = model.fit(rows[:32], validation_data=rows[32:], args=hf_args, callbacks=[world])
-    metrics = model.evaluate(rows[32:], verbose=0)
+    metrics = model.evaluate(rows[32:], verbose=0, return_dict=True)
     if model.fabric is None or model.fabric.global_rank == 0:  # ddp_spawn: this process has rank 0's results
         with open(os.path.join(out, "result.json"), "w") as f:
             json.dump({"global_step": model.state.global_step, "collate": CALLS["collate"],

@@ -47,5 +47,5 @@ def calls(model: Model) -> dict:
     """evaluate (compute_metrics) with eval_accumulation_steps=1 and predict without, through a
     `Model` of `PerPosition` (compiled) on whatever processes it runs."""
     opts = dict(batch_size=4, verbose=0, data_collator=collate)
-    return {"evaluate": model.evaluate(ROWS, compute_metrics=compute_metrics, eval_accumulation_steps=1, **opts),
+    return {"evaluate": model.evaluate(ROWS, compute_metrics=compute_metrics, eval_accumulation_steps=1, **opts, return_dict=True),
             "predict": model.predict(ROWS, **opts)["logits"].tolist()}

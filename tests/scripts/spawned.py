@@ -27,7 +27,7 @@ def main() -> None:
         "changed": any(not torch.equal(a, b) for a, b in zip(before, net.parameters())),
         "history": history.history, "global_step": model.state.global_step,
         "local_accuracy": (local.argmax(1) == y).float().mean().item(),
-        "evaluate": model.evaluate(x, y), "predict": model.predict(x).tolist(), "local": local.tolist(),
+        "evaluate": model.evaluate(x, y, return_dict=True), "predict": model.predict(x).tolist(), "local": local.tolist(),
     }
     with open(sys.argv[1], "w") as f:
         json.dump(result, f)
