@@ -158,6 +158,10 @@ class TrainingArguments(metaclass=_TakesOtherNames):
     remove_unused_columns: bool = True  # drop sample keys the module's forward does not name (labels kept)
     processing_class: Any = None  # an HF tokenizer/processor: its padding collator by default, saved beside the model
     exclude_from_weight_decay: Any = None  # None: HF's groups with HF arguments; "hf"; regexes of names; [] or "none"
+    # True (set by `args=transformers.TrainingArguments(...)`): the log history is the HF Trainer's (the loss as
+    # the mean of the steps' losses since the last log, across epochs; `grad_norm`; `epoch` unrounded; evaluation
+    # records under `eval_` names with their speed); `verbose=0` then prints each log as the Trainer's printer
+    trainer_logs: bool = False
 
     def __post_init__(self) -> None:
         check_and_convert(self)

@@ -78,6 +78,7 @@ def from_hf(hf_args: Any) -> Any:
         ignored.append(f"optim={optim!r}")
     translated, _ = hf_options({k: values[k] for k in ("fp16", "bf16", "disable_tqdm", "use_cpu") if k in values}, mine)
     options.update(translated)
+    options["trainer_logs"] = True  # the Trainer's log history, printed as its printer does under disable_tqdm
     warn_unhonoured(ignored, "TrainingArguments fields", stacklevel=5)
     return TrainingArguments(**options)
 

@@ -62,7 +62,10 @@ class Loop(Inference, BestModel):
         self.train_metrics = MetricSet(metrics)
         self.val_metrics = MetricSet(metrics, prefix="val_")
         self.train_metrics.device = self.val_metrics.device = self.fabric.device
-        self.loss = EpochLoss(self.fabric)
+        self.loss = EpochLoss(self.fabric, per_step=args.trainer_logs)
+        # HF's Trainer log (`trainer_logs`): the last step's gradient norm, a device tensor read only when logged
+        self.grad_norm: torch.Tensor | None = None
+        self._logged_step = -1  # the step of the last training log: a step is logged once (HF)
         sigterm = args.save_on_sigterm if args.save_on_sigterm is not None else args.save_strategy != "no"
         self.preemption = Preemption(self.fabric, enabled=sigterm)  # acts only while `train` runs
         self.val: DataSource | None = None
@@ -165,6 +168,7 @@ class Loop(Inference, BestModel):
         args, state, cb, stepper = self.args, self.state, self.handler, self.stepper
         accum = args.gradient_accumulation_steps
         add_loss = self.loss.running.add
+        per_step = self.loss.per_step  # HF's Trainer log: the mean of the steps' losses, not of the samples'
         metrics = self.train_metrics if self.train_metrics else None
         own_step, carry = self.overrides.train_step, self._carry
         micro, cycle = 0, 1
@@ -179,7 +183,7 @@ class Loop(Inference, BestModel):
             micro += 1
             if own_step is None:
                 loss, out = stepper.forward_backward(batch, cycle, last=micro == cycle)
-                add_loss(loss, batch.size)
+                add_loss(loss, 1 if per_step else batch.size)
                 if metrics is not None and batch.target is not None:
                     metrics.update(out, batch.target, batch.sample_weight)
             else:
@@ -208,7 +212,9 @@ class Loop(Inference, BestModel):
         args, state, cb, stepper = self.args, self.state, self.handler, self.stepper
         if self.checkpointer is not None and self.checkpointer.writer.copying is not None:
             self.checkpointer.wait_copied()  # an asynchronous save still copying these weights
-        stepper.clip(args.max_grad_norm)
+        norm = stepper.clip(args.max_grad_norm, measure=args.trainer_logs)
+        if args.trainer_logs:  # kept on the device; read only at a logging step
+            self.grad_norm = norm
         self.control = cb.on_pre_optimizer_step(args, state, self.control)
         stepper.step()
         self.control = cb.on_optimizer_step(args, state, self.control)
@@ -235,7 +241,7 @@ class Loop(Inference, BestModel):
         loss = values.get("loss")
         if loss is not None:
             loss = loss if isinstance(loss, torch.Tensor) else torch.tensor(float(loss), device=self.fabric.device)
-            self.loss.running.add(loss, batch.size)
+            self.loss.running.add(loss, 1 if self.loss.per_step else batch.size)
         extras = {name: value for name, value in values.items() if name != "loss"}
         if extras:
             self.step_means.add(extras, batch.size)
@@ -319,13 +325,20 @@ class Loop(Inference, BestModel):
         self.control.should_save = False
 
     def _log_training(self, epoch_end: bool) -> None:
-        if epoch_end:  # the epoch's values (`logging_strategy="epoch"`), put together once per epoch
+        trainer = self.args.trainer_logs
+        if trainer:  # HF's Trainer: the same record at a step and at an epoch end, and a step logged once
+            if self.state.global_step <= self._logged_step:
+                return
+            self._logged_step = self.state.global_step
+        elif epoch_end:  # the epoch's values (`logging_strategy="epoch"`), put together once per epoch
             self.log(self.running_logs.epoch())
             return
         logs: dict[str, float] = {}
         mean = self.loss.mean_since_log()  # one host read per logging step
         if mean is not None:
             logs["loss"] = mean
+        if self.grad_norm is not None:
+            logs["grad_norm"] = float(self.grad_norm)
         if self.step_means:
             logs.update(self.step_means.since_log())
         logs["learning_rate"] = self.logged_learning_rate()
@@ -339,6 +352,6 @@ class Loop(Inference, BestModel):
     def log(self, logs: dict[str, float]) -> None:
         state = self.state
         if state.epoch is not None:
-            logs["epoch"] = round(state.epoch, 4)
+            logs["epoch"] = state.epoch if self.args.trainer_logs else round(state.epoch, 4)
         state.log_history.append({**logs, "step": state.global_step})
         self.control = self.handler.on_log(self.args, state, self.control, logs)

@@ -97,6 +97,8 @@ class LoopSnapshot:
     epoch_count: int = 0
     logged_loss: float = 0.0
     logged_count: int = 0
+    carried_loss: float = 0.0  # HF's Trainer log: the earlier epochs' losses the next log still covers
+    carried_count: int = 0
     metrics: dict | None = None
     by_rank: list | None = None
     epoch_rng: dict | None = None
@@ -227,7 +229,9 @@ class Checkpointer:
         epoch, batch = loop.position
         world_size = self.fabric.world_size
         if not batch:
-            return LoopSnapshot(epoch=epoch, batch=0, samples=0, world_size=world_size)
+            carried_loss, carried_count = loop.loss.unlogged()
+            return LoopSnapshot(epoch=epoch, batch=0, samples=0, world_size=world_size, carried_loss=carried_loss,
+                                carried_count=carried_count)
         sums = loop.loss.export()  # over all processes: before the metric states, as every process does
         return LoopSnapshot(epoch=epoch, batch=batch, samples=loop.source.consumed(epoch, batch), world_size=world_size,
                             **sums, metrics=loop.train_metrics.export_state(), epoch_rng=loop.source.epoch_rng if loop.source is not None else None,
@@ -361,6 +365,7 @@ class Checkpointer:
                                                   args.gradient_accumulation_steps)
             state.max_steps -= unplanned_steps(args.num_train_epochs, batches,
                                                args.gradient_accumulation_steps)  # epochs=1.5
+        loop.loss.carried = (resume.carried_loss, resume.carried_count)
         if not resume.mid_epoch:
             return 0
         loop.loss.restore(resume)
