@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,6 +34,7 @@ from fitkit.engine.run_metrics import RunMetrics
 from fitkit.engine.running_loss import EpochLoss
 from fitkit.engine.step import Stepper
 from fitkit.events.handler import CallbackHandler
+from fitkit.events.hf_view import hf_values
 from fitkit.events.state import StopTraining, TrainerControl, TrainerState
 
 logger = logging.getLogger("fitkit")
@@ -62,8 +64,8 @@ class Loop(Inference, BestModel):
         self.train_metrics = MetricSet(metrics)
         self.val_metrics = MetricSet(metrics, prefix="val_")
         self.train_metrics.device = self.val_metrics.device = self.fabric.device
-        self.loss = EpochLoss(self.fabric, per_step=args.trainer_logs)
-        # HF's Trainer log (`trainer_logs`): the last step's gradient norm, a device tensor read only when logged
+        self.loss = EpochLoss(self.fabric, per_step=args.hf_trainer)
+        # HF's Trainer log (`hf_trainer`): the last step's gradient norm, a device tensor read only when logged
         self.grad_norm: torch.Tensor | None = None
         self._logged_step = -1  # the step of the last training log: a step is logged once (HF)
         sigterm = args.save_on_sigterm if args.save_on_sigterm is not None else args.save_strategy != "no"
@@ -212,8 +214,8 @@ class Loop(Inference, BestModel):
         args, state, cb, stepper = self.args, self.state, self.handler, self.stepper
         if self.checkpointer is not None and self.checkpointer.writer.copying is not None:
             self.checkpointer.wait_copied()  # an asynchronous save still copying these weights
-        norm = stepper.clip(args.max_grad_norm, measure=args.trainer_logs)
-        if args.trainer_logs:  # kept on the device; read only at a logging step
+        norm = stepper.clip(args.max_grad_norm, measure=args.hf_trainer)
+        if args.hf_trainer:  # kept on the device; read only at a logging step
             self.grad_norm = norm
         self.control = cb.on_pre_optimizer_step(args, state, self.control)
         stepper.step()
@@ -309,9 +311,11 @@ class Loop(Inference, BestModel):
         if self.control.should_log:
             self._log_training(epoch_end)
         if self.control.should_evaluate and self.val is not None:
+            started = time.perf_counter()
             metrics = self.evaluate(self.val, prefix="val_", steps=self.args.validation_steps)
             self.epoch_validation = dict(metrics)
-            self.log(dict(metrics))
+            self.log(self._evaluation_record(metrics, time.perf_counter() - started) if args.hf_trainer
+                     else dict(metrics))
             self.control = cb.on_evaluate(args, state, self.control, metrics)
             if self._track_best(metrics) and args.save_strategy == "best":  # after on_evaluate, as HF
                 self.control.should_save = True
@@ -324,8 +328,18 @@ class Loop(Inference, BestModel):
             self.control = self.checkpointer.announce(self.control)  # on_save once committed (maybe later)
         self.control.should_save = False
 
+    def _evaluation_record(self, metrics: dict[str, float], seconds: float) -> dict[str, float]:
+        """An evaluation's log record as HF's Trainer writes it (`hf_trainer`): `eval_` names and
+        its speed (`on_evaluate` keeps fitkit's `val_` names; `History` reads both)."""
+        record: dict[str, float] = hf_values(metrics) or {}
+        samples, batches = self.evaluated
+        record["eval_runtime"] = round(seconds, 4)
+        record["eval_samples_per_second"] = round(samples / seconds, 3) if seconds > 0 else 0.0
+        record["eval_steps_per_second"] = round(batches / seconds, 3) if seconds > 0 else 0.0
+        return record
+
     def _log_training(self, epoch_end: bool) -> None:
-        trainer = self.args.trainer_logs
+        trainer = self.args.hf_trainer
         if trainer:  # HF's Trainer: the same record at a step and at an epoch end, and a step logged once
             if self.state.global_step <= self._logged_step:
                 return
@@ -352,6 +366,6 @@ class Loop(Inference, BestModel):
     def log(self, logs: dict[str, float]) -> None:
         state = self.state
         if state.epoch is not None:
-            logs["epoch"] = state.epoch if self.args.trainer_logs else round(state.epoch, 4)
+            logs["epoch"] = state.epoch if self.args.hf_trainer else round(state.epoch, 4)
         state.log_history.append({**logs, "step": state.global_step})
         self.control = self.handler.on_log(self.args, state, self.control, logs)

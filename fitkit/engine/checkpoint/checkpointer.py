@@ -30,6 +30,7 @@ import dataclasses
 import logging
 import os
 import secrets
+import shutil
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -41,6 +42,7 @@ from fitkit.common.options import error_line, writes_to_output_dir
 from fitkit.common.schedule import steps_per_epoch, unplanned_steps
 from fitkit.engine.checkpoint import run_lock
 from fitkit.engine.checkpoint.layout import CheckpointError
+from fitkit.engine.checkpoint.listing import list_checkpoints
 from fitkit.engine.checkpoint.loading import load_checkpoint, saved_state, warn_on_resume
 from fitkit.engine.checkpoint.verify import resolve, verified
 from fitkit.engine.checkpoint.writing import (
@@ -376,8 +378,14 @@ class Checkpointer:
     # -- the best model ------------------------------------------------------------------------------
     def load_best(self) -> None:
         """With `load_best_model_at_end`, put the best checkpoint's weights back into the module
-        (verified first)."""
+        (verified first). Under `hf_trainer` with `save_total_limit=1`, only the best checkpoint
+        stays once training ends, as HF's Trainer leaves it."""
         best = self.state.best_model_checkpoint
         if self.args.load_best_model_at_end and best:
             path = self._on_zero(lambda: verified(best))
             load_checkpoint(self.fabric, path, module=self.module, optimizer=None)
+        if self.args.hf_trainer and self.args.save_total_limit == 1 and best and self.fabric.is_global_zero:
+            # HF's Trainer: a limit of one keeps the best checkpoint alone once training ends
+            for path in list_checkpoints(self.args.output_dir):
+                if os.path.abspath(path) != os.path.abspath(best):
+                    shutil.rmtree(path, ignore_errors=True)
