@@ -113,7 +113,7 @@ def _to_length(ids: Any, config: Any, pad: int) -> Any:
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
         return ids
     # transformers 5 leaves unset fields None; the Trainer reads them with generation's defaults (max_length 20)
-    defaults = getattr(config, "_get_default_generation_params", dict)()
+    defaults: dict[str, Any] = getattr(config, "_get_default_generation_params", dict)()
     max_length = config.max_length if config.max_length is not None else defaults.get("max_length")
     max_new = config.max_new_tokens if config.max_new_tokens is not None else defaults.get("max_new_tokens")
     width = None
