@@ -241,3 +241,23 @@ def test_disable_tqdm_prints_each_log_as_the_trainer(tmp_path, capsys):
     assert len(ours) == len(theirs) == 2  # the log at step 2 and the closing record
     assert ours[0] == theirs[0]
     assert ours[1].startswith("{'train_runtime': '") and theirs[1].startswith("{'train_runtime': '")
+
+
+def test_a_log_spanning_an_epoch_end_is_the_same_after_a_resume_there(tmp_path):
+    """The steps after an epoch's last log are carried into the next epoch's first log, also
+    through a checkpoint written at that epoch's end."""
+    data = images(24)
+    options = dict(eval_strategy="no", lr_scheduler_type="constant", save_total_limit=None)
+
+    def losses(model):
+        return [(r["step"], r["loss"]) for r in model.state.log_history if "loss" in r]
+
+    whole = Model(tiny_vit()).compile()
+    whole.fit(data, args=hf_args(tmp_path / "whole", **options))
+    first = Model(tiny_vit()).compile()
+    first.fit(data, args=hf_args(tmp_path / "cut", num_train_epochs=1, **options))
+    assert losses(first) == losses(whole)[:1]  # step 3 ended epoch 1 unlogged
+    resumed = Model(tiny_vit()).compile()
+    resumed.fit(data, args=hf_args(tmp_path / "cut", resume_from_checkpoint=True, **options))
+    assert [s for s, _ in losses(resumed)] == [2, 4, 6]
+    assert losses(resumed)[1][1] == pytest.approx(losses(whole)[1][1], abs=1e-6)  # steps 3 and 4, as uninterrupted
