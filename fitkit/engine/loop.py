@@ -20,6 +20,7 @@ import torch
 
 from fitkit.adapters.metrics import MetricSet
 from fitkit.adapters.optimizers import is_plateau
+from fitkit.common.wrappers import unwrapped
 from fitkit.config.arguments import TrainingArguments
 from fitkit.engine.batch_logs import RunningLogs, epoch_values
 from fitkit.engine.best_model import BestModel
@@ -68,6 +69,7 @@ class Loop(Inference, BestModel):
         # HF's Trainer log (`hf_trainer`): the last step's gradient norm, a device tensor read only when logged
         self.grad_norm: torch.Tensor | None = None
         self._logged_step = -1  # the step of the last training log: a step is logged once (HF)
+        self.flos: tuple[str, int] | None = None  # HF's FLOPs count: (the main input's key, 6 x parameters)
         sigterm = args.save_on_sigterm if args.save_on_sigterm is not None else args.save_strategy != "no"
         self.preemption = Preemption(self.fabric, enabled=sigterm)  # acts only while `train` runs
         self.val: DataSource | None = None
@@ -103,6 +105,7 @@ class Loop(Inference, BestModel):
             assert self.checkpointer is not None  # a resume comes from the fit's checkpointer
             self.checkpointer.restore_callbacks(resume, self.control)
         first_step = state.global_step
+        self.flos = flos_count(unwrapped(self.stepper.module)) if args.hf_trainer else None
         figures = RunMetrics(self.fabric.device, memory=not args.skip_memory_metrics)
         try:
             with self.preemption.watching(), stopping(train):  # a prefetch thread ends with the run
@@ -171,6 +174,7 @@ class Loop(Inference, BestModel):
         accum = args.gradient_accumulation_steps
         add_loss = self.loss.running.add
         per_step = self.loss.per_step  # HF's Trainer log: the mean of the steps' losses, not of the samples'
+        flos_key, flos_factor = self.flos or ("", 0)
         metrics = self.train_metrics if self.train_metrics else None
         own_step, carry = self.overrides.train_step, self._carry
         micro, cycle = 0, 1
@@ -179,6 +183,8 @@ class Loop(Inference, BestModel):
             inputs = batch.inputs
             if inputs.__class__ is dict and "input_ids" in inputs:  # tokens/s for the display: a shape, no read
                 self.epoch_tokens += inputs["input_ids"].numel()
+            if flos_factor and inputs.__class__ is dict and flos_key in inputs:  # a shape, no read
+                state.total_flos += flos_factor * inputs[flos_key].numel()
             if micro == 0:
                 cycle = accum if n_batches is None else min(accum, n_batches - i)
                 self.control = cb.on_step_begin(args, state, self.control)
@@ -293,6 +299,8 @@ class Loop(Inference, BestModel):
         steps = self.state.global_step - first_step
         samples = steps * args.batch_size * args.gradient_accumulation_steps * self.fabric.world_size
         summary = figures.finish(samples, steps)
+        if self.flos is not None:  # HF's place for it: after the speeds, before the loss
+            summary["total_flos"] = self.state.total_flos
         mean = self.loss.run_mean()
         if mean is not None:
             summary["train_loss"] = mean
@@ -369,3 +377,13 @@ class Loop(Inference, BestModel):
             logs["epoch"] = state.epoch if self.args.hf_trainer else round(state.epoch, 4)
         state.log_history.append({**logs, "step": state.global_step})
         self.control = self.handler.on_log(self.args, state, self.control, logs)
+
+
+def flos_count(module: Any) -> tuple[str, int] | None:
+    """What HF's Trainer counts as a step's floating-point operations: 6 x the parameters outside
+    embeddings x the elements of the main input (`main_input_name`), for a module with
+    `num_parameters` (a `transformers.PreTrainedModel`); None for any other module."""
+    count = getattr(module, "num_parameters", None)
+    if not callable(count):
+        return None
+    return getattr(module, "main_input_name", "input_ids"), 6 * int(count(exclude_embeddings=True))

@@ -231,7 +231,7 @@ class Checkpointer:
         epoch, batch = loop.position
         world_size = self.fabric.world_size
         if not batch:
-            carried_loss, carried_count = loop.loss.unlogged()
+            carried_loss, carried_count = loop.loss.unlogged() if loop.loss.per_step else (0.0, 0)
             return LoopSnapshot(epoch=epoch, batch=0, samples=0, world_size=world_size, carried_loss=carried_loss,
                                 carried_count=carried_count)
         sums = loop.loss.export()  # over all processes: before the metric states, as every process does
