@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from fitkit.callbacks._run import epoch_steps, rate_varies, unlogged_epoch_values
-from fitkit.common.logs import BOOKKEEPING, NOT_VALUES
+from fitkit.common.logs import BOOKKEEPING, NOT_VALUES, keras_names
 from fitkit.events.handler import TrainerCallback
 
 
@@ -105,7 +105,7 @@ class History(TrainerCallback):
         if "train_runtime" in logs:  # the run's closing summary, not an epoch's values
             return
         row = self._rows.setdefault(max(math.ceil(epoch or 0.0) - 1, 0), {})
-        for key, value in logs.items():
+        for key, value in keras_names(logs).items():  # HF's evaluation records (under HF's arguments): `val_` names
             if key not in self._skip and isinstance(value, (int, float)) and not isinstance(value, bool):
                 row[key] = float(value)
 

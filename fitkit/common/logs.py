@@ -178,6 +178,21 @@ def _bare(name: str) -> str:
     return name
 
 
+#: The speed figures of an evaluation record under HF's names (`eval_runtime`, ...).
+SPEED_SUFFIXES = ("_runtime", "_samples_per_second", "_steps_per_second")
+
+
+def keras_names(logs: Mapping[str, Any]) -> dict[str, Any]:
+    """A record under Keras' names: an evaluation logged as HF's Trainer logs it (under HF's
+    arguments: `eval_loss`, `eval_accuracy`, `eval_runtime`, ...) becomes `val_loss`,
+    `val_accuracy`, its speed figures left out; other records are unchanged::
+
+        keras_names({"eval_loss": 0.5, "eval_runtime": 0.1, "epoch": 1.0})   # {"val_loss": 0.5, "epoch": 1.0}
+    """
+    return {("val_" + k[5:] if k.startswith("eval_") else k): v for k, v in logs.items()
+            if not (k.startswith("eval_") and k.endswith(SPEED_SUFFIXES))}
+
+
 # -- the value `metric_for_best_model` names --------------------------------------------------
 
 def metric_candidates(name: str) -> list[str]:

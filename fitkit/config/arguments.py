@@ -115,7 +115,7 @@ class TrainingArguments(metaclass=_TakesOtherNames):
     save_steps: int | float = 500  # below 1: a fraction of max_steps (HF)
     save_total_limit: int | None = None
     load_best_model_at_end: bool = False
-    metric_for_best_model: str = "val_loss"
+    metric_for_best_model: str | None = "val_loss"  # None: no best model tracked (HF's None)
     greater_is_better: bool | None = None
     resume_from_checkpoint: bool | str | None = None
     save_on_sigterm: bool | None = None  # None: on when a save_strategy is set
@@ -158,6 +158,10 @@ class TrainingArguments(metaclass=_TakesOtherNames):
     remove_unused_columns: bool = True  # drop sample keys the module's forward does not name (labels kept)
     processing_class: Any = None  # an HF tokenizer/processor: its padding collator by default, saved beside the model
     exclude_from_weight_decay: Any = None  # None: HF's groups with HF arguments; "hf"; regexes of names; [] or "none"
+    # True (set by `args=transformers.TrainingArguments(...)`): the log history is the HF Trainer's (the loss as
+    # the mean of the steps' losses since the last log, across epochs; `grad_norm`; `epoch` unrounded; evaluation
+    # records under `eval_` names with their speed); `verbose=0` then prints each log as the Trainer's printer
+    hf_trainer: bool = False
 
     def __post_init__(self) -> None:
         check_and_convert(self)

@@ -46,7 +46,7 @@ _BOOLS: dict[str, bool] = {
     "shuffle": False, "logging_first_step": False, "load_best_model_at_end": False, "greater_is_better": True,
     "save_on_sigterm": True, "save_async": False, "skip_memory_metrics": False, "log_on_each_node": False,
     "fsdp_full_checkpoint": False, "dataloader_pin_memory": False, "gradient_checkpointing": True, "prefetch": False,
-    "tune_cpu_allocator": False, "predict_with_generate": False,
+    "tune_cpu_allocator": False, "predict_with_generate": False, "hf_trainer": False,
 }
 #: String fields taking one of a set of names, and whether None is allowed too.
 _CHOICES: dict[str, tuple[tuple, bool]] = {
@@ -138,8 +138,13 @@ def _check_the_others(args: Any, fail: Callable[[str, str], NoReturn], set_value
         fail("output_dir", "pass the path of a folder (a str); it is created when missing")
     if not (args.resume_from_checkpoint is None or isinstance(args.resume_from_checkpoint, (bool, str))):
         fail("resume_from_checkpoint", "pass True (the last checkpoint in `output_dir`) or a checkpoint's path")
-    if not isinstance(args.metric_for_best_model, str) or not args.metric_for_best_model:
-        fail("metric_for_best_model", "pass the name of a logged value, e.g. 'val_loss' or 'val_accuracy'")
+    if args.metric_for_best_model is None:
+        if args.load_best_model_at_end or args.save_strategy == "best":
+            fail("metric_for_best_model", "`load_best_model_at_end` and save_strategy='best' need the name of a "
+                 "logged value, e.g. 'val_loss' or 'val_accuracy'")
+    elif not isinstance(args.metric_for_best_model, str) or not args.metric_for_best_model:
+        fail("metric_for_best_model", "pass the name of a logged value, e.g. 'val_loss' or 'val_accuracy', or None "
+             "to track no best model")
     scheduler_object = hasattr(args.lr_scheduler, "optimizer") and callable(getattr(args.lr_scheduler, "step", None))
     if not (callable(args.lr_scheduler) or scheduler_object
             or (isinstance(args.lr_scheduler, str) and args.lr_scheduler in SCHEDULERS)):

@@ -78,6 +78,7 @@ def from_hf(hf_args: Any) -> Any:
         ignored.append(f"optim={optim!r}")
     translated, _ = hf_options({k: values[k] for k in ("fp16", "bf16", "disable_tqdm", "use_cpu") if k in values}, mine)
     options.update(translated)
+    options["hf_trainer"] = True  # the Trainer's log history, printed as its printer does under disable_tqdm
     warn_unhonoured(ignored, "TrainingArguments fields", stacklevel=5)
     return TrainingArguments(**options)
 
@@ -120,10 +121,11 @@ def hf_explicit(hf_args: Any) -> set[str]:
     return out
 
 
-def _val_name(metric: str | None) -> str:
-    """HF's `metric_for_best_model` always names an evaluation value: fitkit's `val_*` name."""
+def _val_name(metric: str | None) -> str | None:
+    """HF's `metric_for_best_model` always names an evaluation value: fitkit's `val_*` name. None
+    stays None: the Trainer then tracks no best model (nor keeps a best checkpoint from rotation)."""
     if not metric:
-        return "val_loss"
+        return None
     if metric.startswith("eval_"):
         return "val_" + metric[len("eval_"):]
     return metric if metric.startswith("val_") else "val_" + metric

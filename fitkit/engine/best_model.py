@@ -35,6 +35,10 @@ class BestModel:
         True when this one is the new best. A checkpoint already written at this step (saved
         before the evaluation) is recorded as the best one at once, so no rotation removes it."""
         args, state = self.args, self.state
+        if args.metric_for_best_model is None:  # no best model asked for (HF's None): only a plateau scheduler's metric
+            if self.plateau is not None:
+                self.plateau.step(metrics[best_metric_key("val_loss", metrics) or "val_loss"])
+            return False
         name = best_metric_key(args.metric_for_best_model, metrics, required=self._needs_best())
         if name is None:
             if not self._warned_best:

@@ -112,11 +112,15 @@ def _to_length(ids: Any, config: Any, pad: int) -> Any:
     `generation_max_length`), or to `max_new_tokens + 1`, when shorter."""
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
         return ids
+    # transformers 5 leaves unset fields None; the Trainer reads them with generation's defaults (max_length 20)
+    defaults: dict[str, Any] = getattr(config, "_get_default_generation_params", dict)()
+    max_length = config.max_length if config.max_length is not None else defaults.get("max_length")
+    max_new = config.max_new_tokens if config.max_new_tokens is not None else defaults.get("max_new_tokens")
     width = None
-    if config.max_length and ids.shape[-1] < config.max_length:
-        width = config.max_length
-    elif config.max_new_tokens is not None and ids.shape[-1] < config.max_new_tokens + 1:
-        width = config.max_new_tokens + 1
+    if max_length and ids.shape[-1] < max_length:
+        width = max_length
+    elif max_new is not None and ids.shape[-1] < max_new + 1:
+        width = max_new + 1
     if width is None:
         return ids
     padded = ids.new_full((ids.shape[0], width), int(pad))

@@ -50,6 +50,7 @@ class Inference:
         def call_event(self, event: str, **kwargs: Any) -> None: ...
 
     collected: tuple[Any, Any] | None = None  # (predictions, label_ids) of the last `evaluate(keep=True)`
+    evaluated: tuple[int, int] = (0, 0)  # (samples over all processes, batches of this process) of the last `evaluate`
 
     def evaluate(self, source: DataSource, prefix: str = "", steps: int | None = None,
                  keep: bool = False) -> dict[str, float]:
@@ -62,7 +63,7 @@ class Inference:
         metrics.reset()
         collector = PredictionCollector.of(self.args, keep)  # HF's compute_metrics, when set
         total = torch.zeros((), device=fabric.device, dtype=torch.float64)
-        count, with_loss, measured = 0, False, bool(metrics)
+        count, batches, with_loss, measured = 0, 0, False, bool(metrics)
         self.call_event("on_evaluate_begin", running_logs=self.running_logs)
         listens = self.handler.has_listeners  # an event nobody hears is not fired per batch
         begins, steps_end = listens("on_prediction_step_begin"), listens("on_prediction_step")
@@ -75,6 +76,7 @@ class Inference:
                     total.add_(loss.detach(), alpha=batch.size)  # one op: the sum in float64, on the device
                     with_loss = True
                 count += batch.size
+                batches += 1
                 if measured and batch.target is not None:
                     metrics.update(out, batch.target, batch.sample_weight)
                 if collector is not None:
@@ -87,6 +89,7 @@ class Inference:
             count = int(fabric.all_reduce(torch.tensor(count, device=fabric.device), reduce_op="sum"))
         if count == 0:
             raise ValueError("the evaluation data is empty: pass at least one sample")
+        self.evaluated = (count, batches)
         results: dict[str, float] = {}
         if with_loss:
             results[prefix + "loss"] = float(total) / count

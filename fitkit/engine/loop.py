@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +20,7 @@ import torch
 
 from fitkit.adapters.metrics import MetricSet
 from fitkit.adapters.optimizers import is_plateau
+from fitkit.common.wrappers import unwrapped
 from fitkit.config.arguments import TrainingArguments
 from fitkit.engine.batch_logs import RunningLogs, epoch_values
 from fitkit.engine.best_model import BestModel
@@ -33,6 +35,7 @@ from fitkit.engine.run_metrics import RunMetrics
 from fitkit.engine.running_loss import EpochLoss
 from fitkit.engine.step import Stepper
 from fitkit.events.handler import CallbackHandler
+from fitkit.events.hf_view import hf_values
 from fitkit.events.state import StopTraining, TrainerControl, TrainerState
 
 logger = logging.getLogger("fitkit")
@@ -62,7 +65,11 @@ class Loop(Inference, BestModel):
         self.train_metrics = MetricSet(metrics)
         self.val_metrics = MetricSet(metrics, prefix="val_")
         self.train_metrics.device = self.val_metrics.device = self.fabric.device
-        self.loss = EpochLoss(self.fabric)
+        self.loss = EpochLoss(self.fabric, per_step=args.hf_trainer)
+        # HF's Trainer log (`hf_trainer`): the last step's gradient norm, a device tensor read only when logged
+        self.grad_norm: torch.Tensor | None = None
+        self._logged_step = -1  # the step of the last training log: a step is logged once (HF)
+        self.flos: tuple[str, int] | None = None  # HF's FLOPs count: (the main input's key, 6 x parameters)
         sigterm = args.save_on_sigterm if args.save_on_sigterm is not None else args.save_strategy != "no"
         self.preemption = Preemption(self.fabric, enabled=sigterm)  # acts only while `train` runs
         self.val: DataSource | None = None
@@ -98,6 +105,7 @@ class Loop(Inference, BestModel):
             assert self.checkpointer is not None  # a resume comes from the fit's checkpointer
             self.checkpointer.restore_callbacks(resume, self.control)
         first_step = state.global_step
+        self.flos = flos_count(unwrapped(self.stepper.module)) if args.hf_trainer else None
         figures = RunMetrics(self.fabric.device, memory=not args.skip_memory_metrics)
         try:
             with self.preemption.watching(), stopping(train):  # a prefetch thread ends with the run
@@ -165,6 +173,8 @@ class Loop(Inference, BestModel):
         args, state, cb, stepper = self.args, self.state, self.handler, self.stepper
         accum = args.gradient_accumulation_steps
         add_loss = self.loss.running.add
+        per_step = self.loss.per_step  # HF's Trainer log: the mean of the steps' losses, not of the samples'
+        flos_key, flos_factor = self.flos or ("", 0)
         metrics = self.train_metrics if self.train_metrics else None
         own_step, carry = self.overrides.train_step, self._carry
         micro, cycle = 0, 1
@@ -173,13 +183,15 @@ class Loop(Inference, BestModel):
             inputs = batch.inputs
             if inputs.__class__ is dict and "input_ids" in inputs:  # tokens/s for the display: a shape, no read
                 self.epoch_tokens += inputs["input_ids"].numel()
+            if flos_factor and inputs.__class__ is dict and flos_key in inputs:  # a shape, no read
+                state.total_flos += flos_factor * inputs[flos_key].numel()
             if micro == 0:
                 cycle = accum if n_batches is None else min(accum, n_batches - i)
                 self.control = cb.on_step_begin(args, state, self.control)
             micro += 1
             if own_step is None:
                 loss, out = stepper.forward_backward(batch, cycle, last=micro == cycle)
-                add_loss(loss, batch.size)
+                add_loss(loss, 1 if per_step else batch.size)
                 if metrics is not None and batch.target is not None:
                     metrics.update(out, batch.target, batch.sample_weight)
             else:
@@ -208,7 +220,9 @@ class Loop(Inference, BestModel):
         args, state, cb, stepper = self.args, self.state, self.handler, self.stepper
         if self.checkpointer is not None and self.checkpointer.writer.copying is not None:
             self.checkpointer.wait_copied()  # an asynchronous save still copying these weights
-        stepper.clip(args.max_grad_norm)
+        norm = stepper.clip(args.max_grad_norm, measure=args.hf_trainer)
+        if args.hf_trainer:  # kept on the device; read only at a logging step
+            self.grad_norm = norm
         self.control = cb.on_pre_optimizer_step(args, state, self.control)
         stepper.step()
         self.control = cb.on_optimizer_step(args, state, self.control)
@@ -235,7 +249,7 @@ class Loop(Inference, BestModel):
         loss = values.get("loss")
         if loss is not None:
             loss = loss if isinstance(loss, torch.Tensor) else torch.tensor(float(loss), device=self.fabric.device)
-            self.loss.running.add(loss, batch.size)
+            self.loss.running.add(loss, 1 if self.loss.per_step else batch.size)
         extras = {name: value for name, value in values.items() if name != "loss"}
         if extras:
             self.step_means.add(extras, batch.size)
@@ -285,6 +299,8 @@ class Loop(Inference, BestModel):
         steps = self.state.global_step - first_step
         samples = steps * args.batch_size * args.gradient_accumulation_steps * self.fabric.world_size
         summary = figures.finish(samples, steps)
+        if self.flos is not None:  # HF's place for it: after the speeds, before the loss
+            summary["total_flos"] = self.state.total_flos
         mean = self.loss.run_mean()
         if mean is not None:
             summary["train_loss"] = mean
@@ -303,9 +319,11 @@ class Loop(Inference, BestModel):
         if self.control.should_log:
             self._log_training(epoch_end)
         if self.control.should_evaluate and self.val is not None:
+            started = time.perf_counter()
             metrics = self.evaluate(self.val, prefix="val_", steps=self.args.validation_steps)
             self.epoch_validation = dict(metrics)
-            self.log(dict(metrics))
+            self.log(self._evaluation_record(metrics, time.perf_counter() - started) if args.hf_trainer
+                     else dict(metrics))
             self.control = cb.on_evaluate(args, state, self.control, metrics)
             if self._track_best(metrics) and args.save_strategy == "best":  # after on_evaluate, as HF
                 self.control.should_save = True
@@ -318,14 +336,31 @@ class Loop(Inference, BestModel):
             self.control = self.checkpointer.announce(self.control)  # on_save once committed (maybe later)
         self.control.should_save = False
 
+    def _evaluation_record(self, metrics: dict[str, float], seconds: float) -> dict[str, float]:
+        """An evaluation's log record as HF's Trainer writes it (`hf_trainer`): `eval_` names and
+        its speed (`on_evaluate` keeps fitkit's `val_` names; `History` reads both)."""
+        record: dict[str, float] = hf_values(metrics) or {}
+        samples, batches = self.evaluated
+        record["eval_runtime"] = round(seconds, 4)
+        record["eval_samples_per_second"] = round(samples / seconds, 3) if seconds > 0 else 0.0
+        record["eval_steps_per_second"] = round(batches / seconds, 3) if seconds > 0 else 0.0
+        return record
+
     def _log_training(self, epoch_end: bool) -> None:
-        if epoch_end:  # the epoch's values (`logging_strategy="epoch"`), put together once per epoch
+        trainer = self.args.hf_trainer
+        if trainer:  # HF's Trainer: the same record at a step and at an epoch end, and a step logged once
+            if self.state.global_step <= self._logged_step:
+                return
+            self._logged_step = self.state.global_step
+        elif epoch_end:  # the epoch's values (`logging_strategy="epoch"`), put together once per epoch
             self.log(self.running_logs.epoch())
             return
         logs: dict[str, float] = {}
         mean = self.loss.mean_since_log()  # one host read per logging step
         if mean is not None:
             logs["loss"] = mean
+        if self.grad_norm is not None:
+            logs["grad_norm"] = float(self.grad_norm)
         if self.step_means:
             logs.update(self.step_means.since_log())
         logs["learning_rate"] = self.logged_learning_rate()
@@ -339,6 +374,16 @@ class Loop(Inference, BestModel):
     def log(self, logs: dict[str, float]) -> None:
         state = self.state
         if state.epoch is not None:
-            logs["epoch"] = round(state.epoch, 4)
+            logs["epoch"] = state.epoch if self.args.hf_trainer else round(state.epoch, 4)
         state.log_history.append({**logs, "step": state.global_step})
         self.control = self.handler.on_log(self.args, state, self.control, logs)
+
+
+def flos_count(module: Any) -> tuple[str, int] | None:
+    """What HF's Trainer counts as a step's floating-point operations: 6 x the parameters outside
+    embeddings x the elements of the main input (`main_input_name`), for a module with
+    `num_parameters` (a `transformers.PreTrainedModel`); None for any other module."""
+    count = getattr(module, "num_parameters", None)
+    if not callable(count):
+        return None
+    return getattr(module, "main_input_name", "input_ids"), 6 * int(count(exclude_embeddings=True))

@@ -93,10 +93,16 @@ class EpochLoss:
     log reports the mean since the previous one) and the run's total (for `train_loss`). Sums
     over processes are read on the host only when asked: at a log, at the epoch end (once) and
     when a checkpoint is taken.
+
+    `per_step=True` is HF's Trainer log: the loop adds each micro-batch with weight 1 (the mean
+    of the steps' losses, not of the samples'), and the steps of an epoch after its last log are
+    carried into the next epoch's first log (`carried`), as the Trainer's running loss is.
     """
 
-    def __init__(self, fabric: Any):
+    def __init__(self, fabric: Any, per_step: bool = False):
         self.fabric = fabric
+        self.per_step = per_step
+        self.carried: tuple[float, int] = (0.0, 0)  # per_step: the previous epochs' sums not logged yet
         self.running = RunningLoss(fabric.device)
         self.logged_loss, self.logged_count = 0.0, 0
         self.run_loss, self.run_count = 0.0, 0
@@ -104,6 +110,9 @@ class EpochLoss:
         self._fresh = True  # `running` has seen nothing yet: the first epoch can keep it
 
     def new_epoch(self) -> None:
+        if self.per_step and self._closed is not None:
+            total, count = self._closed
+            self.carried = (self.carried[0] + total - self.logged_loss, self.carried[1] + count - self.logged_count)
         if not self._fresh:
             self.running = RunningLoss(self.fabric.device)
         self._fresh = False
@@ -128,11 +137,23 @@ class EpochLoss:
     def mean_since_log(self) -> float | None:
         """The mean loss since the previous step log (None when no sample came since)."""
         total, count = self.totals()
-        if count <= self.logged_count:
+        carried_loss, carried_count = self.carried
+        if count + carried_count <= self.logged_count:
             return None
-        mean = (total - self.logged_loss) / (count - self.logged_count)
+        mean = (total - self.logged_loss + carried_loss) / (count - self.logged_count + carried_count)
         self.logged_loss, self.logged_count = total, count
+        self.carried = (0.0, 0)
         return mean
+
+    def unlogged(self) -> tuple[float, int]:
+        """`per_step`: the sums of the closed epochs' steps after their last log, which the next
+        log covers (what a checkpoint keeps as `carried_loss`, `carried_count`)."""
+        if not self.per_step:
+            return 0.0, 0
+        if self._closed is None:
+            return self.carried
+        total, count = self._closed
+        return self.carried[0] + total - self.logged_loss, self.carried[1] + count - self.logged_count
 
     def run_mean(self) -> float | None:
         return self.run_loss / self.run_count if self.run_count else None
@@ -149,7 +170,8 @@ class EpochLoss:
         else:
             by_rank = [_decode(mine.tolist())]
         return {"epoch_loss": total, "epoch_count": count, "logged_loss": self.logged_loss,
-                "logged_count": self.logged_count, "by_rank": by_rank}
+                "logged_count": self.logged_count, "by_rank": by_rank, "carried_loss": self.carried[0],
+                "carried_count": self.carried[1]}
 
     def restore(self, snapshot: Any) -> None:
         """Continue a resumed epoch from a `LoopSnapshot`'s sums."""

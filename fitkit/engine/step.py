@@ -119,13 +119,23 @@ class Stepper:
         return loss, out
 
     # -- the optimizer --------------------------------------------------------------------------
-    def clip(self, max_norm: float | None) -> None:
-        if max_norm is None:
-            return
+    def clip(self, max_norm: float | None, measure: bool = False) -> torch.Tensor | None:
+        """Clip the gradients to `max_norm` (None: no clipping) and return their total norm before
+        clipping, a device tensor (never read here); None when nothing was clipped, unless
+        `measure` asks for the norm anyway (HF's Trainer logs it with clipping off too)."""
+        if max_norm is None and not measure:
+            return None
         if self.direct:  # no wrapper and no precision plugin to go through
-            torch.nn.utils.clip_grad_norm_(self.forward_module.parameters(), max_norm)
+            if max_norm is None:
+                grads = [p.grad for p in self.forward_module.parameters() if p.grad is not None]
+                return torch.nn.utils.get_total_norm(grads) if grads else None
+            return torch.nn.utils.clip_grad_norm_(self.forward_module.parameters(), max_norm)
+        if max_norm is None:  # the norm alone (sharded strategies compute it their way), NaN included
+            norm = self.fabric.clip_gradients(self.module, self.optimizer, max_norm=float("inf"),
+                                              error_if_nonfinite=False)
         else:
-            self.fabric.clip_gradients(self.module, self.optimizer, max_norm=max_norm)
+            norm = self.fabric.clip_gradients(self.module, self.optimizer, max_norm=max_norm)
+        return norm if isinstance(norm, torch.Tensor) else None
 
     def step(self) -> None:
         assert self._inner_optimizer is not None  # only a run with an optimizer steps

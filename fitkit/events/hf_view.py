@@ -120,15 +120,15 @@ def _report_to(value: Any) -> list[str]:
     return [n for n in names if n not in ("none", "")]
 
 
-def _direction(args: Any, metric: str, directions: Mapping[str, str]) -> bool:
-    return greater_is_better(metric, directions, args.greater_is_better)
+def _direction(args: Any, metric: str | None, directions: Mapping[str, str]) -> bool | None:
+    return None if metric is None else greater_is_better(metric, directions, args.greater_is_better)
 
 
 def hf_arguments(args: Any, directions: Mapping[str, str]) -> HFArguments:
     """fitkit's `TrainingArguments` as HF's: HF's defaults, overwritten by fitkit's values."""
     fields = dict(hf_defaults())
     get = functools.partial(getattr, args)
-    metric = hf_name(args.metric_for_best_model)
+    metric = hf_name(args.metric_for_best_model) if args.metric_for_best_model else None
     fields.update(
         output_dir=args.output_dir, num_train_epochs=args.num_train_epochs, max_steps=args.max_steps,
         per_device_train_batch_size=args.batch_size, per_device_eval_batch_size=args.eval_batch_size,

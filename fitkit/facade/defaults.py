@@ -20,12 +20,18 @@ def defaults_for(args: Any, given: Sequence[Any]) -> list[TrainerCallback]:
 
 def display_for(args: Any, given: Sequence[Any]) -> list[TrainerCallback]:
     """`verbose`: 1 a progress bar, 2 a line per epoch, 0 nothing, "auto" a bar in a terminal
-    or notebook and lines elsewhere; nothing when a `ProgressBar` is already there."""
+    or notebook and lines elsewhere; nothing when a `ProgressBar` is already there. Under HF's
+    arguments (`hf_trainer`), `verbose=0` (HF's `disable_tqdm=True`) prints each log record as the
+    Trainer's `PrinterCallback` does, unless a `PrinterCallback` is there already."""
     from fitkit.callbacks.display.progress import ProgressBar
 
     verbose = args.verbose
     if verbose == "auto":
         verbose = 1 if sys.stdout.isatty() or in_notebook() else 2
+    if verbose == 0 and getattr(args, "hf_trainer", False):
+        from fitkit.callbacks.display.printer import PrinterCallback
+
+        return [] if any(isinstance(cb, PrinterCallback) for cb in given) else [PrinterCallback(hf_format=True)]
     if verbose == 0 or any(isinstance(cb, ProgressBar) for cb in given):
         return []
     return [ProgressBar(bar=verbose == 1)]

@@ -30,6 +30,7 @@ import dataclasses
 import logging
 import os
 import secrets
+import shutil
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -41,6 +42,7 @@ from fitkit.common.options import error_line, writes_to_output_dir
 from fitkit.common.schedule import steps_per_epoch, unplanned_steps
 from fitkit.engine.checkpoint import run_lock
 from fitkit.engine.checkpoint.layout import CheckpointError
+from fitkit.engine.checkpoint.listing import list_checkpoints
 from fitkit.engine.checkpoint.loading import load_checkpoint, saved_state, warn_on_resume
 from fitkit.engine.checkpoint.verify import resolve, verified
 from fitkit.engine.checkpoint.writing import (
@@ -97,6 +99,8 @@ class LoopSnapshot:
     epoch_count: int = 0
     logged_loss: float = 0.0
     logged_count: int = 0
+    carried_loss: float = 0.0  # HF's Trainer log: the earlier epochs' losses the next log still covers
+    carried_count: int = 0
     metrics: dict | None = None
     by_rank: list | None = None
     epoch_rng: dict | None = None
@@ -227,7 +231,9 @@ class Checkpointer:
         epoch, batch = loop.position
         world_size = self.fabric.world_size
         if not batch:
-            return LoopSnapshot(epoch=epoch, batch=0, samples=0, world_size=world_size)
+            carried_loss, carried_count = loop.loss.unlogged() if loop.loss.per_step else (0.0, 0)
+            return LoopSnapshot(epoch=epoch, batch=0, samples=0, world_size=world_size, carried_loss=carried_loss,
+                                carried_count=carried_count)
         sums = loop.loss.export()  # over all processes: before the metric states, as every process does
         return LoopSnapshot(epoch=epoch, batch=batch, samples=loop.source.consumed(epoch, batch), world_size=world_size,
                             **sums, metrics=loop.train_metrics.export_state(), epoch_rng=loop.source.epoch_rng if loop.source is not None else None,
@@ -361,6 +367,7 @@ class Checkpointer:
                                                   args.gradient_accumulation_steps)
             state.max_steps -= unplanned_steps(args.num_train_epochs, batches,
                                                args.gradient_accumulation_steps)  # epochs=1.5
+        loop.loss.carried = (resume.carried_loss, resume.carried_count)
         if not resume.mid_epoch:
             return 0
         loop.loss.restore(resume)
@@ -371,8 +378,14 @@ class Checkpointer:
     # -- the best model ------------------------------------------------------------------------------
     def load_best(self) -> None:
         """With `load_best_model_at_end`, put the best checkpoint's weights back into the module
-        (verified first)."""
+        (verified first). Under `hf_trainer` with `save_total_limit=1`, only the best checkpoint
+        stays once training ends, as HF's Trainer leaves it."""
         best = self.state.best_model_checkpoint
         if self.args.load_best_model_at_end and best:
             path = self._on_zero(lambda: verified(best))
             load_checkpoint(self.fabric, path, module=self.module, optimizer=None)
+        if self.args.hf_trainer and self.args.save_total_limit == 1 and best and self.fabric.is_global_zero:
+            # HF's Trainer: a limit of one keeps the best checkpoint alone once training ends
+            for path in list_checkpoints(self.args.output_dir):
+                if os.path.abspath(path) != os.path.abspath(best):
+                    shutil.rmtree(path, ignore_errors=True)
