@@ -684,7 +684,7 @@ def _weight_picker(spec: Any) -> Callable[[Any, Any], Any]:
         names = output_names(outputs)
         if isinstance(sample_weight, (list, tuple)) and len(sample_weight) < len(names):
             return sample_weight[0]
-        return pick(sample_weight, key, names)
+        return pick(sample_weight, key, names, "sample_weight")
 
     return pick_weight
 
