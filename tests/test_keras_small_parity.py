@@ -95,7 +95,24 @@ def test_a_keras_history_given_to_fit_is_filled_and_returned_as_keras():
     fit = dict(batch_size=8, epochs=2, shuffle=False, verbose=0)
     theirs_cb, ours_cb = keras.callbacks.History(), keras.callbacks.History()
     theirs = kmodel.fit(x.numpy(), y.numpy(), callbacks=[theirs_cb], **fit)
-    ours = Model(net).compile("sgd", "mse", learning_rate=0.01).fit(x, y, callbacks=[ours_cb], **fit)
+    model = Model(net).compile("sgd", "mse", learning_rate=0.01)
+    ours = model.fit(x, y, callbacks=[ours_cb], **fit)
     assert theirs is theirs_cb and ours is ours_cb
+    assert float(model.optimizer.learning_rate) == pytest.approx(0.01)  # Keras' attribute, after fit
     assert ours.epoch == theirs.epoch == [0, 1]
     assert ours.history["loss"] == pytest.approx(theirs.history["loss"], rel=1e-5)
+
+
+@pytest.mark.parametrize("columns", [1, 3])
+def test_auc_on_one_or_several_label_columns_gives_keras_auc(columns):
+    """`"auc"` on multi-label targets: one curve over every score, Keras' AUC(multi_label=False)."""
+    keras = real_keras()
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(64, 6, generator=g)
+    y = (x[:, :columns] + 0.7 * torch.randn(64, columns, generator=g) > 0).float()
+    kmodel, net = twin_dense(keras, 6, columns, activation="sigmoid")  # fitkit's module gives the logits
+    kmodel.compile("sgd", "binary_crossentropy", metrics=["auc"])
+    theirs = kmodel.evaluate(x.numpy(), y.numpy(), batch_size=16, verbose=0, return_dict=True)
+    model = Model(net).compile("sgd", "binary_crossentropy", metrics=["auc"])
+    ours = model.evaluate(x, y, batch_size=16, verbose=0, return_dict=True)
+    assert ours["auc"] == pytest.approx(theirs["auc"], rel=1e-5)
