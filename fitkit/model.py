@@ -23,7 +23,7 @@ import torch
 from fitkit.adapters.optimizers import optimizer_note
 from fitkit.callbacks.display.evaluation_line import evaluation_line_for
 from fitkit.callbacks.flow import DefaultFlowCallback
-from fitkit.callbacks.history import History
+from fitkit.callbacks.history import History, returned_history
 from fitkit.config.arguments import TrainingArguments
 from fitkit.config.compile_config import CompileConfig
 from fitkit.config.jit_compile import jit_note
@@ -181,7 +181,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods, HFResults):
                 self.state, self.history, self.control = trainer.state, history, trainer.control
                 if trainer.checkpointer is not None and trainer.checkpointer.last:
                     self.last_checkpoint = trainer.checkpointer.last
-        return next((cb for cb in callbacks if _is_history(cb)), history)
+        return returned_history(callbacks, history)
 
     def evaluate(self, x: Any = None, y: Any = None, *, batch_size: int | None = None, verbose: int | str = "auto",
                  sample_weight: Any = None, steps: int | None = None, callbacks: Sequence[Any] | None = None,
@@ -295,9 +295,3 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods, HFResults):
     def __repr__(self) -> str:
         name = type(self._module).__name__ if self._module is not None else "model_init"
         return f"Model({name}, compiled={self.config is not None})"
-
-
-def _is_history(callback: Any) -> bool:
-    """fitkit's `History`, or Keras' (`keras.callbacks.History`), given by the user."""
-    return isinstance(callback, History) or any(
-        k.__name__ == "History" and k.__module__.startswith("keras") for k in type(callback).__mro__)
