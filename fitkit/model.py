@@ -23,7 +23,7 @@ import torch
 from fitkit.adapters.optimizers import optimizer_note
 from fitkit.callbacks.display.evaluation_line import evaluation_line_for
 from fitkit.callbacks.flow import DefaultFlowCallback
-from fitkit.callbacks.history import History
+from fitkit.callbacks.history import History, returned_history
 from fitkit.config.arguments import TrainingArguments
 from fitkit.config.compile_config import CompileConfig
 from fitkit.config.jit_compile import jit_note
@@ -153,7 +153,9 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods, HFResults):
         `epochs` (1), `shuffle` (True) and `max_steps` (-1) default to what `compile` was given.
         Other options are `TrainingArguments` fields (`eval_strategy`, `logging_steps`,
         `save_strategy`, `output_dir`, `seed`, `verbose`, ...). `args`, a ready `TrainingArguments`,
-        replaces compile's options; options given beside it win over it. `callbacks`: a list.
+        replaces compile's options; options given beside it win over it. `callbacks`: a list;
+        a `History` among them (fitkit's or `keras.callbacks.History()`) is filled and returned,
+        as Keras returns the one it was given.
         """
         run_args = self.training_arguments(args, batch_size=batch_size, epochs=epochs, shuffle=shuffle,
                                            max_steps=max_steps, **options)
@@ -179,7 +181,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods, HFResults):
                 self.state, self.history, self.control = trainer.state, history, trainer.control
                 if trainer.checkpointer is not None and trainer.checkpointer.last:
                     self.last_checkpoint = trainer.checkpointer.last
-        return history
+        return returned_history(callbacks, history)
 
     def evaluate(self, x: Any = None, y: Any = None, *, batch_size: int | None = None, verbose: int | str = "auto",
                  sample_weight: Any = None, steps: int | None = None, callbacks: Sequence[Any] | None = None,
@@ -295,4 +297,3 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods, HFResults):
     def __repr__(self) -> str:
         name = type(self._module).__name__ if self._module is not None else "model_init"
         return f"Model({name}, compiled={self.config is not None})"
-

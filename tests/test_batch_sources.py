@@ -58,3 +58,45 @@ def test_a_list_of_numpy_batches_trains_and_evaluates():
 def test_a_batch_of_an_unsupported_type_is_a_clear_error():
     with pytest.raises((TypeError, ValueError), match=r"(?i)batch"):
         _model().fit([("not", "arrays")], epochs=1, verbose=0)
+
+
+def test_a_users_keras_pydataset_subclass_trains_and_validates_as_in_keras():
+    """A `keras.utils.PyDataset` subclass of the test's own (its module is not Keras'): read by
+    `num_batches`, its epoch hooks paired, the same values as real Keras gives."""
+    from keras_real import real_keras, twin_dense
+
+    keras = real_keras()
+
+    class Sequence(keras.utils.PyDataset):
+        def __init__(self, x, y, batch_size):
+            super().__init__()
+            self.x, self.y, self.batch_size = x, y, batch_size
+            self.begun = self.ended = 0
+
+        def __len__(self):
+            return -(-len(self.x) // self.batch_size)
+
+        def __getitem__(self, i):
+            part = slice(i * self.batch_size, (i + 1) * self.batch_size)
+            return self.x[part], self.y[part]
+
+        def on_epoch_begin(self):
+            self.begun += 1
+
+        def on_epoch_end(self):
+            self.ended += 1
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(70, 4)).astype(np.float32)
+    y = x.sum(-1, keepdims=True)
+    kmodel, net = twin_dense(keras, 4, 1)
+    kmodel.compile(keras.optimizers.SGD(0.01), "mse", metrics=["mae"])
+    model = Model(net).compile("sgd", "mse", learning_rate=0.01, metrics=["mae"])
+    fit = dict(epochs=2, shuffle=False, verbose=0)
+    theirs = kmodel.fit(Sequence(x, y, 16), validation_data=Sequence(x[:30], y[:30], 16), **fit).history
+    train, val = Sequence(x, y, 16), Sequence(x[:30], y[:30], 16)
+    ours = model.fit(train, validation_data=val, **fit).history
+    assert sorted(ours) == sorted(theirs)
+    for key, values in theirs.items():
+        assert ours[key] == pytest.approx(values, rel=1e-5), key
+    assert train.begun == train.ended >= 2 and val.begun == val.ended >= 2

@@ -214,9 +214,33 @@ def test_bar_reads_no_tensor_per_step(monkeypatch):
         x, y = blobs(n)
         model = Model(mlp()).compile("adam", "cross_entropy")
         reads.clear()
-        model.fit(x, y, epochs=1, batch_size=8, verbose=0, callbacks=[ProgressBar(refresh_seconds=0.0)])
+        # the running values are read at the epoch's first step, then on their timer: kept off here
+        bar = ProgressBar(refresh_seconds=0.0, values_seconds=3600)
+        model.fit(x, y, epochs=1, batch_size=8, verbose=0, callbacks=[bar])
         counts.append(len(reads))
     assert counts[0] == counts[1], counts
+
+
+def test_the_bar_shows_running_values_from_each_epochs_first_step(monkeypatch):
+    _FakeTerminal(monkeypatch)
+    first = []
+
+    class Watching(ProgressBar):
+        def on_epoch_begin(self, args, state, control, **kwargs):
+            super().on_epoch_begin(args, state, control, **kwargs)
+            self.fresh = True
+
+        def on_step_end(self, args, state, control, **kwargs):
+            super().on_step_end(args, state, control, **kwargs)
+            if self.fresh:
+                first.append(self._task.values)
+                self.fresh = False
+
+    x, y = blobs(64)
+    model = Model(mlp()).compile("adam", "cross_entropy")
+    # the values' own timer never comes due in this run: only the epoch's first step shows them
+    model.fit(x, y, epochs=2, batch_size=8, verbose=0, callbacks=[Watching(refresh_seconds=0.0, values_seconds=3600)])
+    assert len(first) == 2 and all(v.startswith("loss: ") for v in first), first
 
 
 def test_only_the_world_zero_process_displays(blobs, capsys):

@@ -4,6 +4,7 @@ written, with an error naming the argument; legitimate look-alikes train; and th
 nothing in a run (same losses, bit for bit, as with the checks switched off)."""
 
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -252,6 +253,21 @@ def test_non_finite_inputs_warn_once_and_train(data):
     with pytest.warns(UserWarning, match="`y` holds NaN or infinite values"):
         targets = torch.where(torch.arange(48) == 0, float("inf"), y.float())[:, None]
         _model(mlp(d_out=1), "mse").fit(data[0], targets, epochs=1, verbose=0)
+
+
+def test_nan_rows_in_the_shuffled_first_batch_are_named_not_called_finite():
+    """With `shuffle=True` the first step's batch is not the data's first rows: the warning is
+    about the batch the step took (here every batch but the data's first holds NaN rows)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 4, generator=g)
+    x[8:] = float("nan")
+    model = Model(torch.nn.Linear(4, 1)).compile("sgd", "mse")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        model.fit(x, x.sum(-1, keepdim=True), batch_size=8, epochs=1, shuffle=True, seed=1, verbose=0)
+    said = [str(w.message) for w in seen]
+    assert any("`x` holds NaN or infinite values" in s for s in said), said
+    assert not any("whose values are finite" in s for s in said), said
 
 
 # -- evaluate and predict ---------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ class Interrupting(TrainerCallback):
         if self.step_count == self.steps:
             raise RuntimeError("StepsInterruption")
 
-    def on_epoch_end(self, args, state, control, **kwargs):
+    def on_epoch_summary(self, args, state, control, **kwargs):  # Keras' on_epoch_end, after the backup's
         self.epoch_count += 1
         if self.epoch_count == self.epochs:
             raise RuntimeError("EpochInterruption")
@@ -115,3 +115,32 @@ def test_backup_is_deleted_after_a_complete_fit(tmp_path):
 def test_backup_dir_empty_or_none_error(backup_dir):
     with pytest.raises(ValueError, match="Empty `backup_dir` argument passed"):
         BackupAndRestore(backup_dir=backup_dir, save_freq="epoch")
+
+
+def test_a_resumed_run_fires_each_epoch_event_once_as_keras(tmp_path):
+    """Interrupted as epoch 2 begins, the resumed run begins at epoch 2: Keras' events are
+    `on_epoch_begin(2)`, `on_epoch_end(2)`, ...: epoch 1's end and epoch 2's begin, once."""
+    from fitkit.callbacks import Callback
+
+    class Events(Callback):
+        def __init__(self, fail_at=None):
+            super().__init__()
+            self.seen, self.fail_at = [], fail_at
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.seen.append(("begin", epoch))
+            if epoch == self.fail_at:
+                raise RuntimeError("interrupted")
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.seen.append(("end", epoch))
+
+    x = torch.randn(16, 4, generator=torch.Generator().manual_seed(0))
+    first, resumed = Events(fail_at=2), Events()
+    with pytest.raises(RuntimeError, match="interrupted"):
+        Model(torch.nn.Linear(4, 1)).compile("sgd", "mse").fit(
+            x, x[:, :1], epochs=4, verbose=0, callbacks=[BackupAndRestore(tmp_path), first])
+    Model(torch.nn.Linear(4, 1)).compile("sgd", "mse").fit(
+        x, x[:, :1], epochs=4, verbose=0, callbacks=[BackupAndRestore(tmp_path), resumed])
+    assert first.seen == [("begin", 0), ("end", 0), ("begin", 1), ("end", 1), ("begin", 2)]
+    assert resumed.seen == [("begin", 2), ("end", 2), ("begin", 3), ("end", 3)]

@@ -164,6 +164,26 @@ def test_per_output_misuse_names_the_argument(kwargs, text):
         model.fit([xa, xb], {"score": ys, "cls": np.eye(3, dtype="float32")[yc]}, verbose=0)
 
 
+@pytest.mark.parametrize("compiled", [
+    dict(loss=["mse", "cross_entropy"]),
+    dict(loss=["mse", "cross_entropy"], metrics=[["mae"], ["accuracy"]]),
+    dict(loss="mse"),
+])
+def test_the_guides_dict_targets_on_a_tuple_output_fail_clearly_then_train_named(compiled):
+    """The guide keys `y` by its functional model's output layers; a torch module's tuple
+    outputs are output_0, output_1: the error says so and how to name them, before any step."""
+    xa, xb, ys, yc = _data()
+    targets = {"priority": ys, "department": np.eye(3, dtype="float32")[yc]}
+    model = Model(TwoHeads(as_dict=False)).compile("sgd", **compiled)
+    start = [p.detach().clone() for p in model.module.parameters()]
+    with pytest.raises(ValueError, match=r"`y` has no entry for output 'output_0': its keys are \['priority', "
+                                         r"'department'\].*return a dict from `forward`"):
+        model.fit([xa, xb], targets, verbose=0)
+    assert all(torch.equal(a, b) for a, b in zip(start, model.module.parameters()))
+    named = Model(TwoHeads(names=("priority", "department"))).compile("sgd", **compiled)
+    assert "loss" in named.fit([xa, xb], targets, epochs=1, verbose=0).history  # the fix the error gives
+
+
 def test_class_weight_is_refused_for_several_outputs():
     xa, xb, ys, yc = _data()
     model = Model(TwoHeads()).compile("sgd", loss={"score": "mse", "cls": "cross_entropy"})

@@ -328,8 +328,10 @@ def _keras_task(name: str, preds: torch.Tensor, target: torch.Tensor) -> tuple[s
         return ("binary", 1) if classes == 1 else ("multilabel", classes)
     if name == "top_k_categorical_accuracy" and classes > 1:
         return "top_k", classes
-    if name == "auc" and classes == 1:
-        return "auc", 1  # Keras' AUC: 200 thresholds on the scores, not the exact area
+    if name == "auc" and (classes == 1 or target.shape == preds.shape):
+        # Keras' AUC: 200 thresholds on the scores, not the exact area; several label columns are
+        # one curve over every (sample, label) score, as Keras' AUC(multi_label=False) computes it
+        return "auc", 1
     return None
 
 
@@ -684,7 +686,7 @@ def _weight_picker(spec: Any) -> Callable[[Any, Any], Any]:
         names = output_names(outputs)
         if isinstance(sample_weight, (list, tuple)) and len(sample_weight) < len(names):
             return sample_weight[0]
-        return pick(sample_weight, key, names)
+        return pick(sample_weight, key, names, "sample_weight")
 
     return pick_weight
 

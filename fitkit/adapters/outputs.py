@@ -39,17 +39,33 @@ def output_names(outputs: Any) -> list[str]:
     return ["output"]
 
 
-def pick(structure: Any, key: str | int, names: list[str] | None = None) -> Any:
-    """The item of `structure` (a dict, tuple or list) for an output `key`: a name or an index."""
+def pick(structure: Any, key: str | int, names: list[str] | None = None, what: str = "y") -> Any:
+    """The item of `structure` (a dict, tuple or list) for an output `key`: a name or an index.
+    A dict without that output's name is a `ValueError` that names `what` (the argument) and the
+    outputs' names."""
     if isinstance(structure, dict):
         if isinstance(key, int):
             return list(structure.values())[key]
+        if key not in structure:
+            raise ValueError(_unnamed(structure, key, names, what))
         return structure[key]
     if isinstance(structure, (tuple, list)):
         if isinstance(key, str):
             key = (names or output_names(structure)).index(key)
         return structure[key]
     return structure
+
+
+def _unnamed(given: dict, key: str, names: list[str] | None, what: str) -> str:
+    outputs = names or []
+    unnamed = all(n.startswith("output_") for n in outputs) if outputs else key.startswith("output_")
+    fix = ("a module's tuple outputs are named output_0, output_1, ... (a torch module has no output "
+           "layers to name them, as a Keras functional model does): return a dict from `forward` "
+           f"(e.g. {{{', '.join(repr(k) for k in list(given)[:2])}: ...}}), or key `{what}` by output_0, output_1, "
+           "..., or pass it as a list in the outputs' order") if unnamed else \
+        f"key `{what}` by the outputs' names"
+    return (f"`{what}` has no entry for output {key!r}: its keys are {list(given)}, the module's outputs are "
+            f"{outputs or [key]}; {fix}")
 
 
 def single_output(outputs: Any, targets: Any = None, what: str = "loss") -> Any:
@@ -87,7 +103,8 @@ def per_output(spec: Any, names: list[str], what: str) -> list[Any]:
         unknown = [k for k in spec if k not in names]
         if unknown:
             raise ValueError(f"`{what}` names {unknown}, which are not outputs of the module; its outputs are "
-                             f"{names} (dict keys, or output_0, output_1, ... for a tuple)")
+                             f"{names} (dict keys, or output_0, output_1, ... for a tuple: return a dict from `forward` to "
+                             "name them)")
         return [spec.get(n) for n in names]
     if len(spec) != len(names):
         raise ValueError(f"`{what}` has {len(spec)} entries but the module returned {len(names)} outputs ({names}): "
@@ -164,7 +181,7 @@ class OutputLosses:
         for index, name, loss, weight in plan:
             out = pick(outputs, index) if several else outputs
             target = _targets_for(targets, names, index, lone=len(plan) == 1)
-            sw = pick(sample_weight, index, names) if is_structure(sample_weight) else sample_weight
+            sw = pick(sample_weight, index, names, "sample_weight") if is_structure(sample_weight) else sample_weight
             value = loss(out, target, sw)
             parts[name] = value
             value = value if weight == 1.0 else value * weight

@@ -18,7 +18,8 @@ class BackupAndRestore(TrainerCallback):
 
     The backup is a full fitkit checkpoint (weights, optimizer, scheduler, RNG states, data
     position, callback states), so the resumed run continues exactly, also mid-epoch.
-    `save_freq="epoch"` backs up at each epoch end; an integer backs up every that many
+    `save_freq="epoch"` backs up at each epoch end (after its validation: Keras' `on_epoch_end`
+    moment, so a resumed run starts at the next epoch); an integer backs up every that many
     optimizer steps. Only the newest backup is kept, or the two newest with
     `double_checkpoint=True`. With `delete_checkpoint=True` the backup is removed when `fit`
     completes (not when the process is preempted by SIGTERM, nor when an error ends it).
@@ -103,7 +104,9 @@ class BackupAndRestore(TrainerCallback):
         if self.save_freq != "epoch" and state.global_step % self.save_freq == 0:
             self._backup(save_checkpoint)
 
-    def on_epoch_end(self, args, state, control, save_checkpoint=None, **kwargs):
+    def on_epoch_summary(self, args, state, control, save_checkpoint=None, **kwargs):
+        # Keras' on_epoch_end moment: after the epoch's log and validation, so the resumed run
+        # starts at the next epoch, each epoch event fired once (as Keras' BackupAndRestore)
         if self.save_freq == "epoch":
             self._backup(save_checkpoint)
 

@@ -137,3 +137,13 @@ class History(TrainerCallback):
 
     def __repr__(self) -> str:
         return f"History(epochs={len(self.epoch)}, keys={list(self.history)})"
+
+
+def returned_history(callbacks: Any, own: History) -> Any:
+    """What `fit` returns: a `History` the user gave among `callbacks` (fitkit's, or Keras'
+    `keras.callbacks.History()`, which Keras returns when given one), else the run's own."""
+    for callback in callbacks:
+        if isinstance(callback, History) or any(k.__name__ == "History" and k.__module__.startswith("keras")
+                                                for k in type(callback).__mro__):
+            return callback
+    return own

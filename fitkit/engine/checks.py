@@ -295,6 +295,11 @@ class FirstStep:
 
     def _checked(self, pending: _Pending, batch: Batch, with_loss: bool) -> tuple[Any, Any]:
         stepper = self.stepper
+        if batch is not pending.batch and pending.stats:  # shuffled: the step's first batch is another one
+            stats = _read_stats(batch, stepper.loss if with_loss else None)
+            if all(pending.stats.get(k, 1.0) for k in ("x_finite", "y_finite")):  # not warned about yet
+                _warn_non_finite(stats, pending.names)
+            pending.batch, pending.stats = batch, stats
         module, loss_fn = stepper.forward_module, stepper.loss
         own_loss = with_loss and pending.with_loss and loss_fn is None
         stepper.forward_module = _Recorder(module, pending, stepper, own_loss and batch.target is not None)

@@ -110,7 +110,8 @@ class Inference:
         """`evaluate` through an overridden `test_step`: its values, sample-weighted means."""
         tools, test_step = self.tools, self.overrides.test_step
         assert tools is not None and test_step is not None  # the overridden step's loop has its tools
-        means, carry = StepMeans(self.fabric.device), self._carry["on_prediction_step"]
+        running = self.overrides.reset_trackers()  # Keras resets the trackers before evaluating
+        means, carry = StepMeans(self.fabric.device, running), self._carry["on_prediction_step"]
         metrics, trained = self.val_metrics if prefix else MetricSet(self.metric_specs), tools.metrics
         metrics.reset()
         tools.metrics, tools.updated, count = metrics, False, 0  # what `compute_metrics` updates
@@ -119,7 +120,7 @@ class Inference:
             for batch in first(source.batches(0), steps):
                 self.call_event("on_prediction_step_begin")
                 values = tools.values(test_step(as_data(batch)), "test_step")
-                means.add(values, batch.size)
+                means.add(values, batch.size, tools.step_loss_weight)
                 count += batch.size
                 self.running_logs.eval_sums = (None, count, None, means)
                 self._prediction_step(batch, None, values.get("loss"), carry)

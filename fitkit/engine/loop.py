@@ -153,6 +153,8 @@ class Loop(Inference, BestModel):
         self.control = self.handler.on_epoch_begin(self.args, self.state, self.control)
         self.train_metrics.reset()
         self.step_means.reset()
+        if self.overrides.metrics is not None:  # the trackers a subclass lists: Keras' reset_metrics
+            self.step_means.running = self.overrides.reset_trackers()
         self.loss.new_epoch()
         self.epoch_tokens = 0
         checkpointer, start = self.checkpointer, 0
@@ -241,7 +243,8 @@ class Loop(Inference, BestModel):
                 for e in ("on_step_end", "on_substep_end", "on_prediction_step")}
 
     def _own_train_step(self, batch: Batch, cycle: int, last: bool) -> tuple[torch.Tensor | None, None]:
-        """One micro-batch through an overridden `train_step`; its values are averaged per epoch."""
+        """One micro-batch through an overridden `train_step`; its values are averaged per epoch
+        (a listed tracker's value is kept as the step gave it)."""
         tools, train_step = self.tools, self.overrides.train_step
         assert tools is not None and train_step is not None  # the overridden step's loop has its tools
         with tools.micro_batch(cycle, last):
@@ -249,7 +252,13 @@ class Loop(Inference, BestModel):
         loss = values.get("loss")
         if loss is not None:
             loss = loss if isinstance(loss, torch.Tensor) else torch.tensor(float(loss), device=self.fabric.device)
-            self.loss.running.add(loss, 1 if self.loss.per_step else batch.size)
+            weight = tools.step_loss_weight
+            if weight is None:
+                weight = 1 if self.loss.per_step else batch.size
+            if "loss" in self.step_means.running:
+                self.loss.hold(loss, weight)
+            else:
+                self.loss.running.add(loss, weight)
         extras = {name: value for name, value in values.items() if name != "loss"}
         if extras:
             self.step_means.add(extras, batch.size)

@@ -30,6 +30,9 @@ class StepOverrides:
     test_step: Callable[[Any], Any] | None = None
     predict_step: Callable[[Any], Any] | None = None
     compute_loss: Callable[..., torch.Tensor] | None = None
+    #: The subclass's own `metrics` property, read: Keras' trackers (`keras.metrics.Mean`, ...)
+    #: that the loop resets at each epoch and evaluation, as Keras' `reset_metrics` does.
+    metrics: Callable[[], Any] | None = None
 
     def __bool__(self) -> bool:
         return any(getattr(self, name) is not None for name in STEP_NAMES)
@@ -39,9 +42,41 @@ class StepOverrides:
         """The methods of `obj` whose class overrides `base`'s definition of them."""
         owner: type = type(obj)  # annotated: mypy does not count `type[Any]` as Hashable for the cache
         names = _overridden(owner, base)
-        if not names:
+        listed: Callable[[], Any] | None = None
+        if getattr(owner, "metrics", None) is not getattr(base, "metrics", None):
+            listed = lambda: obj.metrics  # noqa: E731 (read at each reset, as Keras does)
+        elif own := attribute_trackers(obj):  # Keras tracks the metric objects a model holds
+            listed = lambda: own  # noqa: E731
+        if not names and listed is None:
             return _NOTHING  # every call of a plain Model: nothing to bind
-        return cls(**{name: getattr(obj, name) for name in names})
+        return cls(**{name: getattr(obj, name) for name in names}, metrics=listed)
+
+    def trackers(self) -> list[Any]:
+        """The trackers the subclass's `metrics` property lists (Keras metric objects, or
+        torchmetrics' with `reset()`), without the views fitkit keeps itself (`kept_by_loop`)."""
+        if self.metrics is None:
+            return []
+        listed = self.metrics()
+        if listed is None or not isinstance(listed, (list, tuple)):
+            raise TypeError(f"the `metrics` property must return a list of metric objects (Keras' "
+                            f"`[self.loss_tracker, ...]`), got {type(listed).__name__}")
+        return [m for m in listed if not getattr(m, "kept_by_loop", False)]
+
+    def reset_trackers(self) -> frozenset[str]:
+        """Reset every listed tracker (Keras' `reset_metrics`: at each epoch start and before an
+        evaluation) and return their names: what a step returns under these names is a running
+        value, logged as the last step gave it (Keras) rather than averaged again."""
+        names = set()
+        for tracker in self.trackers():
+            reset = getattr(tracker, "reset_state", None) or getattr(tracker, "reset", None)
+            if reset is None:
+                raise TypeError(f"`metrics` lists {tracker!r}, which has no `reset_state()` (Keras) or `reset()` "
+                                "(torchmetrics): list metric objects only, such as keras.metrics.Mean(name='loss')")
+            reset()
+            name = getattr(tracker, "name", None)
+            if isinstance(name, str):
+                names.add(name)
+        return frozenset(names)
 
 
 @functools.lru_cache(maxsize=256)
@@ -51,6 +86,15 @@ def _overridden(owner: type, base: type) -> tuple[str, ...]:
 
 
 _NOTHING = StepOverrides()
+
+
+def attribute_trackers(obj: Any) -> list[Any]:
+    """The Keras metric objects (`update_state`, `result`, `reset_state`) held as attributes of
+    `obj`, e.g. `self.loss_tracker = keras.metrics.Mean(name="loss")`: Keras 3 tracks them in
+    `model.metrics` and resets them without a `metrics` property."""
+    return [value for value in vars(obj).values()
+            if all(callable(getattr(value, name, None)) for name in ("update_state", "result", "reset_state"))
+            and not getattr(value, "kept_by_loop", False) and not isinstance(value, type)]
 
 
 def step_values(result: Any, step: str) -> dict[str, Any]:
@@ -106,6 +150,10 @@ class StepTools:
         self.metrics: Any = None  # the phase's compiled `MetricSet` (set by the loop); None: one per call
         self.last_loss: torch.Tensor | None = None  # the step's `compute_loss` value, for `compute_metrics`
         self.reported = False  # `compute_metrics` updated `metrics` in this step
+        # The weight `model.metrics`' loss tracker was given in this step (Keras' `Mean`: 1 unless
+        # `update_state(loss, sample_weight=w)`), then what the loop weighs the step's loss by
+        self.loss_weight: float | None = None
+        self.step_loss_weight: float | None = None
         self.updated = False  # ... in some step since the loop last cleared this
         if stepper.optimizer is not None and optimizer_step is not None:
             self.optimizer = DeferredOptimizer(stepper.optimizer, optimizer_step, stepper.zero_grad)
@@ -127,6 +175,7 @@ class StepTools:
         if self.reported and self.metrics is not None:
             compiled = set(self.metrics.base_names)
             values = {name: value for name, value in values.items() if name not in compiled}
+        self.step_loss_weight, self.loss_weight = self.loss_weight, None
         self.reported, self.last_loss = False, None
         return values
 
@@ -149,13 +198,17 @@ class StepTools:
 
 class StepMeans:
     """Sample-weighted means of the values overridden steps return, kept on the device (no
-    host read until `compute`): per epoch, and since the last logging step."""
+    host read until `compute`): per epoch, and since the last logging step.
 
-    def __init__(self, device: torch.device):
+    Values named in `running` come from trackers (`keras.metrics.Mean(name="loss").result()`):
+    already running means, so each replaces the one before (Keras logs the last step's value)."""
+
+    def __init__(self, device: torch.device, running: frozenset[str] = frozenset()):
         self.device = device
+        self.running = running
         self.sums: dict[str, torch.Tensor] = {}
-        self.counts: dict[str, int] = {}
-        self.since: dict[str, tuple[torch.Tensor, int]] = {}
+        self.counts: dict[str, float] = {}
+        self.since: dict[str, tuple[torch.Tensor, float]] = {}
 
     def __bool__(self) -> bool:
         return bool(self.sums)
@@ -165,10 +218,18 @@ class StepMeans:
         self.counts.clear()
         self.since.clear()
 
-    def add(self, values: dict[str, Any], size: int) -> None:
+    def add(self, values: dict[str, Any], size: float, loss_weight: float | None = None) -> None:
+        """Add one step's values, each weighted by `size` (the batch's samples); "loss" by
+        `loss_weight` instead when given (Keras' loss tracker updated without a weight: 1)."""
+        batch_size = size
         for name, value in values.items():
+            size = loss_weight if name == "loss" and loss_weight is not None else batch_size
             value = value.detach() if isinstance(value, torch.Tensor) else torch.as_tensor(value)
             weighted = value.to(self.device, torch.float64) * size
+            if name in self.running:  # weighted by the last size only: the mean is the value itself
+                self.sums[name], self.counts[name] = weighted, size
+                self.since[name] = (weighted, size)
+                continue
             if name in self.sums:
                 self.sums[name] = self.sums[name] + weighted
                 self.counts[name] += size

@@ -38,10 +38,10 @@ class RunningLoss:
 
     def __init__(self, device: torch.device):
         self._sum = torch.zeros((), device=device, dtype=torch.float32)
-        self._pending: list[tuple[torch.Tensor, int]] = []
-        self.count = 0
+        self._pending: list[tuple[torch.Tensor, float]] = []
+        self.count: float = 0  # samples (or a tracker's weights: `EpochLoss.hold`)
 
-    def add(self, loss: torch.Tensor, size: int) -> None:
+    def add(self, loss: torch.Tensor, size: float) -> None:
         """Add one batch's mean loss (a scalar tensor; it is detached here) and its sample count."""
         pending = self._pending
         pending.append((loss.detach(), size))
@@ -58,11 +58,11 @@ class RunningLoss:
             return self._sum
         return _fold_into(self._sum.clone(), self._pending)
 
-    def parts(self) -> tuple[torch.Tensor, list[tuple[torch.Tensor, int]]]:
+    def parts(self) -> tuple[torch.Tensor, list[tuple[torch.Tensor, float]]]:
         """The folded sum and the `(loss, size)` pairs not folded yet (what a checkpoint keeps)."""
         return self._sum, list(self._pending)
 
-    def set(self, total: float, count: int, pending: Iterable[tuple[float, int]] = ()) -> None:
+    def set(self, total: float, count: float, pending: Iterable[tuple[float, float]] = ()) -> None:
         """Start from a saved sum and count (a resumed epoch), and the losses that were still
         pending then (so the next folds fall on the same steps as in the first run)."""
         self._sum.fill_(total)
@@ -76,9 +76,9 @@ class RunningLoss:
             self._pending.clear()
 
 
-def _fold_into(total: torch.Tensor, pending: list[tuple[torch.Tensor, int]]) -> torch.Tensor:
+def _fold_into(total: torch.Tensor, pending: list[tuple[torch.Tensor, float]]) -> torch.Tensor:
     """Add the pending losses to `total` in place, one `stack` and `sum` per batch size."""
-    by_size: dict[int, list[torch.Tensor]] = {}
+    by_size: dict[float, list[torch.Tensor]] = {}
     for loss, size in pending:
         by_size.setdefault(size, []).append(loss)
     for size, losses in by_size.items():  # usually one size, two with a short last batch
@@ -104,9 +104,9 @@ class EpochLoss:
         self.per_step = per_step
         self.carried: tuple[float, int] = (0.0, 0)  # per_step: the previous epochs' sums not logged yet
         self.running = RunningLoss(fabric.device)
-        self.logged_loss, self.logged_count = 0.0, 0
-        self.run_loss, self.run_count = 0.0, 0
-        self._closed: tuple[float, int] | None = None
+        self.logged_loss, self.logged_count = 0.0, 0.0
+        self.run_loss, self.run_count = 0.0, 0.0
+        self._closed: tuple[float, float] | None = None
         self._fresh = True  # `running` has seen nothing yet: the first epoch can keep it
 
     def new_epoch(self) -> None:
@@ -119,7 +119,14 @@ class EpochLoss:
         self.logged_loss, self.logged_count = 0.0, 0
         self._closed = None
 
-    def totals(self) -> tuple[float, int]:
+    def hold(self, loss: torch.Tensor, size: float) -> None:
+        """A running loss (a custom step's `keras.metrics.Mean` tracker): the epoch's loss is the
+        last value given, as Keras logs it, not a mean of running means."""
+        self.running = RunningLoss(self.fabric.device)
+        self.running.add(loss, size)
+        self.logged_loss, self.logged_count = 0.0, 0  # a step log reports the value itself
+
+    def totals(self) -> tuple[float, float]:
         """The epoch's loss sum and sample count so far, over all processes."""
         if self._closed is not None:
             return self._closed

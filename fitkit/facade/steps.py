@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fitkit.common.options import LABEL_KEYS
+from fitkit.engine.overrides import attribute_trackers
 from fitkit.engine.step import model_loss
 from fitkit.facade.members import ModelMembers
 
@@ -127,12 +128,15 @@ class Steps(ModelMembers):
     def metrics(self) -> list[StepMetric]:
         """Keras 3's `model.metrics` inside a custom step: the loss tracker (`name == "loss"`),
         then one view per compiled metric, each with `name`, `update_state`, `result()` and
-        `reset_state()`. Empty outside a call of fit, evaluate or the `*_on_batch` methods."""
+        `reset_state()`, then the Keras metric objects the model holds as attributes (Keras
+        tracks them: `self.loss_tracker = keras.metrics.Mean(name="loss")`, reset at each epoch
+        and evaluation). Empty outside a call of fit, evaluate or the `*_on_batch` methods."""
         tools = self.runtime.tools
         if tools is None:
             return []
         metrics = tools.compiled_metrics(self.config.metrics if self.config is not None else [])
-        return [StepMetric(tools, None), *(StepMetric(tools, i) for i in range(len(metrics.base_names)))]
+        return [StepMetric(tools, None), *(StepMetric(tools, i) for i in range(len(metrics.base_names))),
+                *attribute_trackers(self)]
 
     def train_step(self, data: Any) -> dict[str, Any]:
         """One optimization step on one batch; returns the loss and the compiled metrics."""
@@ -171,14 +175,19 @@ class StepMetric:
     """One entry of `Model.metrics` in a custom step (Keras' metric interface): the loss
     tracker (`index` None: `update_state(loss)` records the step's loss) or a compiled metric."""
 
+    kept_by_loop = True  # the loop resets and averages it itself: not a user's tracker
+
     def __init__(self, tools: Any, index: int | None) -> None:
         self.tools, self.index = tools, index
         self.name = "loss" if index is None else tools.metrics.base_names[index]
 
     def update_state(self, *args: Any, sample_weight: Any = None) -> None:
-        """`update_state(loss)` for the loss tracker, `update_state(y, y_pred)` for a metric."""
-        if self.index is None:
+        """`update_state(loss)` for the loss tracker (Keras' `Mean`: each step's loss counts
+        once, whatever its batch size, unless `sample_weight` weighs it), `update_state(y, y_pred)`
+        for a metric."""
+        if self.index is None:  # Keras' loss tracker is a `Mean`: each call weighs 1 unless weighted
             self.tools.last_loss = args[0]
+            self.tools.loss_weight = 1.0 if sample_weight is None else float(torch.as_tensor(sample_weight).sum())
             return
         y, y_pred = args[:2]
         self.tools.metrics.update_one(self.index, y_pred, y, sample_weight)

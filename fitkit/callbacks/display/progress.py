@@ -336,7 +336,7 @@ class ProgressBar(TrainerCallback):
         epoch = int(state.epoch or 0)
         self._epoch_index = epoch + 1
         self._epoch_started = self._next_refresh = time.monotonic()
-        self._next_values = self._epoch_started + self.values_seconds
+        self._next_values = self._epoch_started  # the first step's values show at once, then every values_seconds
         reset_peak_memory()
         if self._epochs and 1 < self._epochs < 10**9:  # Keras prints no title for a single epoch
             title = _epoch_title(self._epoch_index, self._epochs)

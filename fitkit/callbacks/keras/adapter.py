@@ -18,7 +18,7 @@ The facade wraps every Keras-style callback of a run (`fitkit.callbacks.keras.na
 | `on_epoch_end(epoch, epoch logs)` | `on_epoch_summary` (the loop's, after the epoch's log, evaluation and save) |
 | `on_predict_begin(logs)` | `on_predict_begin` (the loop's) |
 | `on_predict_batch_begin(batch, logs)` | `on_prediction_step_begin` in `predict` |
-| `on_predict_batch_end(batch, {"outputs": ...})` | `on_prediction_step` in `predict` |
+| `on_predict_batch_end(batch, {"outputs": ...})` (a dict output: its items, as Keras flattens it) | `on_prediction_step` in `predict` |
 | `on_predict_end(logs)` | `on_predict` |
 | `on_train_end(last epoch logs)` | `on_train_end` |
 
@@ -194,7 +194,7 @@ class KerasAdapter(TrainerCallback):
         if self.phase == "test" and "on_test_batch_end" in self.methods:
             self._call("on_test_batch_end", self.test_batch, self._running("test"))
         elif self.phase == "predict" and "on_predict_batch_end" in self.methods:
-            self._call("on_predict_batch_end", self.test_batch, {"outputs": kwargs.get("outputs")})
+            self._call("on_predict_batch_end", self.test_batch, predict_logs(kwargs.get("outputs")))
         self.test_batch += 1
         return result
 
@@ -251,3 +251,15 @@ def _verbose(args: Any) -> int:
         except (AttributeError, ValueError):
             return 2
     return int(verbose)
+
+
+def predict_logs(outputs: Any) -> dict[str, Any]:
+    """The logs Keras 3 gives `on_predict_batch_end`: `{"outputs": outputs}`, flattened as its
+    callback list flattens logs, so a dict output's items come by their keys (sorted, nested
+    dicts flattened). The values stay tensors on the device."""
+    if not isinstance(outputs, dict):
+        return {"outputs": outputs}
+    flat: dict[str, Any] = {}
+    for key, value in sorted(outputs.items()):
+        flat.update(predict_logs(value) if isinstance(value, dict) else {key: value})
+    return flat

@@ -40,7 +40,8 @@ class Callback:
     optimizer step's index within the epoch, the end's logs the running averages of the loss and
     metrics so far in the epoch, as floats), `on_test_begin/end(logs=None)`,
     `on_test_batch_begin/end(batch, logs=None)`, `on_predict_begin/end(logs=None)`,
-    `on_predict_batch_begin/end(batch, logs=None)` (the end's logs: `{"outputs": ...}`).
+    `on_predict_batch_begin/end(batch, logs=None)` (the end's logs: `{"outputs": ...}`, or a
+    dict output's own items, as Keras).
 
     Running averages are read from the device once per batch, and only when some callback of the
     run overrides a batch-end method; a fit whose callbacks override none pays nothing for them.
@@ -147,4 +148,5 @@ class Callback:
 
     @no_op
     def on_predict_batch_end(self, batch, logs=None):
-        """Called after each prediction batch; `logs["outputs"]` holds the batch's outputs."""
+        """Called after each prediction batch; `logs["outputs"]` holds the batch's outputs (a dict
+        output: `logs` holds its items, as Keras flattens it)."""

@@ -125,13 +125,31 @@ def is_batch_sequence(x: Any) -> bool:
         return False
     if isinstance(x, list):
         return bool(x) and isinstance(x[0], (tuple, list, dict)) and has_numpy(x[0])
-    return not hasattr(type(x), "__iter__") or type(x).__module__.startswith("keras")
+    return not hasattr(type(x), "__iter__") or is_py_dataset(x)
+
+
+def is_py_dataset(x: Any) -> bool:
+    """True for a `keras.utils.PyDataset` (or Keras' older `Sequence`), a user's subclass
+    included: one of its classes comes from Keras."""
+    return any(k.__module__.startswith("keras") and k.__name__ in ("PyDataset", "Sequence", "PyDatasetAdapter")
+               for k in type(x).__mro__)
+
+
+def batch_count(seq: Any, name: str) -> int:
+    """The batches of one pass: `num_batches` (Keras 3's `PyDataset`, which falls back on
+    `__len__`), else `len(seq)`."""
+    count = seq.num_batches if is_py_dataset(seq) else len(seq)
+    if count is None:
+        raise ValueError(f"`{name}` is a PyDataset without an end (`num_batches` is None): give it a `num_batches`, "
+                         "or wrap it in a torch IterableDataset and pass `steps_per_epoch`")
+    return int(count)
 
 
 class BatchSequence:
     """Whole batches read by index (`seq[i]` for i in `range(len(seq))`), NumPy arrays turned
-    into tensors; a `keras.utils.PyDataset`'s `on_epoch_begin` / `on_epoch_end` are called
-    around each pass, as Keras does::
+    into tensors; a `keras.utils.PyDataset`'s (a subclass's) `on_epoch_begin` / `on_epoch_end`
+    are called around each pass, as Keras does; its batches come in index order (Keras'
+    `shuffle=True` shuffles a PyDataset's batch order; fitkit reads it in order)::
 
         source = LoaderSource(BatchSequence(py_dataset, "x"))
     """
@@ -140,17 +158,19 @@ class BatchSequence:
         self.seq, self.name, self.cast_float64 = seq, name, cast_float64
 
     def __len__(self) -> int:
-        return len(self.seq)
+        return batch_count(self.seq, self.name)
 
     def __iter__(self):
         begin, end = getattr(self.seq, "on_epoch_begin", None), getattr(self.seq, "on_epoch_end", None)
         if callable(begin):
             begin()
-        for i in range(len(self.seq)):
-            batch = self.seq[i]
-            if not isinstance(batch, (tuple, list, dict, torch.Tensor)) and not has_numpy(batch):
-                raise TypeError(f"batch {i} of `{self.name}` is a {type(batch).__name__}: each item must be a whole "
-                                "batch, (x, y), (x, y, sample_weight) or a dict, of tensors or NumPy arrays")
-            yield batch_tensors(batch, self.cast_float64)
-        if callable(end):
-            end()
+        try:
+            for i in range(len(self)):
+                batch = self.seq[i]
+                if not isinstance(batch, (tuple, list, dict, torch.Tensor)) and not has_numpy(batch):
+                    raise TypeError(f"batch {i} of `{self.name}` is a {type(batch).__name__}: each item must be a "
+                                    "whole batch, (x, y), (x, y, sample_weight) or a dict, of tensors or NumPy arrays")
+                yield batch_tensors(batch, self.cast_float64)
+        finally:  # also a pass the loop leaves early (`steps_per_epoch`, a stop): each begin has its end
+            if callable(end):
+                end()
