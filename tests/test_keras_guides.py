@@ -6,8 +6,8 @@ its status in fitkit, and the test that shows it.
 Status: **same** (the same values, or the same effect), **refused** (fitkit refuses the Keras
 object with an error naming its own equivalent), **different** (a silent difference, with why),
 **error** (an unclear error), **n/a** (the section needs what the torch backend or a torch module
-does not have: tf.data, downloads, Keras layers' own API). "h6:" marks a section whose fix is on
-another branch (its test is `xfail(strict=True)` until that lands).
+does not have: tf.data, downloads, Keras layers' own API), **clear error** (fitkit stops before
+the first step and names the fix where Keras itself fails unclearly).
 
 Training & evaluation with the built-in methods (training_with_built_in_methods)
   1. API overview: a first end-to-end example ............ same   test_keras_guides: first_end_to_end
@@ -19,11 +19,11 @@ Training & evaluation with the built-in methods (training_with_built_in_methods)
      (`add_loss` / `add_metric` in a Keras layer) ......... n/a    Keras layer API; fitkit: override `compute_loss` (test_customizing)
   7. Setting apart a validation holdout set .............. same   test_keras_multi_io, test_keras_callbacks
   8. Training & evaluation from tf.data Datasets ......... n/a    tf.data
-  9. Using a PyDataset .................................... h6     test_keras_guides: py_dataset (a subclass is refused as input)
+  9. Using a PyDataset .................................... same   test_keras_guides: py_dataset, test_batch_sources
  10. Using a PyTorch DataLoader ........................... same   test_keras_guides: dataloader
  11. Sample weighting and class weighting ................ same   test_keras_sample_weights
  12. Passing data to multi-input, multi-output models .... same   test_keras_multi_io, test_keras_evaluate
-     (dict targets on a module returning a tuple) ........ h6     test_keras_guides: dict_targets_on_tuple_outputs
+     (dict targets on a module returning a tuple) ........ clear error  test_keras_guides: dict_targets_on_tuple_outputs
  13. Using callbacks (EarlyStopping) ..................... same   test_keras_own_callbacks, test_keras_monitors
  14. Many built-in callbacks ............................. same / refused   test_keras_own_callbacks (every class)
  15. Writing your own callback (LossHistory) ............. same   test_keras_callbacks
@@ -34,11 +34,11 @@ Training & evaluation with the built-in methods (training_with_built_in_methods)
 
 Customizing what happens in fit() with PyTorch (custom_train_step_in_torch)
  20. A first simple example (the loop over self.metrics) same   test_keras_guides: first_custom_train_step
-     (... when the last batch is partial) ................ h6     the loss tracker's mean is weighted by batch size
- 21. Going lower-level (own trackers in `metrics`) ....... h6     tracker semantics (test_custom_step_metrics on h6's branch)
+     (... when the last batch is partial) ................ same   test_keras_guides: first_custom_train_step
+ 21. Going lower-level (own trackers in `metrics`) ....... same   test_custom_step_metrics (the guide's trackers, beside Keras)
  22. Supporting sample_weight & class_weight ............. same   test_keras_sample_weights (custom train_step)
  23. Providing your own evaluation step .................. same   test_keras_guides: own_evaluation_step
- 24. Wrapping up: an end-to-end GAN example .............. h6     tracker semantics (test_customizing: the GAN runs)
+ 24. Wrapping up: an end-to-end GAN example .............. same   test_custom_step_metrics (the GAN's two trackers, beside Keras)
 
 Writing your own callbacks (writing_your_own_callbacks)
  25. A basic example (every method, logs keys) ........... same   test_keras_callbacks
@@ -55,12 +55,10 @@ Transfer learning & fine-tuning (transfer_learning)
  31. Freezing layers, then fine-tuning with a low rate ... same   test_keras_guides: fine_tuning
  32. The Xception / cats-vs-dogs end-to-end example ...... n/a    downloads weights and data
 
-Count: 29 sections runnable on the torch backend (6, 8 and 32 are not): 23 same, 3 refused with
-the equivalent named (16, 17, 19), 3 on h6's branch (9, 21, 24). On this branch, before h6's merge:
-3 sections with a silent difference (20 when the last batch is partial, 21 and 24: a custom step's
-trackers, +9 to +12% and 1.2% as issue 36 measured them) and 2 with an unclear error (9's PyDataset
-subclass, 12's dict targets on tuple outputs); once h6's fixes make the strict xfails here pass:
-0 silent differences and 0 unclear errors.
+Count: 29 sections runnable on the torch backend (6, 8 and 32 are not): 26 same (12's dict
+targets on a tuple-output module stop with a clear error naming the fix, where Keras itself fails
+with a TypeError), 3 refused with the equivalent named (16, 17, 19): 0 silent differences and 0
+unclear errors.
 """
 
 import numpy as np
@@ -186,8 +184,9 @@ def test_dataloader():
     kmodel.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                    metrics=["sparse_categorical_accuracy"])
     model = Model(net).compile("adam", "sparse_categorical_crossentropy", metrics=["sparse_categorical_accuracy"])
-    _same_history(model.fit(train, epochs=2, validation_data=val, verbose=0).history,
-                  kmodel.fit(train, epochs=2, validation_data=val, verbose=0).history)
+    # shuffle=False: Keras shuffles a PyDataset's batch order under its default shuffle=True
+    _same_history(model.fit(train, epochs=2, validation_data=val, verbose=0, shuffle=False).history,
+                  kmodel.fit(train, epochs=2, validation_data=val, verbose=0, shuffle=False).history)
     assert np.allclose(model.evaluate(val, verbose=0), kmodel.evaluate(val, verbose=0), rtol=1e-5)
 
 
@@ -277,7 +276,6 @@ def _py_dataset(keras):
     return ExamplePyDataset
 
 
-@pytest.mark.xfail(strict=True, reason="h6: a keras.utils.PyDataset subclass is taken for x's forward input")
 def test_py_dataset():
     """Section 9: fit and evaluate on the guide's `PyDataset` subclass."""
     keras = real_keras()
@@ -289,12 +287,12 @@ def test_py_dataset():
                    metrics=["sparse_categorical_accuracy"])
     model = Model(net).compile("adam", "sparse_categorical_crossentropy", metrics=["sparse_categorical_accuracy"])
     train, val = dataset(x, y, batch_size=BATCH), dataset(x_val, y_val, batch_size=BATCH)
-    _same_history(model.fit(train, epochs=2, validation_data=val, verbose=0).history,
-                  kmodel.fit(train, epochs=2, validation_data=val, verbose=0).history)
+    # shuffle=False: Keras shuffles a PyDataset's batch order under its default shuffle=True
+    _same_history(model.fit(train, epochs=2, validation_data=val, verbose=0, shuffle=False).history,
+                  kmodel.fit(train, epochs=2, validation_data=val, verbose=0, shuffle=False).history)
     assert np.allclose(model.evaluate(val, verbose=0), kmodel.evaluate(val, verbose=0), rtol=1e-5)
 
 
-@pytest.mark.xfail(strict=True, reason="h6: dict targets on a tuple-output module give a bare KeyError")
 def test_dict_targets_on_tuple_outputs():
     """Section 12: the guide's targets keyed by its output layers' names, on a torch module that
     returns a tuple (named output_0, output_1): an error naming the names to use."""
@@ -341,9 +339,7 @@ def _keras_first_custom_model(keras):
 
 @pytest.mark.parametrize("n", [
     pytest.param(48, id="full-batches"),
-    pytest.param(40, id="partial-last-batch", marks=pytest.mark.xfail(
-        strict=True, reason="h6: a custom step's loss tracker is weighted by batch size (Keras: a plain mean of the "
-                            "batch losses; here 0.9889 against Keras' 0.8818)")),
+    pytest.param(40, id="partial-last-batch"),
 ])
 def test_first_custom_train_step(n):
     """Section 20: the guide's loop over `self.metrics` in a custom `train_step` (its fitkit port:
