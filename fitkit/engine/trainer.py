@@ -144,13 +144,14 @@ class Trainer:
                  validation_split: float) -> tuple[DataSource, DataSource | None]:
         """The training source and the validation one (None without validation data)."""
         args = self.args
+        order_seed = args.seed if args.data_seed is None else args.data_seed  # HF's `data_seed`: the order's own
         train, tensors = self._source(x, y, sample_weight, batch_size=args.batch_size, shuffle=args.shuffle,
-                                      seed=args.seed, pad=True)
+                                      seed=order_seed, pad=True)
         if validation_split:
             if validation_data is not None:
                 raise ValueError("pass either `validation_data` or `validation_split`, not both")
             (tx, ty, tsw), (vx, vy, vsw) = split_validation(tensors, x, validation_split)
-            train, _ = self._source(tx, ty, tsw, batch_size=args.batch_size, shuffle=args.shuffle, seed=args.seed,
+            train, _ = self._source(tx, ty, tsw, batch_size=args.batch_size, shuffle=args.shuffle, seed=order_seed,
                                     pad=True)
             val, _ = self._source(vx, vy, vsw, batch_size=args.eval_batch_size, shuffle=False, seed=None, pad=False,
                                   name="validation_split")
@@ -166,7 +167,7 @@ class Trainer:
         if not (self.overrides.train_step or self.overrides.test_step or self.overrides.predict_step):
             x = drop_unused_columns(x, self.module, self.args, name)  # HF's remove_unused_columns
         source, tensors = adapt(x, y, sample_weight, batch_size=batch_size, shuffle=shuffle, seed=seed, name=name,
-                                cast_float64=not keeps_float64(self.module), args=self.args)
+                                cast_float64=not keeps_float64(self.module), args=self.args, training=pad)
         assert source is not None  # `adapt` makes one or raises
         return self.runtime.place(source, pad), tensors
 
