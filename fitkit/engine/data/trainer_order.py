@@ -1,6 +1,8 @@
-"""Hugging Face Trainer's data order (`data_order="trainer"`, set by `fit(args=transformers.TrainingArguments(...))`):
-the batches each process reads and the numbers the Trainer's data loading draws from torch's global generator,
-rebuilt without importing transformers or accelerate (transformers 5.x, accelerate 1.x)::
+"""The Hugging Face Trainer's data order (`data_order="trainer"`): the batches each process reads and the numbers
+its data loading draws from torch's global generator.
+
+`fit(args=transformers.TrainingArguments(...))` turns it on. Rebuilt here without importing transformers or
+accelerate (read off transformers 5.23 and accelerate 1.15)::
 
     deal_batches(order, skip=0, rank=1, world_size=2, batch_size=4)   # rank 1's samples, batch after batch
     batches_per_process(10, batch_size=4, world_size=2)               # 2
