@@ -28,6 +28,7 @@ from fitkit.config.arguments import TrainingArguments
 from fitkit.config.compile_config import CompileConfig
 from fitkit.config.jit_compile import jit_note
 from fitkit.config.option_merge import in_force
+from fitkit.engine.data.rng import rng_state, seed_everything
 from fitkit.engine.overrides import StepOverrides
 from fitkit.engine.runtime import Runtime, unpack_result
 from fitkit.engine.trainer import Trainer
@@ -165,6 +166,12 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods, HFResults):
                 validation_split=validation_split, callbacks=callbacks, shuffle=shuffle, max_steps=max_steps,
                 class_weight=class_weight, sample_weight=sample_weight, initial_epoch=initial_epoch, args=args,
                 **options))
+        start_rng = None
+        if self._module is None and self.model_init is not None and run_args.data_order == "trainer":
+            # as the HF Trainer: seeded before `model_init` builds the model, and training goes on from there
+            seed_everything(run_args.seed)
+            self._module = call_model_init(self.model_init)
+            start_rng = rng_state()
         self._fit_validation_data = validation_data  # HF's trainer.evaluate() without data evaluates it
         history, given = History(), [*self.callback_handler.callbacks, *callbacks]
         self.history = history  # as Keras: the run's History, also while it runs
@@ -173,7 +180,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods, HFResults):
         try:
             trainer.fit(x, y, sample_weight=sample_weight, validation_data=validation_data,
                         validation_split=validation_split, class_weight=class_weight, trial=self._trial,
-                        initial_epoch=initial_epoch)
+                        initial_epoch=initial_epoch, start_rng=start_rng)
         finally:
             if trainer.state is not None:  # the run got as far as planning: it is the last run now
                 self.state, self.history, self.control = trainer.state, history, trainer.control

@@ -37,6 +37,11 @@ class Rows(torch.utils.data.Dataset):
 def tiny_bert():
     """A one-layer BERT classifier with dropout on, the same weights at each call."""
     transformers.set_seed(0)
+    return bert_init()
+
+
+def bert_init():
+    """A one-layer BERT classifier with dropout on, its weights drawn from the global generator."""
     cfg = transformers.BertConfig(vocab_size=N + 8, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                                   intermediate_size=32, max_position_embeddings=8, num_labels=2,
                                   hidden_dropout_prob=0.3, attention_probs_dropout_prob=0.3)
@@ -56,10 +61,10 @@ def recorded(net):
 
 
 def hf_args(tmp_path, **kw):
-    return transformers.TrainingArguments(
-        output_dir=str(tmp_path / "out"), report_to="none", disable_tqdm=True, save_strategy="no", num_train_epochs=2,
-        per_device_train_batch_size=BATCH, per_device_eval_batch_size=BATCH, learning_rate=1e-2, seed=3,
-        dataloader_pin_memory=False, use_cpu=True, **kw)
+    base = dict(output_dir=str(tmp_path / "out"), report_to="none", disable_tqdm=True, save_strategy="no",
+                num_train_epochs=2, per_device_train_batch_size=BATCH, per_device_eval_batch_size=BATCH,
+                learning_rate=1e-2, seed=3, dataloader_pin_memory=False, use_cpu=True)
+    return transformers.TrainingArguments(**{**base, **kw})
 
 
 @pytest.mark.parametrize("options", [
@@ -78,6 +83,29 @@ def test_the_trainers_batches_and_weights_with_dropout(tmp_path, options):
     assert our_batches == their_batches
     assert our_batches[:3] != our_batches[3:]  # each epoch has its own order
     for (name, mine), other in zip(ours.named_parameters(), theirs.parameters()):
+        assert torch.allclose(mine, other, atol=1e-6), name
+
+
+def test_a_model_init_is_built_under_the_seed_and_trains_on_as_the_trainers(tmp_path):
+    args = hf_args(tmp_path)
+    torch.manual_seed(99)  # whatever the state before: both seed before building
+    trainer = transformers.Trainer(model_init=bert_init, args=args, train_dataset=Rows())
+    trainer.train()
+    torch.manual_seed(98)
+    model = Model(model_init=bert_init).compile()
+    model.fit(Rows(), args=args)
+    for (name, mine), other in zip(model.module.named_parameters(), trainer.model.parameters()):
+        assert torch.allclose(mine, other, atol=1e-6), name
+
+
+def test_a_resume_mid_epoch_ends_with_the_uninterrupted_runs_weights(tmp_path):
+    saving = hf_args(tmp_path, data_seed=11, save_strategy="steps", save_steps=2)
+    whole = tiny_bert()
+    Model(whole).compile().fit(Rows(), args=saving)
+    resumed = tiny_bert()
+    Model(resumed).compile().fit(Rows(), args=hf_args(tmp_path, data_seed=11),
+                                 resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))  # inside epoch 1
+    for (name, mine), other in zip(resumed.named_parameters(), whole.parameters()):
         assert torch.allclose(mine, other, atol=1e-6), name
 
 
