@@ -28,7 +28,6 @@ from fitkit.config.arguments import TrainingArguments
 from fitkit.config.compile_config import CompileConfig
 from fitkit.config.jit_compile import jit_note
 from fitkit.config.option_merge import in_force
-from fitkit.engine.data.rng import rng_state, seed_everything
 from fitkit.engine.overrides import StepOverrides
 from fitkit.engine.runtime import Runtime, unpack_result
 from fitkit.engine.trainer import Trainer
@@ -38,7 +37,7 @@ from fitkit.facade.defaults import defaults_for
 from fitkit.facade.hf_methods import HFMethods
 from fitkit.facade.hf_results import HFResults
 from fitkit.facade.keras_api import KerasMethods, as_list
-from fitkit.facade.model_init import call_model_init, run_in_child
+from fitkit.facade.model_init import built_under_seed, call_model_init, run_in_child
 from fitkit.facade.saving import Saving
 from fitkit.facade.steps import Steps
 from fitkit.facade.summary import summarize
@@ -168,10 +167,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods, HFResults):
                 **options))
         start_rng = None
         if self._module is None and self.model_init is not None and run_args.data_order == "trainer":
-            # as the HF Trainer: seeded before `model_init` builds the model, and training goes on from there
-            seed_everything(run_args.seed)
-            self._module = call_model_init(self.model_init)
-            start_rng = rng_state()
+            self._module, start_rng = built_under_seed(self.model_init, run_args.seed)  # as HF's Trainer builds it
         self._fit_validation_data = validation_data  # HF's trainer.evaluate() without data evaluates it
         history, given = History(), [*self.callback_handler.callbacks, *callbacks]
         self.history = history  # as Keras: the run's History, also while it runs
