@@ -1,7 +1,8 @@
-"""Two processes (ddp_spawn, gloo on CPU) trained by fitkit under `args=transformers.TrainingArguments`:
-each process writes the sample ids of its training batches, step by step, to `RESULT_DIR/rank-R.json`,
-for tests/test_hf_data_order.py to compare with the batches transformers' sampler and accelerate give
-each rank.
+"""Two processes (ddp_spawn, gloo on CPU) trained by fitkit under the Trainer's data order (what
+`args=transformers.TrainingArguments` sets: `data_order="trainer"`, given here directly so that the
+processes need not import transformers): each process writes the sample ids of its training batches,
+step by step, to `RESULT_DIR/rank-R.json`, for tests/test_hf_data_order.py to compare with the batches
+transformers' sampler and accelerate give each rank.
 
 usage: hf_order_ddp.py RESULT_DIR SAMPLES BATCH_SIZE SEED DATA_SEED|none
 """
@@ -11,7 +12,6 @@ import os
 import sys
 
 import torch
-import transformers
 
 from fitkit import Model
 from fitkit.callbacks import TrainerCallback
@@ -57,13 +57,12 @@ class WriteSeen(TrainerCallback):
 def main() -> None:
     out, n, batch_size, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     data_seed = None if sys.argv[5] == "none" else int(sys.argv[5])
-    args = transformers.TrainingArguments(
-        output_dir=os.path.join(out, "run"), report_to="none", disable_tqdm=True, save_strategy="no",
-        num_train_epochs=2, per_device_train_batch_size=batch_size, learning_rate=1e-2, seed=seed,
-        data_seed=data_seed, dataloader_pin_memory=False, use_cpu=True)
+    # as fit's keywords: a fitkit TrainingArguments given as `args=` does not pass Lightning's spawn (frozen dataclass)
+    options = dict(output_dir=os.path.join(out, "run"), verbose=0, epochs=2, batch_size=batch_size, learning_rate=1e-2,
+                   seed=seed, data_seed=data_seed, data_order="trainer")
     model = Model(Recording(n + 8)).compile("sgd", "cross_entropy", strategy="ddp_spawn", devices=2,
                                               accelerator="cpu")
-    model.fit(Rows(n), args=args, callbacks=[WriteSeen(out)])
+    model.fit(Rows(n), callbacks=[WriteSeen(out)], **options)
 
 
 if __name__ == "__main__":
