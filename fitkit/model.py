@@ -37,7 +37,7 @@ from fitkit.facade.defaults import defaults_for
 from fitkit.facade.hf_methods import HFMethods
 from fitkit.facade.hf_results import HFResults
 from fitkit.facade.keras_api import KerasMethods, as_list
-from fitkit.facade.model_init import call_model_init, run_in_child
+from fitkit.facade.model_init import built_under_seed, call_model_init, run_in_child
 from fitkit.facade.saving import Saving
 from fitkit.facade.steps import Steps
 from fitkit.facade.summary import summarize
@@ -167,6 +167,9 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods, HFResults):
                 validation_split=validation_split, callbacks=callbacks, shuffle=shuffle, max_steps=max_steps,
                 class_weight=class_weight, sample_weight=sample_weight, initial_epoch=initial_epoch, args=args,
                 **options))
+        start_rng = None
+        if self._module is None and self.model_init is not None and run_args.data_order == "trainer":
+            self._module, start_rng = built_under_seed(self.model_init, run_args.seed)  # as HF's Trainer builds it
         self._fit_validation_data = validation_data  # HF's trainer.evaluate() without data evaluates it
         history, given = History(), [*self.callback_handler.callbacks, *callbacks]
         self.history = history  # as Keras: the run's History, also while it runs
@@ -175,7 +178,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods, HFResults):
         try:
             trainer.fit(x, y, sample_weight=sample_weight, validation_data=validation_data,
                         validation_split=validation_split, class_weight=class_weight, trial=self._trial,
-                        initial_epoch=initial_epoch)
+                        initial_epoch=initial_epoch, start_rng=start_rng)
         finally:
             if trainer.state is not None:  # the run got as far as planning: it is the last run now
                 self.state, self.history, self.control = trainer.state, history, trainer.control

@@ -127,6 +127,10 @@ class TrainingArguments(metaclass=_TakesOtherNames):
     report_to: str | list[str] = "none"
     verbose: int | str = "auto"
     seed: int | None = 42
+    data_seed: int | None = None  # the seed of the training order (None: `seed`), HF's name
+    # "trainer" (set by args=transformers.TrainingArguments): the batches of each process and the draws from torch's
+    # global generator that transformers.Trainer makes (fitkit.engine.data.trainer_order); "fitkit": Keras' way
+    data_order: str = "fitkit"
     # -- devices (Lightning Fabric)
     accelerator: str = "auto"
     devices: int | str | list[int] = "auto"

@@ -24,6 +24,8 @@ PRECISIONS = (
 VERBOSITY = (0, 1, 2, "auto")
 LOG_LEVELS = ("passive", "debug", "info", "warning", "error", "critical")
 FSDP_SHARDING = ("full", "hybrid")
+#: `data_order`: fitkit's own (Keras' way), or the batches and global draws of transformers.Trainer.
+DATA_ORDERS = ("fitkit", "trainer")
 
 #: Integer fields: the smallest value allowed, and whether None is allowed too.
 _INTS: dict[str, tuple[int, bool]] = {
@@ -53,6 +55,7 @@ _CHOICES: dict[str, tuple[tuple, bool]] = {
     "eval_strategy": (STRATEGIES, True), "logging_strategy": (STRATEGIES, False),
     "save_strategy": (SAVE_STRATEGIES, False), "log_level": (LOG_LEVELS, False),
     "log_level_replica": (LOG_LEVELS, False), "fsdp_sharding": (FSDP_SHARDING, False),
+    "data_order": (DATA_ORDERS, False),
 }
 
 
@@ -159,6 +162,11 @@ def _check_the_others(args: Any, fail: Callable[[str, str], NoReturn], set_value
         if seed is None:
             fail("seed", "pass an integer or None")
         set_value("seed", seed)
+    if args.data_seed is not None:
+        data_seed = parse_number(args.data_seed, int)
+        if data_seed is None:
+            fail("data_seed", "pass an integer (the seed of the training order) or None to use `seed`")
+        set_value("data_seed", data_seed)
     report_to = args.report_to
     if not (report_to is None or isinstance(report_to, (str, list, tuple))):
         fail("report_to", "pass a tracker's name ('tensorboard', 'mlflow', ...), a list of names, 'all' or 'none'")

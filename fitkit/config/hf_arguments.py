@@ -58,6 +58,7 @@ def from_hf(hf_args: Any) -> Any:
     ignored = [k for k, v in values.items() if k not in mine and k not in _TRANSLATED and k not in NOT_TRAINER_FIELDS
                and not _same_value(v, _plain(defaults[k]))]
     options["output_dir"] = values.get("output_dir") or "trainer_output"
+    options["data_order"] = "trainer"  # the Trainer's batches and global random draws (`data_seed` is copied)
     epochs = float(values.get("num_train_epochs", 3.0))
     options["num_train_epochs"] = int(epochs) if epochs.is_integer() else epochs
     scheduler = _plain(values.get("lr_scheduler_type", "linear"))

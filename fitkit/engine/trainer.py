@@ -30,7 +30,7 @@ from fitkit.engine.data.adapt import adapt
 from fitkit.engine.data.hf_columns import drop_unused_columns
 from fitkit.engine.data.keras_data import class_weight_table, split_validation
 from fitkit.engine.data.loader_view import eval_loader
-from fitkit.engine.data.rng import seed_everything
+from fitkit.engine.data.rng import seed_everything, set_rng_state
 from fitkit.engine.data.sources import DataSource, LoaderSource, TensorSource
 from fitkit.engine.devices.fabric import release_at_exit
 from fitkit.engine.devices.host_allocator import keep_freed_memory
@@ -67,13 +67,18 @@ class Trainer:
     # -- fit ------------------------------------------------------------------------------------
     def fit(self, x: Any, y: Any = None, *, sample_weight: Any = None, validation_data: Any = None,
             validation_split: float = 0.0, class_weight: dict | None = None, trial: dict | None = None,
-            initial_epoch: int = 0) -> None:
+            initial_epoch: int = 0, start_rng: dict | None = None) -> None:
         """Train. `trial` (`{"trial_name", "trial_params"}`) marks a search trial's run;
-        `initial_epoch` (Keras) the epoch to start at. After a SIGTERM the checkpoint is
+        `initial_epoch` (Keras) the epoch to start at; `start_rng`: the global generators' state
+        to start from instead of seeding them with `seed` (the module was just built under the
+        seed, as HF's Trainer builds it from `model_init`). After a SIGTERM the checkpoint is
         written, `on_train_end` fires and `SystemExit(0)` is raised."""
         config = self.config
         assert config is not None  # `Model.fit` requires compile first
-        seed_everything(self.args.seed)
+        if start_rng is None:
+            seed_everything(self.args.seed)
+        else:
+            set_rng_state(start_rng)
         prepare_module(self.module, self.args)
         fabric, wrapped = self.runtime.setup(self.module, self.args)
         if self.args.tune_cpu_allocator and fabric.device.type == "cpu":
@@ -144,13 +149,14 @@ class Trainer:
                  validation_split: float) -> tuple[DataSource, DataSource | None]:
         """The training source and the validation one (None without validation data)."""
         args = self.args
+        order_seed = args.seed if args.data_seed is None else args.data_seed  # HF's `data_seed`: the order's own
         train, tensors = self._source(x, y, sample_weight, batch_size=args.batch_size, shuffle=args.shuffle,
-                                      seed=args.seed, pad=True)
+                                      seed=order_seed, pad=True)
         if validation_split:
             if validation_data is not None:
                 raise ValueError("pass either `validation_data` or `validation_split`, not both")
             (tx, ty, tsw), (vx, vy, vsw) = split_validation(tensors, x, validation_split)
-            train, _ = self._source(tx, ty, tsw, batch_size=args.batch_size, shuffle=args.shuffle, seed=args.seed,
+            train, _ = self._source(tx, ty, tsw, batch_size=args.batch_size, shuffle=args.shuffle, seed=order_seed,
                                     pad=True)
             val, _ = self._source(vx, vy, vsw, batch_size=args.eval_batch_size, shuffle=False, seed=None, pad=False,
                                   name="validation_split")
@@ -166,7 +172,7 @@ class Trainer:
         if not (self.overrides.train_step or self.overrides.test_step or self.overrides.predict_step):
             x = drop_unused_columns(x, self.module, self.args, name)  # HF's remove_unused_columns
         source, tensors = adapt(x, y, sample_weight, batch_size=batch_size, shuffle=shuffle, seed=seed, name=name,
-                                cast_float64=not keeps_float64(self.module), args=self.args)
+                                cast_float64=not keeps_float64(self.module), args=self.args, training=pad)
         assert source is not None  # `adapt` makes one or raises
         return self.runtime.place(source, pad), tensors
 

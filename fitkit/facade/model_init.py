@@ -2,6 +2,7 @@
 for a `Model` call (module level, so it pickles)::
 
     module = call_model_init(model_init, trial)   # model_init() or model_init(trial), checked
+    module, start_rng = built_under_seed(model_init, 42)   # seeded first, as HF's Trainer builds it
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 import torch
 
+from fitkit.engine.data.rng import rng_state, seed_everything
 from fitkit.engine.runtime import pack_result
 
 
@@ -37,3 +39,15 @@ def call_model_init(model_init: Callable[..., Any] | None, trial: Any = None) ->
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"`model_init` must return a torch.nn.Module, got {type(module).__name__}")
     return module
+
+
+def built_under_seed(model_init: Callable[..., Any], seed: int | None) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The module `model_init` builds right after the global generators are seeded with `seed`, and
+    their state after it: HF's Trainer seeds, builds the model from `model_init` and trains on from
+    that state (`fit`'s `start_rng`), where a fit under fitkit's own order seeds after building.
+
+        module, start_rng = built_under_seed(make_bert, 42)
+    """
+    seed_everything(seed)
+    module = call_model_init(model_init)
+    return module, rng_state()

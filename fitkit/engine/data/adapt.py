@@ -13,6 +13,7 @@ Datasets and DataLoaders go through a `DataLoader` (Fabric adds the distributed 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import partial
 from typing import Any
 
 import torch
@@ -22,8 +23,9 @@ from fitkit.engine.data.batch import batch_size_of
 from fitkit.engine.data.collate import SampleList, is_sample_list, loader_options
 from fitkit.engine.data.keras_data import BatchSequence, is_batch_sequence
 from fitkit.engine.data.prefetch import can_prefetch
-from fitkit.engine.data.sampling import EpochSampler
+from fitkit.engine.data.sampling import EpochSampler, process_group
 from fitkit.engine.data.sources import DataSource, LoaderSource, TensorSource
+from fitkit.engine.data.trainer_order import seed_worker
 
 
 def _to_tensor(value: Any, name: str, cast_float64: bool = True) -> torch.Tensor:
@@ -107,6 +109,7 @@ def adapt(
     name: str = "x",
     cast_float64: bool = True,
     args: Any = None,
+    training: bool = False,
 ) -> tuple[DataSource | None, tuple | None]:
     """Turn user input into a `DataSource` named `name` (the argument it came from).
 
@@ -114,10 +117,11 @@ def adapt(
     validation split can be taken). `x` may be an `(x, y[, sample_weight])` tuple itself.
     In-memory float64 values become float32 unless `cast_float64` is False. A list of per-sample
     dicts is a Dataset (`fitkit.engine.data.collate`); `args` (the run's `TrainingArguments`) gives the
-    DataLoader fitkit builds over a Dataset its `data_collator` and `dataloader_*` options.
+    DataLoader fitkit builds over a Dataset its `data_collator` and `dataloader_*` options, and its
+    `data_order`; `training`: the data of a fit's training (its workers are seeded as the Trainer's).
     """
     source, tensors = _adapt(x, y, sample_weight, batch_size=batch_size, shuffle=shuffle, seed=seed, name=name,
-                             cast_float64=cast_float64, args=args)
+                             cast_float64=cast_float64, args=args, training=training)
     source.name = name
     if isinstance(source, LoaderSource):
         source.prefetch = getattr(args, "prefetch", True) and can_prefetch(source.loader)
@@ -125,7 +129,7 @@ def adapt(
 
 
 def _adapt(x: Any, y: Any, sample_weight: Any, *, batch_size: int, shuffle: bool, seed: int | None, name: str,
-           cast_float64: bool, args: Any = None) -> tuple[DataSource, tuple | None]:
+           cast_float64: bool, args: Any = None, training: bool = False) -> tuple[DataSource, tuple | None]:
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size <= 0:
         raise ValueError(f"`batch_size`={batch_size!r} is invalid: pass an integer > 0")
     if x is None:
@@ -143,6 +147,7 @@ def _adapt(x: Any, y: Any, sample_weight: Any, *, batch_size: int, shuffle: bool
         sample_weight = _arrays(sample_weight, "sample_weight", cast_float64) if sample_weight is not None else None
         _check_len(x, y, sample_weight)
         source = TensorSource(x, y, sample_weight, batch_size=batch_size, shuffle=shuffle, seed=seed)
+        source.draws = getattr(args, "data_order", "fitkit") == "trainer"
         return source, (x, y, sample_weight)
     if y is not None:
         raise ValueError(
@@ -160,7 +165,8 @@ def _adapt(x: Any, y: Any, sample_weight: Any, *, batch_size: int, shuffle: bool
     elif is_batch_sequence(x):
         return LoaderSource(BatchSequence(x, name, cast_float64)), None
     if isinstance(x, Dataset):
-        return _dataset_source(x, batch_size=batch_size, shuffle=shuffle, seed=seed, name=name, args=args), None
+        return _dataset_source(x, batch_size=batch_size, shuffle=shuffle, seed=seed, name=name, args=args,
+                               training=training), None
     if isinstance(x, Iterable) and not isinstance(x, (str, bytes)):
         if iter(x) is x:
             raise TypeError(
@@ -174,19 +180,28 @@ def _adapt(x: Any, y: Any, sample_weight: Any, *, batch_size: int, shuffle: bool
 
 
 def _dataset_source(x: Dataset, *, batch_size: int, shuffle: bool, seed: int | None, name: str,
-                    args: Any = None) -> LoaderSource:
-    """A DataLoader fitkit builds over a Dataset: an `EpochSampler` for a map-style one."""
+                    args: Any = None, training: bool = False) -> LoaderSource:
+    """A DataLoader fitkit builds over a Dataset: an `EpochSampler` for a map-style one. Under
+    `data_order="trainer"` it is built as the Hugging Face Trainer builds its own
+    (`fitkit.engine.data.trainer_order`): no generator of its own, batches dealt whole to the
+    processes, and the Trainer's worker seeding for training."""
     iterable = isinstance(x, IterableDataset)
     if not iterable and len(x) == 0:  # type: ignore[arg-type]
         raise ValueError(f"`{name}` is an empty Dataset: pass at least one sample")
-    # The loader's own generator: creating an iterator never draws from the global RNG.
-    g = torch.Generator()
-    g.manual_seed(seed or 0)
+    as_trainer = getattr(args, "data_order", "fitkit") == "trainer"
     options = loader_options(args, x)
+    g: torch.Generator | None = None
+    if not as_trainer:  # the loader's own generator: creating an iterator never draws from the global RNG
+        g = torch.Generator()
+        g.manual_seed(seed or 0)
+    elif training and options.get("num_workers"):
+        options["worker_init_fn"] = partial(seed_worker, num_workers=options["num_workers"], rank=process_group()[0])
     if iterable:
-        return LoaderSource(DataLoader(x, batch_size=batch_size, generator=g, **options))
-    sampler = EpochSampler(len(x), shuffle, seed)  # type: ignore[arg-type]
-    loader = DataLoader(x, batch_size=batch_size, sampler=sampler, generator=g, **options)
-    source = LoaderSource(loader, num_samples=len(x))  # type: ignore[arg-type]
-    source.sampler = sampler
+        source = LoaderSource(DataLoader(x, batch_size=batch_size, generator=g, **options))
+    else:
+        sampler = EpochSampler(len(x), shuffle, seed, per_batch=batch_size if as_trainer else None)  # type: ignore[arg-type]
+        loader = DataLoader(x, batch_size=batch_size, sampler=sampler, generator=g, **options)
+        source = LoaderSource(loader, num_samples=len(x))  # type: ignore[arg-type]
+        source.sampler = sampler
+    source.draws = as_trainer
     return source

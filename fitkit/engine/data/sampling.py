@@ -15,6 +15,8 @@ from collections.abc import Iterator
 
 import torch
 
+from fitkit.engine.data.trainer_order import batches_per_process, deal_batches
+
 
 def epoch_permutation(size: int, seed: int | None, epoch: int) -> torch.Tensor:
     """The shuffled order of epoch `epoch`: a permutation drawn from its own generator seeded
@@ -83,11 +85,15 @@ class EpochSampler(torch.utils.data.DistributedSampler):
     so any epoch's order can be rebuilt, and `skip` drops its first samples (a resume mid-epoch
     starts at the right sample without loading the ones before it). Under several processes it
     deals the order itself (`deal`), as DistributedSampler does; being one, Fabric keeps it. The
-    processes are read from the process group when iterating: none exists when it is built."""
+    processes are read from the process group when iterating: none exists when it is built.
+    With `per_batch` (a batch size: `data_order="trainer"`), the processes get whole batches in
+    turn, as the Hugging Face Trainer's accelerate deals them (`fitkit.engine.data.trainer_order`)."""
 
-    def __init__(self, size: int, shuffle: bool, seed: int | None):  # no super().__init__: see above
+    def __init__(self, size: int, shuffle: bool, seed: int | None,
+                 per_batch: int | None = None):  # no super().__init__: see above
         self.size, self.shuffle = size, shuffle
         self.seed = seed  # type: ignore[assignment]  # DistributedSampler's is an int; None here seeds 0
+        self.per_batch = per_batch
         self.epoch = 0
         self.skip = 0  # samples of the epoch's order, over all processes
         self.drop_last = False
@@ -107,9 +113,14 @@ class EpochSampler(torch.utils.data.DistributedSampler):
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return math.ceil(self.size / self.num_replicas)
+        world_size = self.num_replicas
+        if self.per_batch is not None and world_size > 1:
+            return batches_per_process(self.size, self.per_batch, world_size) * self.per_batch
+        return math.ceil(self.size / world_size)
 
     def __iter__(self) -> Iterator[int]:
         order = epoch_permutation(self.size, self.seed, self.epoch) if self.shuffle else torch.arange(self.size)
         rank, world_size = process_group()
+        if self.per_batch is not None:
+            return iter(deal_batches(order, self.skip, rank, world_size, self.per_batch).tolist())
         return iter(deal(order, self.skip, rank, world_size).tolist())

@@ -36,6 +36,7 @@ from fitkit.engine.data.sampling import (
     process_group,
     resume_batch,
 )
+from fitkit.engine.data.trainer_order import draw_as_a_loader
 
 logger = logging.getLogger("fitkit")
 
@@ -48,11 +49,14 @@ class DataSource:
     #: The global RNG state when the current epoch's batches were drawn, kept by sources that
     #: replay it (`replays_rng`): a checkpoint saves it, a resume hands it back to `epoch`.
     epoch_rng: dict | None = None
+    #: Each pass draws one number from torch's global generator when it starts, as the Hugging Face
+    #: Trainer's DataLoaders do (`data_order="trainer"`, `fitkit.engine.data.trainer_order`).
+    draws = False
 
     @property
     def replays_rng(self) -> bool:
         """Whether an exact mid-epoch resume replays the global RNG state (see `LoaderSource`)."""
-        return False
+        return self.draws
 
     def __len__(self) -> int:  # number of batches per epoch (per process)
         raise TypeError("unknown length")
@@ -212,6 +216,8 @@ class TensorSource(CountsSamples):
         return deal(perm, skip, self.rank, self.world_size, self.pad)
 
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
+        if self.draws:
+            draw_as_a_loader()
         skip = self.skipped(epoch, start)
         order = self.order(epoch, skip)
         if order is None:  # contiguous: one process (skip in samples), or an evaluation block
@@ -336,8 +342,9 @@ class LoaderSource(CountsSamples):
     @property
     def replays_rng(self) -> bool:
         """A loader fitkit did not build may draw its order from the global RNG when an epoch's
-        iterator is created; an exact mid-epoch resume replays that RNG state."""
-        return self.sampler is None
+        iterator is created (so does one fitkit builds under `data_order="trainer"`); an exact
+        mid-epoch resume replays that RNG state."""
+        return self.sampler is None or self.draws
 
     def geometry(self) -> tuple[int, int, int, bool] | None:
         batch_size = getattr(self.loader, "batch_size", None)
