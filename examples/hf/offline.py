@@ -37,13 +37,14 @@ def _sentence(rng: random.Random) -> tuple[list[str], list[int]]:
     return words, tags
 
 
-def load_dataset(task: str) -> datasets.DatasetDict:
+def load_dataset(task: str, scale: int = 1) -> datasets.DatasetDict:
     """The raw splits of `task`: "ner" (`tokens`, `ner_tags`), "text" (`text`) or "translation"
-    (`translation`: {"src": ..., "tgt": ...}), as the Hub's datasets lay them out."""
+    (`translation`: {"src": ..., "tgt": ...}), as the Hub's datasets lay them out; `scale` times
+    the usual number of rows (benchmarks)."""
     splits = {}
     for split, (n, seed) in SPLITS.items():
         rng = random.Random(seed)
-        rows = [_sentence(rng) for _ in range(n)]
+        rows = [_sentence(rng) for _ in range(n * scale)]
         if task == "ner":
             splits[split] = {"tokens": [w for w, _ in rows], "ner_tags": [t for _, t in rows]}
         elif task == "text":
