@@ -22,7 +22,8 @@ fitkit's step at most the Trainer's (1.00) and at most 1.05x the hand loop's.
 
 Evaluation with generation (seq2seq): the whole `evaluate` call over the evaluation set, greedy
 `generate` to `generation_max_length` and the loss per batch, generated ids padded across
-batches, a corpus token accuracy; the hand loop does the same with `inference_mode`.
+batches, a corpus token accuracy; the hand loop does the same under `inference_mode` (what a
+user writes) and under `no_grad` (what fitkit's `evaluate` and the Trainer run in).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from benchmarks.common import quartiles, quiet, single_thread
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TASKS = ("token_classification", "causal_lm", "seq2seq")
 CONTENDERS = ("fitkit", "hf_trainer", "hand_loop")
-EVAL_CONTENDERS = ("fitkit", "seq2seq_trainer", "hand_generate")
+EVAL_CONTENDERS = ("fitkit", "seq2seq_trainer", "hand_generate", "hand_generate_no_grad")
 TARGETS = {"fitkit/hf_trainer": 1.00, "fitkit/hand_loop": 1.05}
 #: The clock of the step times: wall time, or (`--clock cpu`) this process's CPU time.
 CLOCK: dict[str, Callable[[], float]] = {"now": time.perf_counter}
@@ -241,15 +242,16 @@ def token_accuracy(eval_pred: Any) -> dict[str, float]:
     return {"token_accuracy": float((ids[:, :width][keep] == labels[:, :width][keep]).sum() / max(keep.sum(), 1))}
 
 
-def hand_generate(net: Any, task: Task, size: Size) -> dict[str, float]:
-    """What a user writes: `inference_mode`, per batch the loss and `generate`, the ids padded
-    across batches with -100 (as the Trainer pads them), then the metric."""
+def hand_generate(net: Any, task: Task, size: Size, no_grad: bool = False) -> dict[str, float]:
+    """What a user writes: `inference_mode` (or, `no_grad`, what fitkit and the Trainer run
+    evaluation in), per batch the loss and `generate`, the ids padded across batches with -100
+    (as the Trainer pads them), then the metric."""
     import numpy as np
 
     net.eval()
     loader = torch.utils.data.DataLoader(task.evaluation, batch_size=size.batch, collate_fn=task.collator)
     losses, ids, labels = [], [], []
-    with torch.inference_mode():
+    with torch.no_grad() if no_grad else torch.inference_mode():
         for batch in loader:
             losses.append(net(**batch).loss * len(batch["input_ids"]))
             ids.append(net.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
@@ -283,6 +285,7 @@ def measure_generation(task: Task, size: Size, reps: int, log: Callable[[str], N
                                              data_collator=task.collator, compute_metrics=token_accuracy, **options),
             "seq2seq_trainer": lambda: trainer.evaluate(task.evaluation),
             "hand_generate": lambda: hand_generate(net, task, size),
+            "hand_generate_no_grad": lambda: hand_generate(net, task, size, no_grad=True),
         }
         values = {name: call() for name, call in calls.items()}  # warm-up, and the values agree
         ours, hand = values["fitkit"], values["hand_generate"]
@@ -290,7 +293,7 @@ def measure_generation(task: Task, size: Size, reps: int, log: Callable[[str], N
             raise RuntimeError(f"fitkit's evaluation {ours} differs from the hand loop's {hand}")
         times: dict[str, list[float]] = {k: [] for k in EVAL_CONTENDERS}
         for rep in range(reps):
-            for name in EVAL_CONTENDERS[rep % 3:] + EVAL_CONTENDERS[:rep % 3]:
+            for name in EVAL_CONTENDERS[rep % 4:] + EVAL_CONTENDERS[:rep % 4]:
                 start = CLOCK["now"]()
                 calls[name]()
                 times[name].append(CLOCK["now"]() - start)
@@ -298,7 +301,7 @@ def measure_generation(task: Task, size: Size, reps: int, log: Callable[[str], N
                                                                  for n in EVAL_CONTENDERS))
     return {"call_ms": {n: statistics.median(v) * 1e3 for n, v in times.items()},
             "ratios": {f"fitkit/{o}": _spread([a / b for a, b in zip(times["fitkit"], times[o])])
-                       for o in ("seq2seq_trainer", "hand_generate")}}
+                       for o in EVAL_CONTENDERS[1:]}}
 
 
 def measure(tasks: tuple[str, ...] = TASKS, reps: int = 5, size: str = "bench", generation: bool = True,
@@ -332,13 +335,14 @@ def table(result: dict) -> str:
     if "generation" in result:
         g = result["generation"]
         lines += ["", "| evaluation with generation (seq2seq) | fitkit (ms) | Seq2SeqTrainer (ms) | hand loop (ms) | "
-                      "fitkit / Seq2SeqTrainer [IQR] | fitkit / hand loop [IQR] |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: |"]
+                      "hand loop, no_grad (ms) | fitkit / Seq2SeqTrainer [IQR] | fitkit / hand loop [IQR] | "
+                      "fitkit / hand loop, no_grad [IQR] |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         ms = g["call_ms"]
-        cells = [f"{m:.2f} [{lo:.2f}-{hi:.2f}]" for m, lo, hi in (g["ratios"]["fitkit/seq2seq_trainer"],
-                                                                 g["ratios"]["fitkit/hand_generate"])]
-        lines.append(f"| whole `evaluate` call | {ms['fitkit']:.1f} | {ms['seq2seq_trainer']:.1f} | "
-                     f"{ms['hand_generate']:.1f} | {cells[0]} | {cells[1]} |")
+        cells = [f"{m:.2f} [{lo:.2f}-{hi:.2f}]" for m, lo, hi in (g["ratios"][f"fitkit/{o}"]
+                                                                 for o in EVAL_CONTENDERS[1:])]
+        lines.append("| whole `evaluate` call | " + " | ".join(f"{ms[n]:.1f}" for n in EVAL_CONTENDERS)
+                     + " | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
