@@ -141,3 +141,22 @@ def test_the_search_and_inference_comparisons_run_smallest(capsys):
     inferred = inference.main(["--samples", "3000", "--loader-samples", "2000", "--reps", "1"])
     assert set(inferred) >= {"evaluate, tensors", "predict, tensors", "evaluate, DataLoader", "predict, DataLoader"}
     assert "fitkit / hand" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_the_hf_task_shapes_run_smallest(capsys):
+    """The seq2seq shape's three trainers run the same number of steps (checked in the warm-up),
+    and fitkit's evaluation with generation gives the hand `generate` loop's values (checked
+    before timing); the other shapes build their data, collator and model."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("datasets")
+    from benchmarks import hf_tasks
+
+    assert hf_tasks.main(["--size", "smoke", "--reps", "1", "--tasks", "seq2seq"]) == 0
+    out = capsys.readouterr().out
+    assert "| seq2seq |" in out and "| whole `evaluate` call |" in out
+    size = hf_tasks.SIZES["smoke"]
+    for name in ("token_classification", "causal_lm"):
+        task = hf_tasks.build(name, size)
+        batch = task.collator([task.train[i] for i in range(size.batch)])
+        assert task.make_net()(**batch).loss.item() > 0

@@ -102,7 +102,7 @@ class EpochLoss:
     def __init__(self, fabric: Any, per_step: bool = False):
         self.fabric = fabric
         self.per_step = per_step
-        self.carried: tuple[float, int] = (0.0, 0)  # per_step: the previous epochs' sums not logged yet
+        self.carried: tuple[float, float] = (0.0, 0)  # per_step: the previous epochs' sums not logged yet
         self.running = RunningLoss(fabric.device)
         self.logged_loss, self.logged_count = 0.0, 0.0
         self.run_loss, self.run_count = 0.0, 0.0
@@ -152,7 +152,7 @@ class EpochLoss:
         self.carried = (0.0, 0)
         return mean
 
-    def unlogged(self) -> tuple[float, int]:
+    def unlogged(self) -> tuple[float, float]:
         """`per_step`: the sums of the closed epochs' steps after their last log, which the next
         log covers (what a checkpoint keeps as `carried_loss`, `carried_count`)."""
         if not self.per_step:

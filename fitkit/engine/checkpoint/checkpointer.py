@@ -100,7 +100,7 @@ class LoopSnapshot:
     logged_loss: float = 0.0
     logged_count: int = 0
     carried_loss: float = 0.0  # HF's Trainer log: the earlier epochs' losses the next log still covers
-    carried_count: int = 0
+    carried_count: float = 0
     metrics: dict | None = None
     by_rank: list | None = None
     epoch_rng: dict | None = None

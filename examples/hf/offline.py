@@ -1,0 +1,107 @@
+"""What the ported Hugging Face example scripts would download, made in-process so that they run
+offline: the raw datasets (`load_dataset`), a word-level tokenizer (`AutoTokenizer`) and the
+corpus metrics (`evaluate.load("seqeval")`, `evaluate.load("sacrebleu")`).
+
+    from offline import load_dataset, make_tokenizer, corpus_bleu
+    raw = load_dataset("ner")                       # DatasetDict: train / validation / test
+    tokenizer = make_tokenizer(raw)                 # a PreTrainedTokenizerFast trained on its words
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import random
+
+import datasets
+from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+from transformers import PreTrainedTokenizerFast
+
+NAMES = ["anna", "bob", "clara", "dev", "emil", "fatou", "gus", "hana"]
+PLACES = ["paris", "lagos", "oslo", "lima", "quito", "hanoi"]
+WORDS = ["the", "went", "to", "saw", "met", "in", "and", "a", "friend", "walked", "from", "home", "today", "later"]
+NER_TAGS = ["O", "B-PER", "B-LOC"]
+#: The toy translation: every source word has one target word (a fixed shuffle of the vocabulary).
+TARGET = {w: "x" + w[::-1] for w in WORDS + NAMES + PLACES}
+SPLITS = {"train": (96, 1), "validation": (24, 2), "test": (16, 3)}
+
+
+def _sentence(rng: random.Random) -> tuple[list[str], list[int]]:
+    words, tags = [], []
+    for _ in range(rng.randint(3, 9)):
+        kind = rng.random()
+        word, tag = ((rng.choice(NAMES), 1) if kind < 0.2 else (rng.choice(PLACES), 2) if kind < 0.35
+                     else (rng.choice(WORDS), 0))
+        words.append(word)
+        tags.append(tag)
+    return words, tags
+
+
+def load_dataset(task: str, scale: int = 1) -> datasets.DatasetDict:
+    """The raw splits of `task`: "ner" (`tokens`, `ner_tags`), "text" (`text`) or "translation"
+    (`translation`: {"src": ..., "tgt": ...}), as the Hub's datasets lay them out; `scale` times
+    the usual number of rows (benchmarks)."""
+    splits = {}
+    for split, (n, seed) in SPLITS.items():
+        rng = random.Random(seed)
+        rows = [_sentence(rng) for _ in range(n * scale)]
+        if task == "ner":
+            splits[split] = {"tokens": [w for w, _ in rows], "ner_tags": [t for _, t in rows]}
+        elif task == "text":
+            splits[split] = {"text": [" ".join(w) for w, _ in rows]}
+        elif task == "translation":
+            splits[split] = {"translation": [{"src": " ".join(w), "tgt": " ".join(TARGET[x] for x in w)}
+                                             for w, _ in rows]}
+        else:
+            raise ValueError(f"task={task!r}: use 'ner', 'text' or 'translation'")
+    return datasets.DatasetDict({k: datasets.Dataset.from_dict(v) for k, v in splits.items()})
+
+
+def make_tokenizer(template: str = "bert") -> PreTrainedTokenizerFast:
+    """A word-level tokenizer over every word of the toy data. `template`: "bert" wraps a text as
+    `[CLS] ... [SEP]`, "t5" ends it with `</s>`, "gpt2" adds nothing."""
+    vocab = sorted(set(WORDS + NAMES + PLACES + list(TARGET.values())))
+    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    specials = ["[PAD]", "</s>", "[UNK]", "[CLS]", "[SEP]"]
+    tok.train_from_iterator([" ".join(vocab)], trainers.WordLevelTrainer(special_tokens=specials))
+    ids = {s: tok.token_to_id(s) for s in specials}
+    if template == "bert":
+        tok.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]", special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])])
+    elif template == "t5":
+        tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", ids["</s>"])])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", eos_token="</s>",
+                                   cls_token="[CLS]", sep_token="[SEP]")
+
+
+def corpus_bleu(predictions: list[str], references: list[str], order: int = 4) -> float:
+    """Corpus BLEU in percent (sacrebleu's `score` without its smoothing and tokenizer): the
+    n-gram precisions of the whole corpus, their geometric mean and the brevity penalty."""
+    matches, totals = [0] * order, [0] * order
+    pred_len = ref_len = 0
+    for pred, ref in zip(predictions, references):
+        p, r = pred.split(), ref.split()
+        pred_len, ref_len = pred_len + len(p), ref_len + len(r)
+        for n in range(1, order + 1):
+            p_grams = collections.Counter(tuple(p[i:i + n]) for i in range(len(p) - n + 1))
+            r_grams = collections.Counter(tuple(r[i:i + n]) for i in range(len(r) - n + 1))
+            matches[n - 1] += sum((p_grams & r_grams).values())
+            totals[n - 1] += max(len(p) - n + 1, 0)
+    if pred_len == 0 or min(matches) == 0:
+        return 0.0
+    log_precision = sum(math.log(m / t) for m, t in zip(matches, totals)) / order
+    brevity = 1.0 if pred_len > ref_len else math.exp(1 - ref_len / pred_len)
+    return 100 * brevity * math.exp(log_precision)
+
+
+def entity_scores(predictions: list[list[str]], references: list[list[str]]) -> dict[str, float]:
+    """seqeval's overall scores for single-token entities: precision, recall and F1 of the
+    non-"O" tags, and the accuracy of every tag."""
+    pairs = [(p, r) for ps, rs in zip(predictions, references) for p, r in zip(ps, rs)]
+    hit = sum(p == r != "O" for p, r in pairs)
+    predicted, actual = sum(p != "O" for p, _ in pairs), sum(r != "O" for _, r in pairs)
+    precision, recall = hit / max(predicted, 1), hit / max(actual, 1)
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return {"overall_precision": precision, "overall_recall": recall, "overall_f1": f1,
+            "overall_accuracy": sum(p == r for p, r in pairs) / max(len(pairs), 1)}
