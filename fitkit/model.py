@@ -37,7 +37,7 @@ from fitkit.facade.defaults import defaults_for
 from fitkit.facade.hf_methods import HFMethods
 from fitkit.facade.hf_results import HFResults
 from fitkit.facade.keras_api import KerasMethods, as_list
-from fitkit.facade.model_init import call_model_init, run_in_child
+from fitkit.facade.model_init import call_model_init, deferred_module, run_in_child
 from fitkit.facade.saving import Saving
 from fitkit.facade.steps import Steps
 from fitkit.facade.summary import summarize
@@ -78,6 +78,12 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods, HFResults):
         if self._module is None:
             self._module = call_model_init(self.model_init)
         return self._module
+
+    def _module_for(self, args: TrainingArguments) -> torch.nn.Module:
+        """`module`; strategy="fsdp" builds it on the meta device after the launch (`deferred_module`)."""
+        if self._module is None and self._runtime.tools is None:
+            self._module = deferred_module(self.model_init, self._runtime, args)
+        return self.module
 
     @property
     def fabric(self) -> Any:
@@ -169,7 +175,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods, HFResults):
         history, given = History(), [*self.callback_handler.callbacks, *callbacks]
         self.history = history  # as Keras: the run's History, also while it runs
         handler = self._handler(callbacks, history, *defaults_for(run_args, given))
-        trainer = Trainer(self._runtime, self.module, self.config, run_args, handler, StepOverrides.of(self, Model))
+        trainer = Trainer(self._runtime, self._module_for(run_args), self.config, run_args, handler, StepOverrides.of(self, Model))
         try:
             trainer.fit(x, y, sample_weight=sample_weight, validation_data=validation_data,
                         validation_split=validation_split, class_weight=class_weight, trial=self._trial,
@@ -211,7 +217,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods, HFResults):
                   sample_weight: Any, steps: int | None, callbacks: Sequence[Any] | None,
                   keep: bool = False) -> tuple[dict[str, float], tuple[Any, Any] | None]:
         """One evaluation in this process: its values and, with `keep`, (predictions, label_ids)."""
-        trainer = Trainer(self._runtime, self.module, self.config, args, self._handler(callbacks, *evaluation_line_for(verbose)),
+        trainer = Trainer(self._runtime, self._module_for(args), self.config, args, self._handler(callbacks, *evaluation_line_for(verbose)),
                           StepOverrides.of(self, Model))
         metrics = trainer.evaluate(x, y, sample_weight=sample_weight, batch_size=args.eval_batch_size_or(32) if batch_size is None else batch_size,
                                    state=self.state, control=self.control, steps=steps, keep=keep)
@@ -228,7 +234,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods, HFResults):
         if self._runtime.must_spawn(args):
             return self._spawned("predict", args, dict(x=x, batch_size=batch_size, verbose=verbose, steps=steps,
                                                         callbacks=callbacks, **data_options))
-        trainer = Trainer(self._runtime, self.module, self.config, args, self._handler(callbacks, *evaluation_line_for(verbose)),
+        trainer = Trainer(self._runtime, self._module_for(args), self.config, args, self._handler(callbacks, *evaluation_line_for(verbose)),
                           StepOverrides.of(self, Model))
         out = trainer.predict(x, batch_size=args.eval_batch_size_or(32) if batch_size is None else batch_size, state=self.state,
                               control=self.control, steps=steps)
@@ -283,9 +289,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods, HFResults):
 
     # -- summary (save and load: `fitkit.facade.saving.Saving`) ---------------------------------------------
     def summary(self, example_input: Any = None) -> str:
-        """A table of layers, output shapes (when an example input is known) and parameter counts.
-
-        Returns the text (it also shows when echoed in a REPL or notebook)."""
+        """A table of layers, output shapes (given an example input) and parameter counts, as text."""
         notes = (optimizer_note(self.config.optimizer, self._runtime.optimizer),
                  *jit_note(self.config.args.jit_compile)) if self.config else ()
         return summarize(self.module, example_input if example_input is not None else self._runtime.example, notes)
