@@ -3,6 +3,7 @@ two hand-written loops (the raw DataLoader loop and the slicing floor) only, a f
 steps; the per-call table and the prefetch scenario at their smallest. No peer framework is
 needed (they are the `bench` extra, never test dependencies)."""
 
+import argparse
 import os
 import sys
 
@@ -141,3 +142,22 @@ def test_the_search_and_inference_comparisons_run_smallest(capsys):
     inferred = inference.main(["--samples", "3000", "--loader-samples", "2000", "--reps", "1"])
     assert set(inferred) >= {"evaluate, tensors", "predict, tensors", "evaluate, DataLoader", "predict, DataLoader"}
     assert "fitkit / hand" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_the_fsdp_memory_benchmark_runs_smallest():
+    """Two processes with the tiny model (its own baseline): the peaks are read in each process,
+    and the shards after the step are compared with an unsharded step."""
+    from helpers import reserved_port
+
+    from benchmarks import fsdp_memory
+
+    opts = argparse.Namespace(
+        procs=[2], optimizers=["sgd"], width=fsdp_memory.TINY[0], layers=fsdp_memory.TINY[1], timeout=240,
+        verbose=False)
+    with reserved_port() as port:
+        (row,) = fsdp_memory.measure(opts, env=dict(os.environ, MASTER_PORT=str(port)))
+    assert row["procs"] == 2 and row["optimizer"] == "sgd"
+    assert 100 < row["tiny_peak_mib"] == row["peak_mib"] and row["setup_mib"] <= row["peak_mib"]
+    assert row["max_abs_difference"] < 1e-6
+    assert "| 2 | sgd |" in fsdp_memory.table([row])

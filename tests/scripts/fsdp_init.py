@@ -1,10 +1,10 @@
 """An FSDP run whose module comes from `model_init`, for tests/test_fsdp_large.py: each process
 writes RESULTS/rank-N.json with how the module was built and its weights.
 
-usage: fsdp_init.py --results DIR [--output DIR] [--max-steps K] [--resume CHECKPOINT] [--eager]
+usage: fsdp_init.py --results DIR --output DIR
 
-`--eager` gives a module with a parameter no `reset_parameters` sets (the whole module is built
-in every process, as before deferred init), to show the checks below can fail.
+Two steps, each writing a sharded checkpoint; then, on the same processes, a fresh model from
+`model_init` resumed from the first checkpoint, which must end equal to the first run.
 """
 
 import argparse
@@ -30,22 +30,10 @@ class Watched(torch.nn.Linear):
         Watched.most = max(Watched.most, len(Watched.alive))
 
 
-class Scaled(torch.nn.Module):
-    """A layer with a parameter set in `__init__`, not by a reset_parameters (`--eager`)."""
-
-    def __init__(self):
-        super().__init__()
-        self.scale = torch.nn.Parameter(torch.ones(2))
-
-    def forward(self, x):
-        return x * self.scale
-
-
-def net(eager=False, seed=0):
+def net(seed=0):
     torch.manual_seed(seed)
-    layers = [Watched(8, 16), torch.nn.LayerNorm(16), torch.nn.ReLU(), Watched(16, 16), torch.nn.ReLU(),
-              Watched(16, 2)]
-    return torch.nn.Sequential(*layers, *([Scaled()] if eager else []))
+    return torch.nn.Sequential(Watched(8, 16), torch.nn.LayerNorm(16), torch.nn.ReLU(), Watched(16, 16),
+                               torch.nn.ReLU(), Watched(16, 2))
 
 
 def data():
@@ -99,31 +87,38 @@ class CountGathers:
         elastic.load_state = load_state
 
 
-def main(opts):
-    built_on = []
+def fit(built_on, runtime=None, **options):
+    """A fresh model from `model_init` on the same processes as `runtime` (None: launch them)."""
 
     def model_init():
-        module = net(opts.eager)
+        module = net()
         built_on.append(next(module.parameters()).device.type)
         return module
 
-    gathers = CountGathers()
-    gathers.install()
-    initial = Initial()
     model = Model(model_init=model_init).compile("sgd", "cross_entropy", learning_rate=0.1, strategy="fsdp",
                                                  devices=2, accelerator="cpu")
-    options = {}
-    if opts.output:
-        options.update(output_dir=opts.output, save_strategy="steps", save_steps=1)
-    if opts.resume:
-        options["resume_from_checkpoint"] = opts.resume
-    model.fit(*data(), batch_size=8, shuffle=False, max_steps=opts.max_steps, verbose=0, seed=1, callbacks=[initial], **options)
-    fabric = model.fabric
-    result = {"rank": fabric.global_rank, "built_on": built_on, "most_alive": Watched.most,
-              "initial": getattr(initial, "weights", None),
-              "first_step": getattr(initial, "first_step", None), "weights": full_state(model.module),
+    if runtime is not None:
+        model.runtime.fabric, model.runtime.key = runtime.fabric, runtime.key
+    watch = Initial()
+    model.fit(*data(), batch_size=8, shuffle=False, verbose=0, seed=1, callbacks=[watch], **options)
+    return model, watch
+
+
+def main(opts):
+    """Two steps writing a sharded checkpoint each; then a fresh model resumed from the first."""
+    gathers = CountGathers()
+    gathers.install()
+    built_on, resumed_on = [], []
+    options = {"max_steps": 2, "save_strategy": "steps", "save_steps": 1, "output_dir": opts.output}
+    model, watch = fit(built_on, **options)
+    Watched.most, most = 0, Watched.most
+    resumed, _ = fit(resumed_on, model.runtime, resume_from_checkpoint=os.path.join(opts.output, "checkpoint-1"),
+                     **options)
+    result = {"rank": model.fabric.global_rank, "built_on": built_on, "most_alive": most,
+              "initial": watch.weights, "first_step": watch.first_step, "weights": full_state(model.module),
               "local": {n: list(p.to_local().shape) for n, p in model.module.named_parameters()},
-              "step": model.state.global_step, "load_gathers": gathers.count}
+              "resumed_on": resumed_on, "resumed_step": resumed.state.global_step, "load_gathers": gathers.count,
+              "resumed_weights": full_state(resumed.module)}
     with open(os.path.join(opts.results, f"rank-{result['rank']}.json"), "w") as f:
         json.dump(result, f)
 
@@ -131,10 +126,7 @@ def main(opts):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--results", required=True)
-    parser.add_argument("--output", default=None)
-    parser.add_argument("--max-steps", type=int, default=1)
-    parser.add_argument("--resume", default=None)
-    parser.add_argument("--eager", action="store_true")
+    parser.add_argument("--output", required=True)
     opts = parser.parse_args()
     torch.set_num_threads(1)
     main(opts)
