@@ -80,7 +80,7 @@ def worker(opts: argparse.Namespace) -> None:
         opts.optimizer, "mse", learning_rate=0.01, strategy="fsdp", devices=opts.procs, accelerator="cpu")
     x, y = batch(opts.width)
     model.fit(x, y, batch_size=GLOBAL_BATCH // opts.procs, shuffle=False, max_steps=1, verbose=0,
-              callbacks=[AtSetup()])
+              callbacks=[AtSetup()], tune_cpu_allocator=bool(opts.tune_cpu_allocator))
     peak = _maxrss_mib()
     rank = model.fabric.global_rank
     if opts.shards:
@@ -115,7 +115,7 @@ def _run(opts: argparse.Namespace, procs: int, optimizer: str, width: int, layer
          env: dict[str, str] | None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as results:
         common = ["--procs", str(procs), "--optimizer", optimizer, "--width", str(width), "--layers", str(layers),
-                  "--results", results]
+                  "--results", results, "--tune-cpu-allocator", str(opts.tune_cpu_allocator)]
         env = dict(env or os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
         proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", *common,
                                *(["--shards"] if shards else [])], capture_output=True, text=True, env=env,
@@ -176,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--width", type=int, default=4096)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--timeout", type=int, default=1800)
+    parser.add_argument("--tune-cpu-allocator", type=int, default=1,
+                        help="fit's tune_cpu_allocator (1: the default; 0: glibc returns freed blocks)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--verbose", action="store_true", help="print each row as JSON when it is measured")
     parser.add_argument("--worker", action="store_true")

@@ -145,6 +145,7 @@ def test_the_search_and_inference_comparisons_run_smallest(capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # a launch of two processes and a reference process, on a busy machine
 def test_the_fsdp_memory_benchmark_runs_smallest():
     """Two processes with the tiny model (its own baseline): the peaks are read in each process,
     and the shards after the step are compared with an unsharded step."""
@@ -153,8 +154,8 @@ def test_the_fsdp_memory_benchmark_runs_smallest():
     from benchmarks import fsdp_memory
 
     opts = argparse.Namespace(
-        procs=[2], optimizers=["sgd"], width=fsdp_memory.TINY[0], layers=fsdp_memory.TINY[1], timeout=240,
-        verbose=False)
+        procs=[2], optimizers=["sgd"], width=fsdp_memory.TINY[0], layers=fsdp_memory.TINY[1], timeout=600,
+        verbose=False, tune_cpu_allocator=1)
     with reserved_port() as port:
         (row,) = fsdp_memory.measure(opts, env=dict(os.environ, MASTER_PORT=str(port)))
     assert row["procs"] == 2 and row["optimizer"] == "sgd"
