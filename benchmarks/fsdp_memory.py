@@ -76,7 +76,8 @@ def worker(opts: argparse.Namespace) -> None:
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             setup.append(_maxrss_mib())
 
-    model = Model(model_init=lambda: mlp(opts.width, opts.layers)).compile(
+    built = {"module": mlp(opts.width, opts.layers)} if opts.eager else {"model_init": lambda: mlp(opts.width, opts.layers)}
+    model = Model(**built).compile(
         opts.optimizer, "mse", learning_rate=0.01, strategy="fsdp", devices=opts.procs, accelerator="cpu")
     x, y = batch(opts.width)
     model.fit(x, y, batch_size=GLOBAL_BATCH // opts.procs, shuffle=False, max_steps=1, verbose=0,
@@ -115,7 +116,8 @@ def _run(opts: argparse.Namespace, procs: int, optimizer: str, width: int, layer
          env: dict[str, str] | None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as results:
         common = ["--procs", str(procs), "--optimizer", optimizer, "--width", str(width), "--layers", str(layers),
-                  "--results", results, "--tune-cpu-allocator", str(opts.tune_cpu_allocator)]
+                  "--results", results, "--tune-cpu-allocator", str(opts.tune_cpu_allocator),
+                  *(["--eager"] if getattr(opts, "eager", False) else [])]
         env = dict(env or os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
         proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", *common,
                                *(["--shards"] if shards else [])], capture_output=True, text=True, env=env,
@@ -178,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=1800)
     parser.add_argument("--tune-cpu-allocator", type=int, default=1,
                         help="fit's tune_cpu_allocator (1: the default; 0: glibc returns freed blocks)")
+    parser.add_argument("--eager", action="store_true",
+                        help="Model(module): the module built whole in every process (fitkit before deferred init)")
     parser.add_argument("--json", default=None)
     parser.add_argument("--verbose", action="store_true", help="print each row as JSON when it is measured")
     parser.add_argument("--worker", action="store_true")
