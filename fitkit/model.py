@@ -37,7 +37,7 @@ from fitkit.facade.defaults import defaults_for
 from fitkit.facade.hf_methods import HFMethods
 from fitkit.facade.hf_results import HFResults
 from fitkit.facade.keras_api import KerasMethods, as_list
-from fitkit.facade.model_init import built_under_seed, call_model_init, run_in_child
+from fitkit.facade.model_init import call_model_init, deferred_module, module_for_fit, run_in_child
 from fitkit.facade.saving import Saving
 from fitkit.facade.steps import Steps
 from fitkit.facade.summary import summarize
@@ -79,6 +79,12 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods, HFResults):
             self._module = call_model_init(self.model_init)
         return self._module
 
+    def _module_for(self, args: TrainingArguments) -> torch.nn.Module:
+        """`module`; strategy="fsdp" builds it on the meta device after the launch (`deferred_module`)."""
+        if self._module is None and self._runtime.tools is None:
+            self._module = deferred_module(self.model_init, self._runtime, args)
+        return self.module
+
     @property
     def fabric(self) -> Any:
         """The Lightning Fabric the model runs on (None before the first call)."""
@@ -104,16 +110,11 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods, HFResults):
                 **options: Any) -> Model:
         """Configure training; returns `self` so calls chain.
 
-        `optimizer`: "adam", "adamw", "sgd", "rmsprop", "adagrad", "adadelta", "adamax", "nadam",
-        "lion" (Keras 3's algorithms and defaults), an Optimizer subclass or
-        instance, or a callable params -> optimizer. `loss`: a name ("cross_entropy", "mse",
-        ...), an nn.Module, a callable (outputs, targets) -> tensor, or None when the module
-        returns its loss. `metrics`: names, torchmetrics objects or callables. Options:
-        `learning_rate`, `weight_decay`, `lr_scheduler`, `warmup_steps`, `warmup_ratio`,
-        `max_grad_norm`, `gradient_accumulation_steps`, `accelerator`, `devices`, `strategy`,
-        `precision`, `num_nodes`, `jit_compile` (Keras' name: True, a torch.compile mode or a dict
-        of its keywords compiles the module; "auto", the default, does not), and any other
-        `TrainingArguments` field as a default for fit.
+        `optimizer`: a name ("adam", "adamw", "sgd", "rmsprop", "lion", ...: Keras 3's algorithms and
+        defaults), an Optimizer class or instance, or a callable params -> optimizer. `loss`: a name,
+        an nn.Module, a callable (outputs, targets) -> tensor, or None when the module returns its
+        loss. `metrics`: names, torchmetrics objects or callables. Options are `TrainingArguments`
+        fields kept as fit's defaults (`learning_rate`, `strategy`, `precision`, `jit_compile`, ...).
         """
         self.config = CompileConfig.build(optimizer, loss, metrics, **options)
         self._runtime.forget_optimizer()  # Keras: compiling again starts a fresh optimizer
@@ -126,8 +127,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods, HFResults):
         return self._compiled("fit").arguments(args, **options)
 
     def launch(self, args: TrainingArguments | None = None) -> Any:
-        """Start the devices and processes for `args` (default: the compile options) once;
-        returns the Fabric. `fit` does this itself; a search calls it first to know the ranks."""
+        """Start the devices and processes for `args` (default: compile's) once; returns the Fabric."""
         return self._runtime.launch(args if args is not None else self._compiled("fit").args)
 
     def _compiled(self, what: str) -> CompileConfig:
@@ -168,13 +168,13 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods, HFResults):
                 class_weight=class_weight, sample_weight=sample_weight, initial_epoch=initial_epoch, args=args,
                 **options))
         start_rng = None
-        if self._module is None and self.model_init is not None and run_args.data_order == "trainer":
-            self._module, start_rng = built_under_seed(self.model_init, run_args.seed)  # as HF's Trainer builds it
+        if self._module is None and self._runtime.tools is None:
+            self._module, start_rng = module_for_fit(self.model_init, self._runtime, run_args)
         self._fit_validation_data = validation_data  # HF's trainer.evaluate() without data evaluates it
         history, given = History(), [*self.callback_handler.callbacks, *callbacks]
         self.history = history  # as Keras: the run's History, also while it runs
         handler = self._handler(callbacks, history, *defaults_for(run_args, given))
-        trainer = Trainer(self._runtime, self.module, self.config, run_args, handler, StepOverrides.of(self, Model))
+        trainer = Trainer(self._runtime, self._module_for(run_args), self.config, run_args, handler, StepOverrides.of(self, Model))
         try:
             trainer.fit(x, y, sample_weight=sample_weight, validation_data=validation_data,
                         validation_split=validation_split, class_weight=class_weight, trial=self._trial,
@@ -218,7 +218,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods, HFResults):
                   sample_weight: Any, steps: int | None, callbacks: Sequence[Any] | None,
                   keep: bool = False) -> tuple[dict[str, float], tuple[Any, Any] | None]:
         """One evaluation in this process: its values and, with `keep`, (predictions, label_ids)."""
-        trainer = Trainer(self._runtime, self.module, self.config, args, self._handler(callbacks, *evaluation_line_for(verbose)),
+        trainer = Trainer(self._runtime, self._module_for(args), self.config, args, self._handler(callbacks, *evaluation_line_for(verbose)),
                           StepOverrides.of(self, Model))
         metrics = trainer.evaluate(x, y, sample_weight=sample_weight, batch_size=args.eval_batch_size_or(32) if batch_size is None else batch_size,
                                    state=self.state, control=self.control, steps=steps, keep=keep)
@@ -235,7 +235,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods, HFResults):
         if self._runtime.must_spawn(args):
             return self._spawned("predict", args, dict(x=x, batch_size=batch_size, verbose=verbose, steps=steps,
                                                         callbacks=callbacks, **data_options))
-        trainer = Trainer(self._runtime, self.module, self.config, args, self._handler(callbacks, *evaluation_line_for(verbose)),
+        trainer = Trainer(self._runtime, self._module_for(args), self.config, args, self._handler(callbacks, *evaluation_line_for(verbose)),
                           StepOverrides.of(self, Model))
         out = trainer.predict(x, batch_size=args.eval_batch_size_or(32) if batch_size is None else batch_size, state=self.state,
                               control=self.control, steps=steps)
@@ -290,9 +290,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods, HFResults):
 
     # -- summary (save and load: `fitkit.facade.saving.Saving`) ---------------------------------------------
     def summary(self, example_input: Any = None) -> str:
-        """A table of layers, output shapes (when an example input is known) and parameter counts.
-
-        Returns the text (it also shows when echoed in a REPL or notebook)."""
+        """A table of layers, output shapes (given an example input) and parameter counts, as text."""
         notes = (optimizer_note(self.config.optimizer, self._runtime.optimizer),
                  *jit_note(self.config.args.jit_compile)) if self.config else ()
         return summarize(self.module, example_input if example_input is not None else self._runtime.example, notes)

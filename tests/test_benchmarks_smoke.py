@@ -3,6 +3,7 @@ two hand-written loops (the raw DataLoader loop and the slicing floor) only, a f
 steps; the per-call table and the prefetch scenario at their smallest. No peer framework is
 needed (they are the `bench` extra, never test dependencies)."""
 
+import argparse
 import os
 import sys
 
@@ -160,3 +161,23 @@ def test_the_hf_task_shapes_run_smallest(capsys):
         task = hf_tasks.build(name, size)
         batch = task.collator([task.train[i] for i in range(size.batch)])
         assert task.make_net()(**batch).loss.item() > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # a launch of two processes and a reference process, on a busy machine
+def test_the_fsdp_memory_benchmark_runs_smallest():
+    """Two processes with the tiny model (its own baseline): the peaks are read in each process,
+    and the shards after the step are compared with an unsharded step."""
+    from helpers import reserved_port
+
+    from benchmarks import fsdp_memory
+
+    opts = argparse.Namespace(
+        procs=[2], optimizers=["sgd"], width=fsdp_memory.TINY[0], layers=fsdp_memory.TINY[1], timeout=600,
+        verbose=False, tune_cpu_allocator=1)
+    with reserved_port() as port:
+        (row,) = fsdp_memory.measure(opts, env=dict(os.environ, MASTER_PORT=str(port)))
+    assert row["procs"] == 2 and row["optimizer"] == "sgd"
+    assert 100 < row["tiny_peak_mib"] == row["peak_mib"] and row["setup_mib"] <= row["peak_mib"]
+    assert row["max_abs_difference"] < 1e-6
+    assert "| 2 | sgd |" in fsdp_memory.table([row])

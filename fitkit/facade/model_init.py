@@ -3,6 +3,8 @@ for a `Model` call (module level, so it pickles)::
 
     module = call_model_init(model_init, trial)   # model_init() or model_init(trial), checked
     module, start_rng = built_under_seed(model_init, 42)   # seeded first, as HF's Trainer builds it
+    module, start_rng = module_for_fit(model_init, model.runtime, args)  # whichever of those fit needs
+    module = call_model_init(model_init, fabric=model.launch(args))  # FSDP: on meta, sharded later
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 import torch
 
 from fitkit.engine.data.rng import rng_state, seed_everything
+from fitkit.engine.devices.deferred_init import build_on_meta
 from fitkit.engine.runtime import pack_result
 
 
@@ -28,14 +31,22 @@ def run_in_child(fabric: Any, key: tuple, model: Any, method: str, call: dict[st
     return result
 
 
-def call_model_init(model_init: Callable[..., Any] | None, trial: Any = None) -> torch.nn.Module:
+def call_model_init(model_init: Callable[..., Any] | None, trial: Any = None, fabric: Any = None) -> torch.nn.Module:
+    """`model_init()` (or `model_init(trial)`), checked. With `fabric` (an FSDP run's), built on
+    the meta device and left for the strategy to initialize shard by shard (no process holds the
+    whole module; `fitkit.engine.devices.deferred_init`), unless its values could not be replayed."""
     if model_init is None:  # a model given an nn.Module, after `release()` or in `for_trial`
         raise ValueError("the model has no `model_init` to build a module with: build it with Model(model_init=fn)")
     try:
         n_params = len(inspect.signature(model_init).parameters)
     except (TypeError, ValueError):
         n_params = 1
-    module = model_init() if n_params == 0 else model_init(trial)
+    def build() -> Any:
+        return model_init() if n_params == 0 else model_init(trial)
+
+    module = None if fabric is None else build_on_meta(build, fabric.init_module(empty_init=True))
+    if module is None:
+        module = build()
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"`model_init` must return a torch.nn.Module, got {type(module).__name__}")
     return module
@@ -51,3 +62,27 @@ def built_under_seed(model_init: Callable[..., Any], seed: int | None) -> tuple[
     seed_everything(seed)
     module = call_model_init(model_init)
     return module, rng_state()
+
+def deferred_module(model_init: Callable[..., Any] | None, runtime: Any, args: Any) -> torch.nn.Module | None:
+    """The module of a run with `args` (a `TrainingArguments`) under strategy="fsdp": the Fabric
+    launched first (`runtime.launch`), then `model_init` run on the meta device, each process
+    initializing only its shard at set-up. None for other strategies (or no `model_init`): the
+    module is built whole, as `Model.module` builds it."""
+    if model_init is None or args.strategy != "fsdp":
+        return None
+    return call_model_init(model_init, fabric=runtime.launch(args))
+
+
+def module_for_fit(model_init: Callable[..., Any] | None, runtime: Any,
+                   args: Any) -> tuple[torch.nn.Module | None, dict[str, Any] | None]:
+    """The module `fit` builds from `model_init` before its run, and the generators' state to train
+    on from (None: fit seeds as usual): under strategy="fsdp" on the meta device after the launch
+    (`deferred_module`); under HF's data order right after seeding (`built_under_seed`); otherwise
+    None (built whole when first asked for)."""
+    if model_init is None:
+        return None, None
+    if args.strategy == "fsdp":
+        return deferred_module(model_init, runtime, args), None
+    if args.data_order == "trainer":
+        return built_under_seed(model_init, args.seed)
+    return None, None

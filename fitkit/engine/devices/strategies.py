@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from fitkit.engine.devices.deferred_init import materialize_shards
+
 SPAWN_STRATEGIES = ("ddp_spawn", "ddp_notebook", "ddp_fork", "ddp_spawn_find_unused_parameters_true",
                     "ddp_fork_find_unused_parameters_true", "ddp_notebook_find_unused_parameters_true")
 
@@ -95,6 +97,7 @@ def fsdp2_strategy(precision: str | None, wrap: Any = None, full_checkpoint: boo
                 if should_wrap(sub):
                     fully_shard(sub, mesh=mesh, mp_policy=policy)
             fully_shard(module, mesh=mesh, mp_policy=policy)
+            materialize_shards(module, self.root_device)  # a module model_init built on meta
             return module
 
         def hybrid_mesh(self):
