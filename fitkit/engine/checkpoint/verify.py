@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
 from fitkit.common.options import error_line
+from fitkit.engine.checkpoint import hf_trainer
 from fitkit.engine.checkpoint.layout import (
     CHECKPOINT_NAME,
     FIX_DAMAGED,
@@ -29,7 +30,6 @@ from fitkit.engine.checkpoint.layout import (
     WEIGHTS,
     CheckpointError,
 )
-from fitkit.engine.checkpoint import hf_trainer
 from fitkit.engine.checkpoint.listing import confined, is_complete, list_checkpoints, read_manifest
 from fitkit.engine.checkpoint.writing import file_digest
 
