@@ -189,3 +189,34 @@ def test_the_trainers_position_rule():
     assert position(5, epoch_length=12, accumulation=2, ignore_data_skip=False) == (0, 10)  # micro-batches
     assert position(8, epoch_length=6, accumulation=1, ignore_data_skip=True) == (1, 0)
     assert position(8, epoch_length=None, accumulation=2, ignore_data_skip=False) == (0, 16)  # one long epoch
+
+
+class Averaged(torch.nn.Module):
+    """A model whose forward takes no **kwargs: the Trainer then averages the micro-batches of an
+    accumulation window, as fitkit does, so the two runs take the same steps."""
+
+    def __init__(self, seed):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.embed = torch.nn.EmbeddingBag(30, 8)
+        self.head = torch.nn.Linear(8, 2)
+
+    def forward(self, input_ids, labels=None):
+        logits = self.head(self.embed(input_ids))
+        return {"loss": torch.nn.functional.cross_entropy(logits, labels), "logits": logits}
+
+
+def test_under_gradient_accumulation_the_skipped_batches_are_micro_batches(tmp_path):
+    # 12 micro-batches of 2 an epoch, 6 steps; checkpoint-5 resumes after 10 micro-batches of epoch 0
+    args = dict(gradient_accumulation_steps=2, per_device_train_batch_size=2, save_steps=5, eval_strategy="no")
+    transformers.Trainer(model=Averaged(0), args=hf_args(tmp_path / "trainer", **args), train_dataset=TRAIN).train()
+    checkpoint = str(tmp_path / "trainer" / "checkpoint-5")
+    theirs = Averaged(1)
+    transformers.Trainer(model=theirs, args=hf_args(tmp_path / "again", **args),
+                         train_dataset=TRAIN).train(resume_from_checkpoint=checkpoint)
+    ours = Averaged(2)
+    model = Model(ours).compile()
+    model.fit(TRAIN, args=hf_args(tmp_path / "fitkit", **args), resume_from_checkpoint=checkpoint, verbose=0)
+    assert model.state.global_step == 18
+    for a, b in zip(theirs.parameters(), ours.parameters()):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=0)
