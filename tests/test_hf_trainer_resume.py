@@ -220,3 +220,21 @@ def test_under_gradient_accumulation_the_skipped_batches_are_micro_batches(tmp_p
     assert model.state.global_step == 18
     for a, b in zip(theirs.parameters(), ours.parameters()):
         torch.testing.assert_close(b, a, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("ignore, last_epoch", [(False, 2.0), (True, 1.5)])
+def test_ignore_data_skip_on_a_fitkit_checkpoint_starts_the_epoch_over(tmp_path, ignore, last_epoch):
+    x, y = torch.randn(32, 4), torch.randint(0, 2, (32,))
+
+    def model():
+        torch.manual_seed(0)
+        return Model(torch.nn.Linear(4, 2)).compile("sgd", "cross_entropy")
+
+    # 4 steps an epoch; the checkpoint of step 2 is in the middle of the first epoch
+    model().fit(x, y, epochs=2, batch_size=8, output_dir=str(tmp_path), save_strategy="steps", save_steps=2,
+                max_steps=2, verbose=0)
+    again = model()
+    again.fit(x, y, epochs=2, batch_size=8, output_dir=str(tmp_path), save_strategy="no", verbose=0,
+              resume_from_checkpoint=str(tmp_path / "checkpoint-2"), ignore_data_skip=ignore)
+    assert again.state.global_step == 8  # the plan's max_steps either way, as the Trainer
+    assert again.state.epoch == last_epoch  # the first epoch trained whole again: the run ends inside the second

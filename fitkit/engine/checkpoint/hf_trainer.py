@@ -25,7 +25,7 @@ from typing import Any
 from fitkit.common.options import error_line
 from fitkit.common.schedule import steps_per_epoch
 from fitkit.common.wrappers import unwrapped
-from fitkit.engine.checkpoint.layout import CHECKPOINT_NAME, MANIFEST, STATE_FILE, CheckpointError
+from fitkit.engine.checkpoint.layout import CHECKPOINT_NAME, MANIFEST, STATE_FILE, WEIGHTS, CheckpointError
 from fitkit.engine.checkpoint.loading import _state_differences
 from fitkit.events.state import TrainerState
 
@@ -42,22 +42,24 @@ _FIX_OTHER = ("pass resume_from_checkpoint=... with another checkpoint (a Traine
 
 
 def is_trainer_checkpoint(path: str) -> bool:
-    """True for a directory the Trainer wrote: `trainer_state.json` and no fitkit manifest (a
-    fitkit checkpoint of a Hugging Face model holds `model.safetensors` too, and its manifest)."""
+    """True for a directory the Trainer wrote: `trainer_state.json` and neither fitkit's manifest
+    nor its `state.pt` (a fitkit checkpoint of a Hugging Face model holds `model.safetensors` too)."""
     return (os.path.isdir(path) and os.path.isfile(os.path.join(path, STATE_FILE))
-            and not os.path.exists(os.path.join(path, MANIFEST)))
+            and not os.path.exists(os.path.join(path, MANIFEST)) and not os.path.exists(os.path.join(path, WEIGHTS)))
+
+
+def checkpoint_step(path: str) -> int:
+    """N of a `checkpoint-N` directory (-1 for another name)."""
+    match = CHECKPOINT_NAME.match(os.path.basename(os.path.normpath(path)))
+    return int(match.group(1)) if match else -1
 
 
 def trainer_checkpoints(output_dir: str) -> list[str]:
     """The Trainer's `checkpoint-N` directories in `output_dir`, oldest (smallest N) first."""
     if not os.path.isdir(output_dir):
         return []
-    found = []
-    for name in os.listdir(output_dir):
-        match = CHECKPOINT_NAME.match(name)
-        if match and is_trainer_checkpoint(os.path.join(output_dir, name)):
-            found.append((int(match.group(1)), os.path.join(output_dir, name)))
-    return [path for _, path in sorted(found)]
+    found = [os.path.join(output_dir, name) for name in os.listdir(output_dir) if CHECKPOINT_NAME.match(name)]
+    return sorted((path for path in found if is_trainer_checkpoint(path)), key=checkpoint_step)
 
 
 def checked(path: str) -> str:
@@ -65,8 +67,7 @@ def checked(path: str) -> str:
     state (a checkpoint of `save_only_model=True` has none: the run could not continue as the
     Trainer would) and a readable `trainer_state.json`. A CheckpointError names what is missing."""
     if weights_file(path) is None:
-        raise CheckpointError(f"Trainer checkpoint {path!r} holds no weights (none of {', '.join(WEIGHT_FILES)}); "
-                              f"{_FIX_OTHER}")
+        read_weights(path)  # raises, naming the files it looked for
     if not os.path.isfile(os.path.join(path, OPTIMIZER_FILE)):
         raise CheckpointError(
             f"Trainer checkpoint {path!r} holds no {OPTIMIZER_FILE} (written with save_only_model=True?): training "
@@ -105,8 +106,8 @@ def read_weights(path: str) -> dict[str, Any]:
 
     found = weights_file(path)
     if found is None:
-        checked(path)  # raises, naming what is missing
-        raise AssertionError("unreachable")
+        raise CheckpointError(f"Trainer checkpoint {path!r} holds no weights (none of {', '.join(WEIGHT_FILES)}); "
+                              f"{_FIX_OTHER}")
     if found.endswith(".index.json"):
         with open(found, encoding="utf-8") as f:
             shards = sorted(set(json.load(f).get("weight_map", {}).values()))
@@ -239,7 +240,4 @@ def guard_output_dir(output_dir: str, resume: str | None) -> None:
 def replaced_later(output_dir: str, resumed: str) -> list[str]:
     """The Trainer's checkpoints in `output_dir` after `resumed` (by step): a run resumed from
     `resumed` writes its own checkpoints of those steps in their place, as the Trainer would."""
-    step = CHECKPOINT_NAME.match(os.path.basename(os.path.normpath(resumed)))
-    after = int(step.group(1)) if step else -1
-    return [p for p in trainer_checkpoints(output_dir)
-            if int(CHECKPOINT_NAME.match(os.path.basename(p)).group(1)) > after]  # type: ignore[union-attr]
+    return [p for p in trainer_checkpoints(output_dir) if checkpoint_step(p) > checkpoint_step(resumed)]

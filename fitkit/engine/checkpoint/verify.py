@@ -146,7 +146,7 @@ def _newest_verified(output_dir: str) -> str | None:
             if (CHECKPOINT_NAME.match(name) and not is_complete(full) and full not in theirs) or name.startswith(
                     TMP_PREFIX):
                 logger.warning("ignoring incomplete checkpoint %s (no valid manifest)", full)
-    found = sorted(list_checkpoints(output_dir) + theirs, key=_step)
+    found = sorted(list_checkpoints(output_dir) + theirs, key=hf_trainer.checkpoint_step)
     if not found:
         logger.warning("resume_from_checkpoint=True but %r holds no complete checkpoint; starting fresh", output_dir)
         return None
@@ -160,8 +160,3 @@ def _newest_verified(output_dir: str) -> str | None:
         f"`resume_from_checkpoint`=True but none of the {len(found)} checkpoints in {output_dir!r} verifies (each "
         "one is named in a warning above): restore them from a copy, or move them away and pass "
         "resume_from_checkpoint=False to start fresh")
-
-
-def _step(path: str) -> int:
-    match = CHECKPOINT_NAME.match(os.path.basename(path))
-    return int(match.group(1)) if match else -1
