@@ -238,3 +238,30 @@ def test_ignore_data_skip_on_a_fitkit_checkpoint_starts_the_epoch_over(tmp_path,
               resume_from_checkpoint=str(tmp_path / "checkpoint-2"), ignore_data_skip=ignore)
     assert again.state.global_step == 8  # the plan's max_steps either way, as the Trainer
     assert again.state.epoch == last_epoch  # the first epoch trained whole again: the run ends inside the second
+
+
+def test_pytorch_model_bin_resumes_like_safetensors(hf_run, tmp_path):
+    from safetensors.torch import load_file
+
+    checkpoint = tmp_path / "checkpoint-8"  # as the Trainer writes it with save_safetensors=False
+    shutil.copytree(hf_run / "trainer" / "checkpoint-8", checkpoint)
+    torch.save(load_file(checkpoint / "model.safetensors"), checkpoint / "pytorch_model.bin")
+    os.remove(checkpoint / "model.safetensors")
+    assert_same_run(resumed_by_trainer(hf_run, 8), resumed_by_fitkit(tmp_path / "fitkit", str(checkpoint)))
+
+
+def test_weights_tied_to_another_are_loaded_through_it(tmp_path):
+    from fitkit.engine.checkpoint.hf_trainer import load_weights
+
+    def masked_lm(seed):
+        transformers.set_seed(seed)
+        return transformers.BertForMaskedLM(transformers.BertConfig(
+            vocab_size=30, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16,
+            max_position_embeddings=16))
+
+    saved, loaded = masked_lm(0), masked_lm(1)
+    saved.save_pretrained(tmp_path)  # the Trainer's own save: a tied weight is written once
+    load_weights(loaded, str(tmp_path))
+    for (name, a), b in zip(saved.state_dict().items(), loaded.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert loaded.cls.predictions.decoder.weight is loaded.bert.embeddings.word_embeddings.weight
