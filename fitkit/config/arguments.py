@@ -118,6 +118,7 @@ class TrainingArguments(metaclass=_TakesOtherNames):
     metric_for_best_model: str | None = "val_loss"  # None: no best model tracked (HF's None)
     greater_is_better: bool | None = None
     resume_from_checkpoint: bool | str | None = None
+    ignore_data_skip: bool = False  # a resume starts its epoch over instead of skipping the batches trained (HF)
     save_on_sigterm: bool | None = None  # None: on when a save_strategy is set
     save_async: bool = False  # True: the loop waits only for a host copy of the state; written in the background
     skip_memory_metrics: bool = True  # False: train_mem_* figures in the closing record

@@ -109,7 +109,7 @@ class Trainer:
         checkpointer = loop.checkpointer
         assert checkpointer is not None  # a fit's loop has one (`_fit_loop`)
         with checkpointer.writing():  # one run writes into output_dir at a time
-            resume = checkpointer.resume(checkpointer.resume_path(self.handler.callbacks))
+            resume = checkpointer.resume(checkpointer.resume_path(self.handler.callbacks), epoch_length=batches)
             try:
                 with self.runtime.using(loop.tools):
                     loop.train(train, val, resume)
@@ -184,7 +184,9 @@ class Trainer:
         state = TrainerState(
             epoch=0.0, max_steps=max_steps, num_train_epochs=epochs, train_batch_size=args.batch_size,
             logging_steps=interval_steps(args.logging_steps, max_steps),
-            eval_steps=interval_steps(args.eval_steps or args.logging_steps, max_steps),
+            # HF's state keeps its default unless evaluations come by steps (a Trainer checkpoint compares it)
+            eval_steps=interval_steps(args.eval_steps or args.logging_steps, max_steps)
+            if args.eval_steps or args.eval_strategy == "steps" else TrainerState.eval_steps,
             save_steps=interval_steps(args.save_steps, max_steps), is_world_process_zero=fabric.is_global_zero,
             is_local_process_zero=fabric.local_rank == 0,
         )

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 from fitkit.common.options import error_line, writes_to_output_dir
 from fitkit.common.schedule import steps_per_epoch, unplanned_steps
-from fitkit.engine.checkpoint import run_lock
+from fitkit.engine.checkpoint import hf_trainer, run_lock
 from fitkit.engine.checkpoint.layout import CheckpointError
 from fitkit.engine.checkpoint.listing import list_checkpoints
 from fitkit.engine.checkpoint.loading import load_checkpoint, saved_state, warn_on_resume
@@ -66,8 +66,9 @@ PLAN_FIELDS = frozenset({
     "is_local_process_zero", "is_world_process_zero", "is_hyper_param_search", "trial_name", "trial_params",
 })
 
-#: `LoopSnapshot` fields kept beside the loop's own record in a checkpoint, not inside it.
-_BESIDE = ("rng", "callbacks")
+#: `LoopSnapshot` fields kept beside the loop's own record in a checkpoint, not inside it (or,
+#: `keep_plan`, not saved at all).
+_BESIDE = ("rng", "callbacks", "keep_plan")
 
 
 @dataclass
@@ -83,7 +84,9 @@ class LoopSnapshot:
     draw their order from the global RNG); `data_state` the saved states of a stateful data
     source's parts, one list per process (`DataSource.data_state`), which a resume loads instead of
     re-reading the consumed batches. `rng` is the RNG state when the checkpoint was
-    written and `callbacks` the saved callback states: a resume sets both back.
+    written and `callbacks` the saved callback states: a resume sets both back. `keep_plan`
+    (never saved): this run's `max_steps` stands instead of being counted from the position, as
+    the Trainer counts it (a Trainer checkpoint, or `ignore_data_skip`).
 
         snap = LoopSnapshot(epoch=2, batch=5, samples=80)
         LoopSnapshot.from_payload(snap.to_payload(), rng=rng_state(), callbacks={})
@@ -107,6 +110,7 @@ class LoopSnapshot:
     data_state: list | None = None
     rng: dict | None = None
     callbacks: dict[str, Any] = field(default_factory=dict)
+    keep_plan: bool = False
 
     @property
     def mid_epoch(self) -> bool:
@@ -325,6 +329,19 @@ class Checkpointer:
         return self._on_zero(lambda: self._choose(callbacks))
 
     def _choose(self, callbacks: Iterable[Any]) -> str | None:
+        path = self._offered(callbacks)
+        args = self.args
+        if args.save_strategy != "no" or args.save_on_sigterm:  # this run writes checkpoint-N into output_dir
+            hf_trainer.guard_output_dir(args.output_dir, path)
+            if path is not None and hf_trainer.is_trainer_checkpoint(path):
+                later = hf_trainer.replaced_later(args.output_dir, path)
+                if later:
+                    logger.warning("resuming from the Trainer's %s: this run's checkpoints of the same steps replace "
+                                   "the Trainer's later ones (%s), as the Trainer's own resume would", path,
+                                   ", ".join(os.path.basename(p) for p in later))
+        return path
+
+    def _offered(self, callbacks: Iterable[Any]) -> str | None:
         if self.args.resume_from_checkpoint:
             return resolve(self.args.resume_from_checkpoint, self.args.output_dir)
         for cb in callbacks:
@@ -333,11 +350,14 @@ class Checkpointer:
                 return verified(path)
         return None
 
-    def resume(self, path: str | None) -> LoopSnapshot | None:
+    def resume(self, path: str | None, epoch_length: int | None = None) -> LoopSnapshot | None:
         """Load `path` into the module, optimizer, scheduler and state; return where the loop
-        continues (None for no path: a fresh run)."""
+        continues (None for no path: a fresh run). `epoch_length` (micro-batches per epoch of
+        this run, None: unknown) places a Trainer checkpoint's step in this run's data."""
         if path is None:
             return None
+        if hf_trainer.is_trainer_checkpoint(path):
+            return self._resume_trainer(path, epoch_length)
         payload = load_checkpoint(self.fabric, path, module=self.module, optimizer=self.optimizer)
         if self.scheduler is not None and "scheduler" in payload:
             self.scheduler.load_state_dict(payload["scheduler"])
@@ -347,7 +367,35 @@ class Checkpointer:
                 setattr(self.state, f.name, getattr(saved, f.name))
         warn_on_resume(self.args, self.state, saved)  # other step intervals or batch size; a lost best one
         logger.info("resuming from %s at step %d", path, self.state.global_step)
-        return LoopSnapshot.from_payload(payload["loop"], rng=payload["rng"], callbacks=self.state.stateful_callbacks)
+        snapshot = LoopSnapshot.from_payload(payload["loop"], rng=payload["rng"],
+                                             callbacks=self.state.stateful_callbacks)
+        if self.args.ignore_data_skip and snapshot.mid_epoch:  # HF: the epoch starts over, max_steps stands
+            snapshot = LoopSnapshot(epoch=snapshot.epoch, world_size=snapshot.world_size, rng=snapshot.rng,
+                                    epoch_rng=snapshot.epoch_rng, callbacks=snapshot.callbacks, keep_plan=True)
+        return snapshot
+
+    def _resume_trainer(self, path: str, epoch_length: int | None) -> LoopSnapshot:
+        """Continue from a checkpoint of the Hugging Face Trainer as the Trainer would: weights,
+        optimizer and scheduler loaded, its `TrainerState` taken, the epoch and micro-batch it
+        continues at counted in this run's data (`hf_trainer.position`), its RNG states set back
+        after the skipped batches (at the start of the epoch on an epoch boundary)."""
+        args, fabric = self.args, self.fabric
+        hf_trainer.load_weights(self.module, path)
+        hf_trainer.load_optimizer(self.optimizer, path)
+        hf_trainer.load_scheduler(self.scheduler, path)
+        saved = hf_trainer.trainer_state(path)
+        for f in dataclasses.fields(TrainerState):
+            if f.name not in PLAN_FIELDS:
+                setattr(self.state, f.name, getattr(saved, f.name))
+        warn_on_resume(args, self.state, saved)
+        epoch, batch = hf_trainer.position(saved.global_step, epoch_length, args.gradient_accumulation_steps,
+                                           args.ignore_data_skip)
+        rng = hf_trainer.read_rng(path, fabric.global_rank, fabric.world_size)
+        logger.info("resuming from the Trainer's checkpoint %s at step %d (epoch %d, after %d batches of it)", path,
+                    saved.global_step, epoch, batch)
+        # Mid-epoch the Trainer sets its RNG back once the skipped batches are drawn: `epoch_rng` does the same.
+        return LoopSnapshot(epoch=epoch, batch=batch, world_size=fabric.world_size, rng=rng,
+                            epoch_rng=rng if batch else None, callbacks=self.state.stateful_callbacks, keep_plan=True)
 
     def restore_callbacks(self, resume: LoopSnapshot | None, control: TrainerControl) -> None:
         """Give the callbacks their saved states (and the control flags) back; call it after
@@ -362,7 +410,7 @@ class Checkpointer:
         args, state = self.args, self.state
         start = train.resume_at(resume) if resume.mid_epoch else 0
         batches = loop.epoch_length
-        if args.max_steps <= 0 and batches:
+        if args.max_steps <= 0 and batches and not resume.keep_plan:
             state.max_steps = resume.steps_to_end(state.global_step, start, batches, state.num_train_epochs,
                                                   args.gradient_accumulation_steps)
             state.max_steps -= unplanned_steps(args.num_train_epochs, batches,
@@ -381,7 +429,9 @@ class Checkpointer:
         (verified first). Under `hf_trainer` with `save_total_limit=1`, only the best checkpoint
         stays once training ends, as HF's Trainer leaves it."""
         best = self.state.best_model_checkpoint
-        if self.args.load_best_model_at_end and best:
+        if self.args.load_best_model_at_end and best and self._on_zero(lambda: hf_trainer.is_trainer_checkpoint(best)):
+            hf_trainer.load_weights(self.module, best)  # recorded by the Trainer before this run resumed
+        elif self.args.load_best_model_at_end and best:
             path = self._on_zero(lambda: verified(best))
             load_checkpoint(self.fabric, path, module=self.module, optimizer=None)
         if self.args.hf_trainer and self.args.save_total_limit == 1 and best and self.fabric.is_global_zero:
