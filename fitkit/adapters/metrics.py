@@ -472,6 +472,12 @@ class MetricSet:
 
     def _build(self, outputs: Any, target: Any, saved: dict | None = None) -> None:
         """Build the metrics from the first batch, or from a saved state's task and class count."""
+        # Their states are ordinary tensors even when the first batch comes under inference mode
+        # (`evaluate`): a Keras variable is reset in place later, outside it.
+        with torch.inference_mode(False):
+            self._build_items(outputs, target, saved)
+
+    def _build_items(self, outputs: Any, target: Any, saved: dict | None) -> None:
         items: list[_Item] = []
         for spec in self.specs:
             if isinstance(spec, LossParts):
