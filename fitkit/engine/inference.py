@@ -94,6 +94,8 @@ class Inference:
         if with_loss:
             results[prefix + "loss"] = float(total) / count
         results.update(metrics.compute())
+        if not prefix:
+            metrics.release()  # this call's own set: its metrics serve the next call
         if collector is not None:
             results.update(collector.compute(fabric, prefix))
             self.collected = collector.kept
@@ -128,7 +130,10 @@ class Inference:
         tools.metrics = trained
         if count == 0:
             raise ValueError("the evaluation data is empty: pass at least one sample")
-        return {**means.compute(self.fabric, prefix), **(metrics.compute() if tools.updated else {})}
+        results = {**means.compute(self.fabric, prefix), **(metrics.compute() if tools.updated else {})}
+        if not prefix:
+            metrics.release()  # this call's own set: its metrics serve the next call
+        return results
 
     def _prediction_step(self, batch: Batch, outputs: Any, loss: Any, carry: bool) -> None:
         cb = self.handler
