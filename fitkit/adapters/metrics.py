@@ -444,7 +444,7 @@ class _Held:
             preds = preds.argmax(dim=1)  # what torchmetrics' update does first: hold labels, not scores
         self.preds.append(preds)
         self.targets.append(target)
-        self.nbytes += preds.nelement() * preds.element_size() + target.nelement() * target.element_size()
+        self.nbytes += preds.nbytes + target.nbytes
 
     def give(self, metric: Any) -> None:
         if not self.preds:
