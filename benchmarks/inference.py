@@ -13,7 +13,7 @@ evaluated under `inference_mode` on one device).
 Each repetition runs every contender once, the order rotated from one repetition to the next,
 and divides fitkit's time by its hand loop's in that repetition; the table gives the medians of
 those ratios with their quartiles, and the ratio of the two minimum CPU times (each contender's
-least disturbed run: the steadier figure on a machine shared with other work). fitkit's values
+least disturbed run: a second view on a machine shared with other work). fitkit's values
 are checked against the hand loop's first.
 
     python -m benchmarks.inference                 # 15 reps

@@ -13,8 +13,8 @@ epoch's sums kept on the device and read once, an `inference_mode` validation pa
 Each repetition runs one search of `--trials` trials per contender, in an order alternating
 from one repetition to the next; the per-repetition ratio of times per trial is what the median
 is taken of (the machine's speed drifts; a repetition's two searches drift together). The ratio
-of the two minima (each contender's least disturbed repetition) is printed too: on a machine
-shared with other work it is the steadier figure.
+of the two minima (each contender's least disturbed repetition) is printed too, as a second view
+on a machine shared with other work.
 
     python -m benchmarks.search_trial                      # 12 trials x 4 epochs, 5 reps
     python -m benchmarks.search_trial --epochs 1 --reps 7  # trials of one epoch
