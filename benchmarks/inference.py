@@ -7,11 +7,14 @@ for each batch a slice (or the DataLoader's batch), the forward, the loss and th
 summed on the device and read once at the end; `predict` concatenates the outputs. The same runs
 over a `DataLoader(TensorDataset(x, y), batch_size=1024)` (`--loader-samples` of them: its
 per-sample indexing and collation dominate, so fewer samples keep the run short). One more row
-compares `evaluate` with the same hand loop under `torch.no_grad` (what fitkit runs in).
+compares `evaluate` with the same hand loop under `torch.no_grad` (what fitkit ran in before it
+evaluated under `inference_mode` on one device).
 
 Each repetition runs every contender once, the order rotated from one repetition to the next,
 and divides fitkit's time by its hand loop's in that repetition; the table gives the medians of
-those ratios with their quartiles. fitkit's values are checked against the hand loop's first.
+those ratios with their quartiles, and the ratio of the two minimum CPU times (each contender's
+least disturbed run: a second view on a machine shared with other work). fitkit's values
+are checked against the hand loop's first.
 
     python -m benchmarks.inference                 # 15 reps
     python -m benchmarks.inference --reps 31       # as in docs/benchmarks.md
@@ -119,17 +122,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"MLP {'-'.join(map(str, DIMS))}, {opts.reps} reps, one torch thread; CPU/wall {share:.0%} "
           "(under ~95% other processes took the core: read the CPU-time ratio)")
     print(f"  {'call':30} {'hand (ms)':>10} {'fitkit (ms)':>12} {'fitkit / hand, wall [IQR]':>28} "
-          f"{'fitkit / hand, CPU time [IQR]':>30}")
+          f"{'fitkit / hand, CPU time [IQR]':>30} {'CPU, minima':>12}")
     result: dict[str, Any] = {"cpu_share": share}
     for name in runs:
         row = {}
         for clock, times in (("wall", wall), ("cpu", cpu)):
             hand, mine = times[(name, "hand")], times[(name, "fitkit")]
             low, mid, high = quartiles([m / h for m, h in zip(mine, hand)])
-            row[clock] = {"median": mid, "q1": low, "q3": high, "hand": quartiles(hand)[1], "fitkit": quartiles(mine)[1]}
+            row[clock] = {"median": mid, "q1": low, "q3": high, "hand": quartiles(hand)[1], "fitkit": quartiles(mine)[1],
+                          "of_minima": min(mine) / min(hand)}
         w, c = row["wall"], row["cpu"]
         print(f"  {name:30} {w['hand'] * 1e3:10.1f} {w['fitkit'] * 1e3:12.1f} "
-              f"{w['median']:15.3f} [{w['q1']:.3f}-{w['q3']:.3f}] {c['median']:17.3f} [{c['q1']:.3f}-{c['q3']:.3f}]")
+              f"{w['median']:15.3f} [{w['q1']:.3f}-{w['q3']:.3f}] {c['median']:17.3f} [{c['q1']:.3f}-{c['q3']:.3f}]"
+              f" {c['of_minima']:12.3f}")
         result[name] = row
     return result
 

@@ -1,6 +1,7 @@
 """`evaluate` and `predict` do per batch what a hand-written loop does: named classification
 metrics updated in blocks (with the per-batch values, bit for bit), no event fired that no
-callback hears, the same numbers as the per-batch sums."""
+callback hears, the same numbers as the per-batch sums, under inference mode where nothing needs
+autograd; named metrics are reused from one call to the next."""
 
 import pytest
 import torch
@@ -132,3 +133,110 @@ def test_no_event_is_fired_per_batch_that_nobody_hears(model_and_data, monkeypat
     model.evaluate(x[:n], y[:n], batch_size=BATCH, verbose=0, callbacks=[listener])
     model.predict(x[:n], batch_size=BATCH, verbose=0, callbacks=[listener])
     assert listener.steps == 20  # heard: once per batch, as before
+
+
+class _ModeRecorder(torch.nn.Module):
+    """A linear layer that records whether each forward ran under inference mode."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear, self.modes = torch.nn.Linear(6, 4), []
+
+    def forward(self, x):
+        self.modes.append(torch.is_inference_mode_enabled())
+        return self.linear(x)
+
+
+def test_evaluate_and_predict_run_under_inference_mode_and_give_ordinary_tensors(model_and_data):
+    _, x, y = model_and_data
+    net = _ModeRecorder()
+    model = Model(net).compile("adam", "cross_entropy", ["accuracy", "sparse_categorical_accuracy"])
+    first = model.evaluate(x, y, batch_size=BATCH, verbose=0, return_dict=True)
+    one = model.predict(x[:BATCH], batch_size=BATCH, verbose=0)  # one batch: not joined by a copy
+    assert net.modes and all(net.modes)
+    assert not one.is_inference()
+    one.add_(1)  # a user's in-place update and autograd use work on what predict returns
+    torch.nn.functional.mse_loss(torch.zeros_like(one, requires_grad=True), one).backward()
+    # Metric states built in inference mode are reset in place outside it, by Keras' metrics too.
+    model.fit(x, y, batch_size=BATCH, epochs=2, validation_split=0.2, verbose=0)
+    net.modes.clear()
+    model.fit(x, y, batch_size=BATCH, epochs=1, validation_split=0.2, verbose=0)
+    assert False in net.modes and True in net.modes  # training with grad, validation in inference mode
+    again = model.evaluate(x, y, batch_size=BATCH, verbose=0, return_dict=True)
+    assert set(again) == set(first)
+
+
+class _WithGradInside(torch.nn.Module):
+    """A forward that differentiates inside (as a physics-informed network does)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = torch.nn.Linear(1, 1)
+
+    def forward(self, t):
+        with torch.enable_grad():
+            t = t.detach().requires_grad_(True)
+            (du,) = torch.autograd.grad((self.linear(t) ** 2).sum(), t)
+        return du
+
+
+def test_a_forward_that_needs_autograd_falls_back_to_no_grad():
+    t = torch.linspace(-1, 1, 20).unsqueeze(1)
+    model = Model(_WithGradInside()).compile("adam", "mse")
+    got = model.evaluate(t, t, batch_size=BATCH, verbose=0, return_dict=True)
+    predicted = model.predict(t, batch_size=BATCH, verbose=0)
+    w, b = model.module.linear.weight.item(), model.module.linear.bias.item()
+    expected = 2 * (w * t + b) * w  # d/dt (w t + b)^2
+    torch.testing.assert_close(predicted, expected)
+    assert got["loss"] == pytest.approx(float(torch.nn.functional.mse_loss(expected, t)), rel=1e-6)
+
+
+def test_a_failing_forward_raises_its_first_error_with_the_hint():
+    model = Model(torch.nn.Linear(3, 2)).compile("adam", "cross_entropy")
+    with pytest.raises(ValueError, match="the module raised on the first batch"):
+        model.evaluate(torch.randn(10, 5), torch.randint(0, 2, (10,)), verbose=0)
+
+
+def test_overridden_test_and_predict_steps_run_under_no_grad_not_inference_mode():
+    seen = []
+
+    class Own(Model):
+        def test_step(self, data):
+            seen.append((torch.is_grad_enabled(), torch.is_inference_mode_enabled()))
+            x, y = data
+            return {"loss": torch.nn.functional.mse_loss(self(x), y)}
+
+        def predict_step(self, data):
+            seen.append((torch.is_grad_enabled(), torch.is_inference_mode_enabled()))
+            return self(data[0] if isinstance(data, (tuple, list)) else data)
+
+    model = Own(torch.nn.Linear(2, 1)).compile("adam", "mse")
+    x = torch.randn(8, 2)
+    model.evaluate(x, torch.randn(8, 1), batch_size=4, verbose=0)
+    model.predict(x, batch_size=4, verbose=0)
+    assert seen == [(False, False)] * 4
+
+
+def test_released_metrics_serve_the_next_set_with_the_same_values():
+    batches = _batches("multiclass")
+    fresh = MetricSet(NAMES["multiclass"])
+    for preds, target in batches[:3]:
+        fresh.update(preds, target)
+    before = [item[1] for item in fresh._items]
+    fresh.compute()
+    fresh.release()
+    reused = MetricSet(NAMES["multiclass"])
+    for preds, target in batches:
+        reused.update(preds, target)
+    assert all(a is b for a, b in zip(before, (item[1] for item in reused._items), strict=True))  # reset
+    new = MetricSet(NAMES["multiclass"])  # nothing spare now: constructed
+    for preds, target in batches:
+        new.update(preds, target)
+    assert not any(item[1] is m for item in new._items for m in before)
+    assert reused.compute() == new.compute()
+    reused.release()
+    other = MetricSet(["accuracy"])  # another class count: not the spare of 5 classes
+    other.update(torch.randn(4, 3), torch.randint(0, 3, (4,)))
+    assert other._items[0][1] is not before[0] and other._items[0][1].num_classes == 3

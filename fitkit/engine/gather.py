@@ -98,6 +98,10 @@ class BatchJoiner:
         return pad_concat(self.pending, self.pad)
 
     def _check(self, value: Any) -> None:
+        first = self._shapes
+        if first is not None and len(first) == 1 and isinstance(value, torch.Tensor) \
+                and value.dim() == len(first[0]) and value.shape[2:] == first[0][2:]:
+            return  # one tensor a batch, as the first (no list of shapes built per batch)
         shapes = [tuple(t.shape) for t in tensors_of(value)]
         if self._shapes is None:
             self._shapes = shapes

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fitkit.adapters.metrics import MetricSet
-from fitkit.common.tensors import to_cpu
+from fitkit.common.tensors import map_tensors, to_cpu
 from fitkit.common.wrappers import unwrapped
 from fitkit.engine.data.batch import Batch, as_data
 from fitkit.engine.data.prefetch import stopping
@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover - the members of `Loop` these methods use
     from fitkit.config.arguments import TrainingArguments
     from fitkit.engine.batch_logs import RunningLogs
     from fitkit.engine.overrides import StepOverrides, StepTools
-    from fitkit.engine.step import Stepper
+    from fitkit.engine.step import GradMode, Stepper
     from fitkit.events.handler import CallbackHandler
     from fitkit.events.state import TrainerControl, TrainerState
 
@@ -67,11 +67,14 @@ class Inference:
         self.call_event("on_evaluate_begin", running_logs=self.running_logs)
         listens = self.handler.has_listeners  # an event nobody hears is not fired per batch
         begins, steps_end = listens("on_prediction_step_begin"), listens("on_prediction_step")
-        with stepper.inference(), stopping(source):
+        with stepper.inference(fast=True) as mode, stopping(source):
             for batch in first(source.batches(0), steps):
                 if begins:
                     self.call_event("on_prediction_step_begin")
-                loss, out = stepper.forward(batch)
+                try:
+                    loss, out = stepper.forward(batch)
+                except Exception as err:  # noqa: BLE001 - a forward that needs autograd: again under no_grad
+                    loss, out = again_under_no_grad(stepper, mode, batch, err)
                 if loss is not None:
                     total.add_(loss.detach(), alpha=batch.size)  # one op: the sum in float64, on the device
                     with_loss = True
@@ -94,6 +97,8 @@ class Inference:
         if with_loss:
             results[prefix + "loss"] = float(total) / count
         results.update(metrics.compute())
+        if not prefix:
+            metrics.release()  # this call's own set: its metrics serve the next call
         if collector is not None:
             results.update(collector.compute(fabric, prefix))
             self.collected = collector.kept
@@ -129,7 +134,10 @@ class Inference:
         tools.metrics = trained
         if count == 0:
             raise ValueError("the evaluation data is empty: pass at least one sample")
-        return {**means.compute(self.fabric, prefix), **(metrics.compute() if tools.updated else {})}
+        results = {**means.compute(self.fabric, prefix), **(metrics.compute() if tools.updated else {})}
+        if not prefix:
+            metrics.release()  # this call's own set: its metrics serve the next call
+        return results
 
     def _prediction_step(self, batch: Batch, outputs: Any, loss: Any, carry: bool) -> None:
         cb = self.handler
@@ -147,12 +155,15 @@ class Inference:
         self.call_event("on_predict_begin")
         listens = self.handler.has_listeners  # an event nobody hears is not fired per batch
         begins, steps_end = listens("on_prediction_step_begin"), listens("on_prediction_step")
-        with stepper.inference(), stopping(source):
+        with stepper.inference(fast=own_step is None) as mode, stopping(source):  # the user's step: no_grad
             for batch in first(source.batches(0), steps):
                 if begins:
                     self.call_event("on_prediction_step_begin")
                 if own_step is None:
-                    _, out = stepper.forward(batch, with_loss=False)
+                    try:
+                        _, out = stepper.forward(batch, with_loss=False)
+                    except Exception as err:  # noqa: BLE001 - a forward that needs autograd: again under no_grad
+                        _, out = again_under_no_grad(stepper, mode, batch, err, with_loss=False)
                 else:
                     out = own_step(as_data(batch))
                 outputs.add(out)
@@ -163,7 +174,28 @@ class Inference:
         out = outputs.joined()  # padded across batches with -100 (HF's Trainer)
         if self.fabric.world_size > 1:
             out = gather_blocks(self.fabric, out, chunk_rows=outputs.every and self.args.eval_batch_size * outputs.every)
-        return to_cpu(out)
+        return map_tensors(_normal, to_cpu(out))
+
+
+def again_under_no_grad(stepper: Stepper, mode: GradMode, batch: Batch, err: Exception,
+                        with_loss: bool = True) -> tuple[torch.Tensor | None, Any]:
+    """`stepper.forward(batch)` again after it raised `err` under inference mode, now under
+    `no_grad` (as for the rest of the call): a module that computes gradients inside its forward
+    (`torch.enable_grad`, `torch.autograd.grad`) runs as before. When it fails there too, `err`
+    is raised (with the first-batch checks' hint, which the second call no longer adds)."""
+    if not mode.fall_back():
+        raise err
+    try:
+        return stepper.forward(batch, with_loss)
+    except Exception:  # noqa: BLE001 - the first error is the one to show
+        pass
+    raise err
+
+
+def _normal(t: torch.Tensor) -> torch.Tensor:
+    """`t`, or a copy when it was made under inference mode (one batch's output, not joined by a
+    copy): the user's tensors take part in autograd and in-place updates later."""
+    return t.clone() if t.is_inference() else t
 
 
 def first(batches: Iterable[Batch], steps: int | None) -> Iterable[Batch]:

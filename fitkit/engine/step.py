@@ -149,15 +149,66 @@ class Stepper:
         set_training(self.module, mode)
 
     @contextlib.contextmanager
-    def inference(self) -> Iterator[None]:
-        """Eval mode and no gradients; the previous mode comes back after."""
+    def inference(self, fast: bool = False) -> Iterator[GradMode]:
+        """Eval mode and no gradients; the previous mode comes back after. `fast`: under
+        `torch.inference_mode` on the direct path (see `GradMode`)::
+
+            with stepper.inference(fast=True) as mode:
+                ...
+        """
         was_training = self.module.training
         set_training(self.module, False)
         try:
-            with torch.no_grad():
-                yield
+            with GradMode(fast and self.direct) as mode:
+                yield mode
         finally:
             set_training(self.module, was_training)
+
+
+class GradMode:
+    """The autograd mode of one `evaluate` or `predict`: `torch.no_grad`, and inside it
+    `torch.inference_mode` when `fast` (as Lightning's Trainer evaluates; inference mode also
+    skips the version counters and view tracking, about 5 - 10% of a small network's forward).
+
+    A forward that fails under inference mode (one that computes gradients inside with
+    `torch.enable_grad`, which inference mode does not let out) is run again after `fall_back`,
+    which leaves inference mode for `no_grad` for the rest of the call::
+
+        with GradMode(fast=True) as mode:
+            try:
+                out = module(x)
+            except RuntimeError:
+                if not mode.fall_back():
+                    raise  # the forward's own error: it failed under no_grad
+                out = module(x)
+    """
+
+    __slots__ = ("fast", "_outer", "_inner")
+
+    def __init__(self, fast: bool) -> None:
+        self.fast = fast
+        self._outer = torch.no_grad()
+        self._inner: torch.inference_mode | None = None
+
+    def __enter__(self) -> GradMode:
+        self._outer.__enter__()
+        if self.fast:
+            self._inner = torch.inference_mode()
+            self._inner.__enter__()
+        return self
+
+    def fall_back(self) -> bool:
+        """Leave inference mode for `no_grad`; False when already there."""
+        if self._inner is None:
+            return False
+        inner, self._inner, self.fast = self._inner, None, False
+        inner.__exit__(None, None, None)
+        return True
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._inner is not None:
+            self._inner.__exit__(*exc)
+        self._outer.__exit__(*exc)
 
 
 def _nothing() -> None:

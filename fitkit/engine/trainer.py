@@ -116,6 +116,8 @@ class Trainer:
             finally:
                 self.control = loop.control
                 self.handler.close_run()  # also after an exception or KeyboardInterrupt: e.g. a live display
+        for metrics in (loop.train_metrics, loop.val_metrics):  # read and saved: their objects serve the next run
+            metrics.release()
         if loop.preemption.preempted:
             # A scheduler sent SIGTERM: the checkpoint is written and on_train_end has fired.
             logger.warning("preempted: checkpoint written to %s; rerun with resume_from_checkpoint=True",

@@ -233,6 +233,17 @@ class TensorSource(CountsSamples):
         x, y, sw, cw = self.x, self.y, self.sample_weight, self.class_weight
         positional = not isinstance(x, dict)
         take: Callable[..., torch.Tensor]  # called with a tensor (the defaults bind the loop values)
+        if isinstance(x, torch.Tensor) and isinstance(y, (torch.Tensor, type(None))) and sw is None and cw is None:
+            # one input and one target (the common case): sliced directly, without a function per tensor
+            for b in range(n // bs if self.drop_last else math.ceil(n / bs)):
+                lo, hi = b * bs, min((b + 1) * bs, n)
+                if order is None:
+                    xb, yb = x[offset + lo:offset + hi], (y[offset + lo:offset + hi] if y is not None else None)
+                else:
+                    idx = order[lo:hi]
+                    xb, yb = x.index_select(0, idx), (y.index_select(0, idx) if y is not None else None)
+                yield Batch((xb,), yb, None, hi - lo)
+            return
         for b in range(n // bs if self.drop_last else math.ceil(n / bs)):
             lo, hi = b * bs, min((b + 1) * bs, n)
             if order is None:
