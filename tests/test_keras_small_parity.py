@@ -116,3 +116,26 @@ def test_auc_on_one_or_several_label_columns_gives_keras_auc(columns):
     model = Model(net).compile("sgd", "binary_crossentropy", metrics=["auc"])
     ours = model.evaluate(x, y, batch_size=16, verbose=0, return_dict=True)
     assert ours["auc"] == pytest.approx(theirs["auc"], rel=1e-5)
+
+
+def test_the_optimizers_learning_rate_is_there_after_compile_and_steers_fit_as_keras():
+    """Keras builds the optimizer at `compile`: its rate can be read and set before any fit."""
+    keras = real_keras()
+    x, y = _data()
+    kmodel, net = twin_dense(keras, 4, 1)
+    kmodel.compile("adam", "mse")
+    model = Model(net).compile("adam", "mse")
+    assert float(model.optimizer.learning_rate) == pytest.approx(float(kmodel.optimizer.learning_rate)) == 1e-3
+    kmodel.optimizer.learning_rate = 0.05
+    model.optimizer.learning_rate = 0.05
+    fit = dict(batch_size=8, epochs=2, shuffle=False, verbose=0)
+    theirs = kmodel.fit(x.numpy(), y.numpy(), **fit).history
+    ours = model.fit(x, y, **fit).history
+    assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-5)
+    assert float(model.optimizer.learning_rate) == pytest.approx(0.05)
+    pending = Model(torch.nn.Linear(2, 1)).compile("sgd", "mse").optimizer
+    with pytest.raises(AttributeError, match="built when `fit` starts"):
+        pending.param_groups  # noqa: B018 - the optimizer itself exists from the first fit
+    with pytest.raises(ValueError, match="finite number"):
+        pending.learning_rate = -1
+    assert Model(torch.nn.Linear(2, 1)).optimizer is None  # nothing compiled

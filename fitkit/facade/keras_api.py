@@ -87,12 +87,7 @@ class OptimizerView:
 
     @learning_rate.setter
     def learning_rate(self, value: Any) -> None:
-        try:
-            rate = float(value)
-        except (TypeError, ValueError):
-            rate = math.nan
-        if isinstance(value, bool) or not math.isfinite(rate) or rate < 0:
-            raise ValueError(f"`optimizer.learning_rate`={value!r} is invalid: assign a finite number >= 0")
+        rate = _checked_rate(value)
         scheduler = getattr(self._runtime, "scheduler", None)
         set_learning_rates(self._optimizer, scheduler, lambda _i, _old: rate)
 
@@ -116,14 +111,77 @@ class OptimizerView:
         return f"OptimizerView({self._optimizer!r})"
 
 
+def _checked_rate(value: Any) -> float:
+    try:
+        rate = float(value)
+    except (TypeError, ValueError):
+        rate = math.nan
+    if isinstance(value, bool) or not math.isfinite(rate) or rate < 0:
+        raise ValueError(f"`optimizer.learning_rate`={value!r} is invalid: assign a finite number >= 0")
+    return rate
+
+
+class PendingOptimizer:
+    """`Model.optimizer` between `compile` and the first `fit`: the optimizer is built over the
+    set-up module when training starts (FSDP, for one, replaces the parameters), so until then
+    this stands for it, as Keras' built optimizer does for its rate::
+
+        model.compile("adam")
+        model.optimizer.learning_rate            # 0.001, the rate fit will start from
+        model.optimizer.learning_rate = 1e-2     # fit starts from it
+    """
+
+    def __init__(self, model: Any) -> None:
+        object.__setattr__(self, "_model", model)
+
+    @property
+    def learning_rate(self) -> float:
+        from fitkit.adapters.optimizers import named_keywords
+
+        config = self._model.config
+        if config.args.learning_rate is not None:
+            return float(config.args.learning_rate)
+        spec = config.optimizer
+        if isinstance(spec, torch.optim.Optimizer):
+            return float(spec.param_groups[0]["lr"])
+        try:
+            return float(named_keywords(spec, None)["lr"])
+        except (AttributeError, KeyError, TypeError):
+            raise AttributeError(f"the learning rate of optimizer={spec!r} is known once `fit` builds it: read "
+                                 "`model.optimizer.learning_rate` after fit, or pass compile(learning_rate=...)") from None
+
+    @learning_rate.setter
+    def learning_rate(self, value: Any) -> None:
+        import dataclasses
+
+        rate, config = _checked_rate(value), self._model.config
+        self._model.config = dataclasses.replace(config, args=config.args.replace(learning_rate=rate),
+                                                 argument_options={**config.argument_options, "learning_rate": rate})
+
+    lr = learning_rate
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(f"`model.optimizer.{name}`: the optimizer is built when `fit` starts (over the set-up "
+                             "module); before that only `learning_rate` is offered. Read it after the first fit.")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in ("learning_rate", "lr"):
+            self.__getattr__(name)
+        object.__setattr__(self, name, value)  # the property's setter
+
+    def __repr__(self) -> str:
+        return f"PendingOptimizer({self._model.config.optimizer!r}, learning_rate={self.learning_rate})"
+
+
 class KerasMethods(ModelMembers):
     """`train_on_batch`, `test_on_batch`, `predict_on_batch`, `get_weights`, `set_weights`,
     `count_params`, `metrics_names` and calling the model, as Keras has them."""
 
     @property
     def optimizer(self) -> Any:
-        """The optimizer (as Fabric set it up) after the first fit, else None, with Keras'
-        `learning_rate` (`OptimizerView`). It is kept across fits, so its state carries over
+        """The optimizer (as Fabric set it up) after the first fit, with Keras' `learning_rate`
+        (`OptimizerView`); between `compile` and the first fit a `PendingOptimizer` (its
+        `learning_rate` only); None before `compile`. It is kept across fits, so its state carries over
         (Keras); `compile` again starts a fresh one. Inside an overridden `train_step`, its
         `step()` also clips, fires the optimizer events and steps the scheduler, at the end of a
         gradient-accumulation cycle."""
@@ -131,7 +189,7 @@ class KerasMethods(ModelMembers):
         tools = runtime.tools
         optimizer = tools.optimizer if tools is not None and tools.optimizer is not None else runtime.optimizer
         if optimizer is None:
-            return None
+            return None if self.config is None else PendingOptimizer(self)  # Keras builds it at compile
         view = self.__dict__.get("_optimizer_view")
         if view is None or view.wrapped is not optimizer:
             view = self.__dict__["_optimizer_view"] = OptimizerView(optimizer, runtime)
