@@ -71,8 +71,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods, HFResults):
     # -- what the model holds -------------------------------------------------------------------
     @property
     def module(self) -> torch.nn.Module:
-        """The underlying `nn.Module` (built from `model_init` on first use); inside an
-        overridden step, the module as the run set it up (its forward syncs gradients)."""
+        """The `nn.Module` (built from `model_init` on first use); in a custom step, as set up."""
         if self._runtime.tools is not None:
             return self._runtime.tools.module
         if self._module is None:
@@ -209,8 +208,9 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods, HFResults):
                                                          metric_key_prefix=metric_key_prefix, **data_options))
         start = time.perf_counter()
         metrics, _ = self._evaluate(args, x, y, batch_size, verbose, sample_weight, steps, callbacks)
+        speed = (time.perf_counter() - start, x if steps is None else None, args.eval_batch_size_or(32) if batch_size is None else batch_size)
+        self.hf_logged(args, metrics, metric_key_prefix, speed, callbacks)  # as HF's trainer.evaluate() logs
         if metric_key_prefix is not None:
-            speed = (time.perf_counter() - start, x if steps is None else None, args.eval_batch_size_or(32) if batch_size is None else batch_size)
             return self.hf_named(metrics, metric_key_prefix, speed)
         return metrics if return_dict else as_list(metrics, self.metrics_names)
 

@@ -42,7 +42,7 @@ def hf_args(output_dir, seq2seq=False, **kw):
 
 def both(tmp, make_model, train, evaluation, *, seq2seq=False, args=None, **options):
     """The Trainer's run and fitkit's, each from a fresh model: (log_history, best checkpoint name,
-    checkpoints left, predict's output) per runner."""
+    checkpoints left, predict's output) per runner; an `evaluate()` after training adds its record."""
     out = {}
     for who in ("hf", "fitkit"):
         arguments = hf_args(tmp / who, seq2seq=seq2seq, **(args or {}))
@@ -52,10 +52,12 @@ def both(tmp, make_model, train, evaluation, *, seq2seq=False, args=None, **opti
             runner = cls(model=net, args=arguments, train_dataset=train, eval_dataset=evaluation, **options)
             runner.train()
             prediction = runner.predict(evaluation)
+            runner.evaluate()  # logs its record after training's, as fitkit's below
         else:
             runner = Model(net).compile()
             runner.fit(train, validation_data=evaluation, args=arguments, **options)
             prediction = runner.hf_predict(evaluation)
+            runner.evaluate(return_dict=True)
         best = runner.state.best_model_checkpoint
         out[who] = dict(logs=runner.state.log_history, best=best and os.path.basename(best),
                         kept=sorted(os.listdir(arguments.output_dir)) if os.path.isdir(arguments.output_dir) else [],
@@ -66,6 +68,7 @@ def both(tmp, make_model, train, evaluation, *, seq2seq=False, args=None, **opti
 def assert_same_run(hf, ours):
     hf_logs = hf["logs"]
     assert [list(r) for r in ours["logs"]] == [list(r) for r in hf_logs]  # the same records, keys in order
+    assert "eval_loss" in hf_logs[-1] and "train_runtime" in hf_logs[-2]  # evaluate() after training logged
     for theirs, mine in zip(hf_logs, ours["logs"]):
         for key, value in theirs.items():
             if not key.endswith(SPEED):
@@ -234,13 +237,18 @@ def test_image_classification_as_the_trainer(tmp_path):
 def test_disable_tqdm_prints_each_log_as_the_trainer(tmp_path, capsys):
     data = images(16)
     args = hf_args(tmp_path, eval_strategy="no", save_strategy="no", num_train_epochs=1)
-    transformers.Trainer(model=tiny_vit(), args=args, train_dataset=data).train()
+    trainer = transformers.Trainer(model=tiny_vit(), args=args, train_dataset=data)
+    trainer.train()
+    trainer.evaluate(data)
     theirs = [line for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
-    Model(tiny_vit()).compile().fit(data, args=args)
+    model = Model(tiny_vit()).compile()
+    model.fit(data, args=args)
+    model.evaluate(data, verbose=0)
     ours = [line for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
-    assert len(ours) == len(theirs) == 2  # the log at step 2 and the closing record
+    assert len(ours) == len(theirs) == 3  # the log at step 2, the closing record, evaluate()'s record
     assert ours[0] == theirs[0]
     assert ours[1].startswith("{'train_runtime': '") and theirs[1].startswith("{'train_runtime': '")
+    assert ours[2].split(", 'eval_runtime'")[0] == theirs[2].split(", 'eval_runtime'")[0]  # eval_loss printed
 
 
 def test_a_log_spanning_an_epoch_end_is_the_same_after_a_resume_there(tmp_path):

@@ -139,7 +139,8 @@ def test_resume_true_takes_the_trainers_newest_checkpoint_and_keeps_the_older_on
     assert_same_run(resumed_by_trainer(hf_run, 8), ours)
     assert digests(out / "checkpoint-4") == before  # rotation counts fitkit's own checkpoints only
     own = {name for name in os.listdir(out) if os.path.isfile(out / name / "fitkit_checkpoint.json")}
-    assert "checkpoint-18" in own and len(own) <= 2  # the newest, and the best when another one
+    best = os.path.basename(ours[1].best_model_checkpoint)
+    assert own == {best} != {"checkpoint-8"}  # a limit of 1 with a best tracked: the best alone, as the Trainer
     assert set(os.listdir(out)) == own | {"checkpoint-4", "checkpoint-8"}
 
 

@@ -39,6 +39,9 @@ from fitkit.config.names import canonical
 CARRIED = ("data_collator", "compute_metrics", "remove_unused_columns", "processing_class", "label_names",
            "eval_accumulation_steps", "preprocess_logits_for_metrics", "per_device_eval_batch_size",
            "predict_with_generate", "generation_max_length", "generation_num_beams", "generation_config")
+#: what else of a fit's arguments `evaluate` and `predict` keep (not keywords of theirs): HF's
+#: Trainer mode (an `evaluate()` after fit logs its record) and, with it, `disable_tqdm`'s printing.
+FROM_FIT = ("hf_trainer", "data_order", "verbose")
 
 #: compile's default optimizer: it does not count as given against `args.optim`.
 DEFAULT_OPTIMIZER = "adam"
@@ -96,7 +99,7 @@ def merge(compiled: TrainingArguments, compile_options: dict[str, Any], compile_
 
 def in_force(run_args: TrainingArguments) -> dict[str, Any]:
     """The data options of a fit that `evaluate` and `predict` carry on using."""
-    return {name: getattr(run_args, name) for name in CARRIED}
+    return {name: getattr(run_args, name) for name in (*CARRIED, *FROM_FIT)}
 
 
 def for_evaluation(args: TrainingArguments, carried: dict[str, Any] | None, given: dict[str, Any]) -> TrainingArguments:

@@ -58,6 +58,21 @@ class HFMethods(ModelMembers):
             out["epoch"] = self.state.epoch
         return out
 
+    def hf_logged(self, args: TrainingArguments, metrics: dict[str, Any], prefix: str | None,
+                  speed: tuple[float, Any, int], callbacks: Sequence[Any] | None) -> dict[str, Any] | None:
+        """Under HF's arguments (`hf_trainer`), `evaluate` logs its record as the Trainer's
+        `evaluate()` does: HF's names (`eval_loss`, the speed, `epoch`) appended with the step to
+        `state.log_history` and sent to `on_log` (printed under `disable_tqdm`); returns it."""
+        if not args.hf_trainer:
+            return None
+        record = self.hf_named(metrics, prefix or "eval", speed)
+        self.state.log_history.append({**record, "step": self.state.global_step})
+        from fitkit.facade.defaults import display_for
+
+        printer = display_for(args, callbacks or ()) if args.verbose == 0 else []
+        self._handler(callbacks, *printer).on_log(args, self.state, self.control, dict(record))
+        return record
+
     def hf_predict(self, test_dataset: Any = None, *, metric_key_prefix: str = "test", batch_size: int | None = None,
                    verbose: int | str = 0, callbacks: Sequence[Any] | None = None,
                    **data_options: Any) -> PredictionOutput:

@@ -19,6 +19,7 @@ class ModelMembers:
     if TYPE_CHECKING:  # pragma: no cover
         config: CompileConfig | None
         state: TrainerState
+        control: Any
         _last_output_dir: str | None
         _in_force: dict[str, Any] | None
 
@@ -41,3 +42,5 @@ class ModelMembers:
                       keep: bool = False) -> tuple[dict[str, float], tuple[Any, Any] | None]: ...
 
         def _spawned(self, method: str, args: Any, call: dict[str, Any]) -> Any: ...
+
+        def _handler(self, extra: Any, *more: Any) -> Any: ...
