@@ -390,7 +390,7 @@ def test_the_customizing_page_runs(tmp_path, monkeypatch, capsys):
     page = os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs", "customizing.md")
     with open(page) as f:
         blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
-    assert len(blocks) == 7
+    assert len(blocks) == 8
     monkeypatch.chdir(tmp_path)
     exec(compile("\n".join(blocks), page, "exec"), {"__name__": "customizing"})
     assert "accuracy" in capsys.readouterr().out

@@ -75,7 +75,8 @@ class History(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "train_runtime" in logs:
-            self.metrics = {k: v for k, v in logs.items() if k != "step"}
+            # without total_flos, as the Trainer's result ends up (its printer pops it from the record it logs)
+            self.metrics = {k: v for k, v in logs.items() if k not in ("step", "total_flos")}
             self.global_step = state.global_step
         if logs:
             self._add(state.epoch, logs)
