@@ -45,6 +45,22 @@ def test_a_pydataset_like_source_trains_as_the_same_arrays_do():
     assert by_batches.history["accuracy"] == pytest.approx(by_arrays.history["accuracy"])
 
 
+def test_shuffle_reads_a_pydatasets_batches_in_a_new_order_each_epoch_as_keras():
+    """Keras' `shuffle=True` shuffles a PyDataset's batch order; validation stays in order, and
+    the same seed gives the same orders."""
+    x, y = _data(48)
+    reads = []
+    for _ in range(2):
+        train, val = Batches(x, y, batch_size=6), Batches(x[:12], y[:12], batch_size=6)
+        _model().fit(train, validation_data=val, epochs=3, shuffle=True, seed=5, verbose=0)
+        passes = [train.reads[1 + 8 * e:1 + 8 * (e + 1)] for e in range(3)]  # after the first-batch check's read
+        assert all(sorted(p) == list(range(8)) for p in passes)  # each batch once a pass
+        assert passes[0] != list(range(8)) and len({tuple(p) for p in passes}) == 3
+        assert val.reads[-2:] == [0, 1]
+        reads.append(train.reads)
+    assert reads[0] == reads[1]
+
+
 def test_a_list_of_numpy_batches_trains_and_evaluates():
     x, y = _data()
     batches = [(x[i:i + 6], y[i:i + 6]) for i in range(0, 24, 6)]

@@ -184,7 +184,7 @@ def test_dataloader():
     kmodel.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                    metrics=["sparse_categorical_accuracy"])
     model = Model(net).compile("adam", "sparse_categorical_crossentropy", metrics=["sparse_categorical_accuracy"])
-    # shuffle=False: Keras shuffles a PyDataset's batch order under its default shuffle=True
+    # shuffle=False: both shuffle a PyDataset's batch order under the default shuffle=True (other random streams)
     _same_history(model.fit(train, epochs=2, validation_data=val, verbose=0, shuffle=False).history,
                   kmodel.fit(train, epochs=2, validation_data=val, verbose=0, shuffle=False).history)
     assert np.allclose(model.evaluate(val, verbose=0), kmodel.evaluate(val, verbose=0), rtol=1e-5)
@@ -287,7 +287,7 @@ def test_py_dataset():
                    metrics=["sparse_categorical_accuracy"])
     model = Model(net).compile("adam", "sparse_categorical_crossentropy", metrics=["sparse_categorical_accuracy"])
     train, val = dataset(x, y, batch_size=BATCH), dataset(x_val, y_val, batch_size=BATCH)
-    # shuffle=False: Keras shuffles a PyDataset's batch order under its default shuffle=True
+    # shuffle=False: both shuffle a PyDataset's batch order under the default shuffle=True (other random streams)
     _same_history(model.fit(train, epochs=2, validation_data=val, verbose=0, shuffle=False).history,
                   kmodel.fit(train, epochs=2, validation_data=val, verbose=0, shuffle=False).history)
     assert np.allclose(model.evaluate(val, verbose=0), kmodel.evaluate(val, verbose=0), rtol=1e-5)

@@ -16,6 +16,7 @@ from torch.utils.data import Dataset, IterableDataset, Subset
 
 from fitkit.common.tensors import map_tensors
 from fitkit.engine.data.batch import batch_size_of
+from fitkit.engine.data.sampling import epoch_permutation
 
 
 def class_weight_table(class_weight: dict, device: torch.device) -> torch.Tensor:
@@ -148,14 +149,21 @@ def batch_count(seq: Any, name: str) -> int:
 class BatchSequence:
     """Whole batches read by index (`seq[i]` for i in `range(len(seq))`), NumPy arrays turned
     into tensors; a `keras.utils.PyDataset`'s (a subclass's) `on_epoch_begin` / `on_epoch_end`
-    are called around each pass, as Keras does; its batches come in index order (Keras'
-    `shuffle=True` shuffles a PyDataset's batch order; fitkit reads it in order)::
+    are called around each pass, as Keras does. With `shuffle`, each pass reads the batches in
+    a shuffled order, as Keras' `shuffle=True` does (epoch `e`'s order is drawn from its own
+    generator seeded with `seed + e`, so a resume rebuilds it; the global RNG is not touched)::
 
-        source = LoaderSource(BatchSequence(py_dataset, "x"))
+        source = LoaderSource(BatchSequence(py_dataset, "x", shuffle=True, seed=0))
     """
 
-    def __init__(self, seq: Any, name: str, cast_float64: bool = True):
+    def __init__(self, seq: Any, name: str, cast_float64: bool = True, *, shuffle: bool = False,
+                 seed: int | None = None):
         self.seq, self.name, self.cast_float64 = seq, name, cast_float64
+        self.shuffle, self.seed, self.epoch = shuffle, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """The pass that comes next (its shuffled order)."""
+        self.epoch = epoch
 
     def __len__(self) -> int:
         return batch_count(self.seq, self.name)
@@ -165,7 +173,9 @@ class BatchSequence:
         if callable(begin):
             begin()
         try:
-            for i in range(len(self)):
+            count = len(self)
+            order = epoch_permutation(count, self.seed, self.epoch).tolist() if self.shuffle else range(count)
+            for i in order:
                 batch = self.seq[i]
                 if not isinstance(batch, (tuple, list, dict, torch.Tensor)) and not has_numpy(batch):
                     raise TypeError(f"batch {i} of `{self.name}` is a {type(batch).__name__}: each item must be a "

@@ -516,3 +516,5 @@ def set_loader_epoch(loader: Any, epoch: int) -> None:
         loader._num_iter_calls = epoch
     elif hasattr(getattr(loader, "sampler", None), "set_epoch"):
         loader.sampler.set_epoch(epoch)
+    elif hasattr(loader, "set_epoch"):  # a sequence of whole batches read in a shuffled order
+        loader.set_epoch(epoch)
