@@ -69,6 +69,8 @@ def test_a_list_of_numpy_batches_trains_and_evaluates():
     reference = _model().fit(x, y, epochs=1, batch_size=6, shuffle=False, verbose=0)
     assert history.history["loss"] == pytest.approx(reference.history["loss"], rel=1e-6)
     assert set(model.evaluate(batches, verbose=0, return_dict=True)) == {"loss", "accuracy"}
+    listed = _model().fit(batches, epochs=1, verbose=0)  # shuffle=True: a list is still read as listed
+    assert listed.history["loss"] == pytest.approx(reference.history["loss"], rel=1e-6)
 
 
 def test_a_batch_of_an_unsupported_type_is_a_clear_error():

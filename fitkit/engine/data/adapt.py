@@ -163,7 +163,9 @@ def _adapt(x: Any, y: Any, sample_weight: Any, *, batch_size: int, shuffle: bool
     if is_sample_list(x):
         x = SampleList(x)
     elif is_batch_sequence(x):
-        return LoaderSource(BatchSequence(x, name, cast_float64, shuffle=shuffle, seed=seed)), None
+        # Keras shuffles a PyDataset's batch order; a list of batches is read as listed, as an iterable is
+        shuffled = shuffle and not isinstance(x, list)
+        return LoaderSource(BatchSequence(x, name, cast_float64, shuffle=shuffled, seed=seed)), None
     if isinstance(x, Dataset):
         return _dataset_source(x, batch_size=batch_size, shuffle=shuffle, seed=seed, name=name, args=args,
                                training=training), None
