@@ -296,8 +296,10 @@ def of_save(f, path):
 
 def of_seed_everything(f, path):
     with pytest.MonkeyPatch.context() as env:  # seed_everything sets Lightning's variables; undone on leaving
-        env.delenv("PL_GLOBAL_SEED", raising=False)
-        env.delenv("PL_SEED_WORKERS", raising=False)
+        env.setenv("PL_GLOBAL_SEED", "")  # records the variable's state, so leaving undoes what the test sets
+        env.delenv("PL_GLOBAL_SEED")
+        env.setenv("PL_SEED_WORKERS", "")  # records the variable's state, so leaving undoes what the test sets
+        env.delenv("PL_SEED_WORKERS")
         first = f.seed_everything(7)
         drawn = torch.rand(2), random.random(), np.random.rand(), dict(os.environ)["PL_SEED_WORKERS"]
         os.environ["PL_GLOBAL_SEED"] = "11"

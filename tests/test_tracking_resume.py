@@ -63,8 +63,10 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tracking")
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
     with pytest.MonkeyPatch.context() as env:  # _fit sets MLflow's variables; undone on leaving
-        env.delenv("MLFLOW_TRACKING_URI", raising=False)
-        env.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
+        env.setenv("MLFLOW_TRACKING_URI", "")  # records the variable's state, so leaving undoes what the test sets
+        env.delenv("MLFLOW_TRACKING_URI")
+        env.setenv("MLFLOW_EXPERIMENT_NAME", "")  # records the variable's state, so leaving undoes what the test sets
+        env.delenv("MLFLOW_EXPERIMENT_NAME")
         found = {"reference": (tmp / "reference", _fit(tmp / "reference", uri, "reference"), None)}
         client = MlflowClient(tracking_uri=uri)
         for how, stop in (("exception", RuntimeError), ("sigterm", SystemExit)):
