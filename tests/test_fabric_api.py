@@ -326,13 +326,25 @@ def of_setup(f, path):
             _captured(lambda: f.setup(_net(), wrapped)))
 
 
+def _own_init(worker_id):
+    return None
+
+
 def of_setup_dataloaders(f, path):
     data = torch.utils.data.TensorDataset(torch.arange(10.0).reshape(5, 2), torch.arange(5))
     loader = f.setup_dataloaders(torch.utils.data.DataLoader(data, batch_size=2))
     first, second = f.setup_dataloaders(torch.utils.data.DataLoader(data, batch_size=3),
                                         torch.utils.data.DataLoader(data, batch_size=4))
+    with pytest.MonkeyPatch.context() as env:  # after seed_everything(workers=True): Fabric seeds the workers
+        env.setenv("PL_SEED_WORKERS", "1")
+        seeded = f.setup_dataloaders(torch.utils.data.DataLoader(data, batch_size=2))
+        own = f.setup_dataloaders(torch.utils.data.DataLoader(data, batch_size=2, worker_init_fn=_own_init))
+        env.setenv("PL_SEED_WORKERS", "0")
+        unseeded = f.setup_dataloaders(torch.utils.data.DataLoader(data, batch_size=2))
+    # (what the added function does: tests/test_local_fabric.py and tests/test_fabric_examples.py)
     return (list(loader), list(first), list(second), _captured(lambda: f.setup_dataloaders()),
-            _captured(lambda: f.setup_dataloaders([1, 2])))
+            _captured(lambda: f.setup_dataloaders([1, 2])), loader.worker_init_fn, seeded.worker_init_fn.keywords,
+            own.worker_init_fn is _own_init, unseeded.worker_init_fn)
 
 
 def of_setup_module(f, path):
@@ -347,7 +359,28 @@ def of_setup_optimizers(f, path):
     two = f.setup_optimizers(torch.optim.SGD(net[0].parameters(), lr=0.1), torch.optim.SGD(net[2].parameters()))
     return (isinstance(one, torch.optim.Adam), one.param_groups[0]["lr"], type(two).__name__, len(two),
             isinstance(one.optimizer, torch.optim.Adam), _captured(lambda: f.setup_optimizers()),
-            _captured(lambda: f.setup_optimizers(one)))
+            _captured(lambda: f.setup_optimizers(one)), _after_step_hooks(f))
+
+
+def _after_step_hooks(f):
+    """What a Fabric callback's `on_after_optimizer_step` gets after each step of an optimizer set
+    up while the callback was there (one set up before it, with no callback, calls nobody)."""
+    seen = []
+
+    class AfterStep:
+        def on_after_optimizer_step(self, strategy, optimizer):
+            seen.append((type(strategy).__name__, type(optimizer).__name__, strategy is f.strategy))
+
+    before = f.setup_optimizers(torch.optim.SGD(_net().parameters(), lr=0.1))
+    f._callbacks.append(AfterStep())
+    try:
+        optimizer = f.setup_optimizers(torch.optim.SGD(_net().parameters(), lr=0.1))
+        optimizer.step()
+        optimizer.step(lambda: 1.0)
+        before.step()
+    finally:
+        f._callbacks.pop()
+    return seen
 
 
 def of_sharded_model(f, path):

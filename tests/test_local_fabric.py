@@ -154,3 +154,25 @@ def test_a_compiled_module_loads_a_state_dict_as_a_module_does():
     saved = {k: torch.zeros_like(v) for k, v in net.state_dict().items()}
     CompiledModule(net, net).load_state_dict(saved, True, True)  # strict, assign
     assert net.weight.data_ptr() == saved["weight"].data_ptr()  # assigned, not copied
+
+
+def test_dataloader_workers_are_seeded_as_fabric_seeds_them():
+    """`setup_dataloaders` after `seed_everything(workers=True)` gives a loader the `worker_init_fn`
+    Fabric gives it: each worker's torch, Python and NumPy generators seeded as Lightning's
+    `pl_worker_init_function` seeds them (any base seed, worker id and rank)."""
+    import random
+
+    import numpy as np
+
+    seed = pytest.importorskip("lightning_fabric.utilities.seed")
+    from fitkit.engine.devices.worker_seeds import seed_sequence, seed_worker
+
+    for base in (0, 12345, 2**62 + 17, 2**63 - 5):
+        for worker_id, rank in ((0, 0), (1, 0), (3, 1), (2, 7)):
+            assert seed_sequence(base, worker_id, rank, 4) == seed._generate_seed_sequence(base, worker_id, rank, 4)
+            drawn = []
+            for init in (seed.pl_worker_init_function, seed_worker):
+                torch.manual_seed(base + worker_id)  # a worker's torch seed: the base seed plus its id
+                init(worker_id, rank=rank)
+                drawn.append((torch.rand(2).tolist(), random.random(), np.random.rand()))
+            assert drawn[0] == drawn[1], (base, worker_id, rank)

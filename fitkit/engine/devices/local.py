@@ -22,6 +22,7 @@ import contextlib
 import inspect
 import io
 import os
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -29,6 +30,7 @@ import torch
 
 from fitkit.common.tensors import map_leaves
 from fitkit.engine.devices.local_members import LocalMembers
+from fitkit.engine.devices.worker_seeds import add_worker_seeding
 
 #: What `precision` may be for a run without Fabric: full 32-bit precision, nothing to apply.
 FULL_PRECISION = (None, "32-true", "32", 32)
@@ -160,16 +162,20 @@ class LocalFabric(LocalMembers):
             raise ValueError("`setup_optimizers` requires at least one optimizer as input.")
         if any(isinstance(o, LocalOptimizer) for o in optimizers):
             raise ValueError("An optimizer should be passed only once to the `setup_optimizers` method.")
-        wrapped = [LocalOptimizer(o) for o in optimizers]
+        wrapped = [LocalOptimizer(o, self._callbacks, self) for o in optimizers]
         return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
 
     def setup_dataloaders(self, *loaders: Any, use_distributed_sampler: bool = True, move_to_device: bool = True) -> Any:
         """Loaders whose batches come on the device: on CPU the loaders themselves; on a GPU
-        through Fabric's loader wrapper (the one case here that imports Lightning)."""
+        through Fabric's loader wrapper (the one case here that imports Lightning). After
+        `seed_everything` (workers=True) a loader without a `worker_init_fn` gets Fabric's, which
+        seeds each worker's generators (`fitkit.engine.devices.worker_seeds`)."""
         if not loaders:
             raise ValueError("`setup_dataloaders` requires at least one dataloader as input.")
         if any(not isinstance(loader, torch.utils.data.DataLoader) for loader in loaders):
             raise TypeError("Only PyTorch DataLoader are currently supported in `setup_dataloaders`.")
+        for loader in loaders:
+            add_worker_seeding(loader, self.global_rank)
         if self.device.type == "cpu" or not move_to_device:
             return loaders[0] if len(loaders) == 1 else list(loaders)
         from lightning_fabric.wrappers import _FabricDataLoader
@@ -329,10 +335,18 @@ class CompiledModule(torch.nn.Module):
 class LocalOptimizer:
     """A torch optimizer as `LocalFabric` sets it up: the optimizer is `.optimizer`; the rest
     (`step`, `param_groups`, `state`, `zero_grad`, ...) is the optimizer's own. Instances are of
-    the optimizer's class too (`isinstance(opt, torch.optim.Adam)`), as Fabric's wrapper is."""
+    the optimizer's class too (`isinstance(opt, torch.optim.Adam)`), as Fabric's wrapper is.
 
-    def __init__(self, optimizer: torch.optim.Optimizer):
+    After each `step`, each of `callbacks` that has `on_after_optimizer_step(strategy, optimizer)`
+    gets it, as Fabric's wrapper calls its Fabric's callbacks (`strategy` is `fabric.strategy`,
+    read only then: it imports Lightning)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, callbacks: list[Any] | None = None,
+                 fabric: LocalFabric | None = None):
         self._optimizer = optimizer
+        # Fabric's wrapper keeps its Fabric's list only when it holds a callback at set-up time
+        self._callbacks = callbacks or []
+        self._fabric = None if fabric is None else weakref.ref(fabric)  # a copy of the optimizer shares it
         self.__class__ = type("Local" + type(optimizer).__name__, (LocalOptimizer, type(optimizer)), {})
 
     @property
@@ -346,7 +360,13 @@ class LocalOptimizer:
         self._optimizer.load_state_dict(state_dict)
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        return self._optimizer.step() if closure is None else self._optimizer.step(closure)
+        output = self._optimizer.step() if closure is None else self._optimizer.step(closure)
+        for callback in self._callbacks:
+            hook = getattr(callback, "on_after_optimizer_step", None)
+            if callable(hook):
+                fabric = None if self._fabric is None else self._fabric()
+                hook(strategy=None if fabric is None else fabric.strategy, optimizer=self._optimizer)
+        return output
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._optimizer.zero_grad(set_to_none=set_to_none)

@@ -22,6 +22,7 @@ import inspect
 import logging
 import os
 import random
+import sys
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -187,7 +188,7 @@ class LocalMembers:
             raise ValueError(f"{seed} is not in bounds, numpy accepts from {SEED_RANGE[0]} to {SEED_RANGE[1]}")
         if verbose:
             rank = next((os.environ[v] for v in _RANK_VARIABLES if v in os.environ), None)
-            _SEED_LOGGER.info(f"Seed set to {seed}" if rank is None else f"[rank: {int(rank)}] Seed set to {seed}")
+            _log_seed(f"Seed set to {seed}" if rank is None else f"[rank: {int(rank)}] Seed set to {seed}")
         os.environ["PL_GLOBAL_SEED"] = str(seed)
         random.seed(seed)
         import numpy as np
@@ -207,6 +208,28 @@ class SkipInit(TorchFunctionMode):
         if getattr(func, "__module__", None) == "torch.nn.init":
             return kwargs["tensor"] if "tensor" in kwargs else args[0]
         return func(*args, **kwargs)
+
+
+def _log_seed(message: str) -> None:
+    """`message` on Fabric's seed logger, shown as Fabric shows it: importing `lightning_fabric`
+    sets its logger to INFO with a stderr handler (when the root logger has none), so without that
+    import the same set-up holds for this one message (left as it was after, so that a later import
+    of Lightning does not find a second handler)."""
+    if "lightning_fabric" in sys.modules:
+        _SEED_LOGGER.info(message)
+        return
+    package = logging.getLogger("lightning_fabric")
+    level, propagate, handlers = package.level, package.propagate, list(package.handlers)
+    package.setLevel(logging.INFO)
+    if not logging.getLogger().hasHandlers():
+        package.addHandler(logging.StreamHandler())
+        package.propagate = False
+    try:
+        _SEED_LOGGER.info(message)
+    finally:
+        package.setLevel(level)
+        package.propagate = propagate
+        package.handlers[:] = handlers
 
 
 def _transferable(value: Any) -> bool:
