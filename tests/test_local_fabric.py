@@ -167,12 +167,18 @@ def test_dataloader_workers_are_seeded_as_fabric_seeds_them():
     seed = pytest.importorskip("lightning_fabric.utilities.seed")
     from fitkit.engine.devices.worker_seeds import seed_sequence, seed_worker
 
-    for base in (0, 12345, 2**62 + 17, 2**63 - 5):
-        for worker_id, rank in ((0, 0), (1, 0), (3, 1), (2, 7)):
-            assert seed_sequence(base, worker_id, rank, 4) == seed._generate_seed_sequence(base, worker_id, rank, 4)
-            drawn = []
-            for init in (seed.pl_worker_init_function, seed_worker):
-                torch.manual_seed(base + worker_id)  # a worker's torch seed: the base seed plus its id
-                init(worker_id, rank=rank)
-                drawn.append((torch.rand(2).tolist(), random.random(), np.random.rand()))
-            assert drawn[0] == drawn[1], (base, worker_id, rank)
+    saved = torch.get_rng_state(), random.getstate(), np.random.get_state()
+    try:
+        for base in (0, 12345, 2**62 + 17, 2**63 - 5):
+            for worker_id, rank in ((0, 0), (1, 0), (3, 1), (2, 7)):
+                assert seed_sequence(base, worker_id, rank, 4) == seed._generate_seed_sequence(base, worker_id, rank, 4)
+                drawn = []
+                for init in (seed.pl_worker_init_function, seed_worker):
+                    torch.manual_seed(base + worker_id)  # a worker's torch seed: the base seed plus its id
+                    init(worker_id, rank=rank)
+                    drawn.append((torch.rand(2).tolist(), random.random(), np.random.rand()))
+                assert drawn[0] == drawn[1], (base, worker_id, rank)
+    finally:  # the generators as the test found them
+        torch.set_rng_state(saved[0])
+        random.setstate(saved[1])
+        np.random.set_state(saved[2])
