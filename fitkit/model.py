@@ -37,7 +37,7 @@ from fitkit.facade.defaults import defaults_for
 from fitkit.facade.hf_methods import HFMethods
 from fitkit.facade.hf_results import HFResults
 from fitkit.facade.keras_api import KerasMethods, as_list
-from fitkit.facade.model_init import call_model_init, deferred_module, module_for_fit, run_in_child
+from fitkit.facade.model_init import call_model_init, deferred_module, module_for_fit, module_for_trial, run_in_child
 from fitkit.facade.saving import Saving
 from fitkit.facade.steps import Steps
 from fitkit.facade.summary import summarize
@@ -272,11 +272,11 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods, HFResults):
         return run_search(self, x, y, hp_space=hp_space, compute_objective=compute_objective, n_trials=n_trials,
                           direction=direction, hp_name=hp_name, backend=backend, **options)
 
-    def for_trial(self, trial: Any, hp_name: Callable[..., Any] | None = None) -> Model:
-        """A model for one search trial: a fresh module from `model_init(trial)`, this model's
-        compile configuration and callbacks, the same (already launched) Fabric, and its state
-        marked as a search's (`trial_name` from `hp_name(trial)`, `trial.params`)."""
-        copy = Model(call_model_init(self.model_init, trial))
+    def for_trial(self, trial: Any, hp_name: Callable[..., Any] | None = None, **build: Any) -> Model:
+        """A model for one search trial: a fresh module from `model_init(trial)` (`build`: the
+        search's `args`, FSDP's deferred build: `module_for_trial`), this model's compile configuration and callbacks,
+        the same (already launched) Fabric, and its state marked as a search's (`trial_name`, `trial.params`)."""
+        copy = Model(module_for_trial(self.model_init, trial, self._runtime, **build))
         copy.model_init, copy.config = self.model_init, self.config
         copy.callback_handler = CallbackHandler(self.callback_handler.callbacks)
         copy._runtime = self._runtime.shared()

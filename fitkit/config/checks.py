@@ -47,7 +47,7 @@ _FLOATS: dict[str, tuple[Callable[[float], bool], str, bool]] = {
 _BOOLS: dict[str, bool] = {
     "shuffle": False, "logging_first_step": False, "load_best_model_at_end": False, "greater_is_better": True,
     "save_on_sigterm": True, "save_async": False, "skip_memory_metrics": False, "log_on_each_node": False,
-    "fsdp_full_checkpoint": False, "dataloader_pin_memory": False, "gradient_checkpointing": True, "prefetch": False,
+    "fsdp_full_checkpoint": False, "fsdp_load_once": False, "dataloader_pin_memory": False, "gradient_checkpointing": True, "prefetch": False,
     "tune_cpu_allocator": False, "predict_with_generate": False, "hf_trainer": False, "ignore_data_skip": False,
 }
 #: String fields taking one of a set of names, and whether None is allowed too.

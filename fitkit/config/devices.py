@@ -32,6 +32,9 @@ def check_devices(args: TrainingArguments) -> None:
     if args.fsdp_sharding != "full" and args.strategy != "fsdp":
         raise ValueError(f"`fsdp_sharding`={args.fsdp_sharding!r} applies to strategy='fsdp', and this run uses "
                          f"strategy={args.strategy!r}: pass strategy='fsdp', or leave fsdp_sharding='full'")
+    if args.fsdp_load_once and args.strategy != "fsdp":
+        raise ValueError(f"`fsdp_load_once`=True applies to strategy='fsdp', and this run uses strategy={args.strategy!r}: "
+                         "pass strategy='fsdp', or leave fsdp_load_once=False")
     accelerator = _available_accelerator(args.accelerator)
     _check_device_count(args.devices, accelerator)
 

@@ -22,7 +22,7 @@ from fitkit.config.hf_names import HF_OPTIMIZERS, built_defaults, hf_defaults, h
 
 #: HF fields read by a rule of their own rather than copied under the same name.
 _TRANSLATED = ("fp16", "bf16", "disable_tqdm", "use_cpu", "lr_scheduler_type", "warmup_steps", "max_grad_norm",
-               "metric_for_best_model", "report_to", "num_train_epochs", "optim", "output_dir")
+               "metric_for_best_model", "report_to", "num_train_epochs", "optim", "output_dir", "fsdp_config")
 
 #: HF fields the HF Trainer itself does not act on (the example scripts read them; the launcher sets local_rank).
 NOT_TRAINER_FIELDS = ("do_train", "do_eval", "do_predict", "local_rank")
@@ -77,11 +77,36 @@ def from_hf(hf_args: Any) -> Any:
         options["optim"] = optim
     else:
         ignored.append(f"optim={optim!r}")
+    load_once, unread = _fsdp_config(values.get("fsdp_config"))
+    if load_once:
+        options["fsdp_load_once"] = True
+    ignored += [f"fsdp_config[{key!r}]" for key in unread]
     translated, _ = hf_options({k: values[k] for k in ("fp16", "bf16", "disable_tqdm", "use_cpu") if k in values}, mine)
     options.update(translated)
     options["hf_trainer"] = True  # the Trainer's log history, printed as its printer does under disable_tqdm
     warn_unhonoured(ignored, "TrainingArguments fields", stacklevel=5)
     return TrainingArguments(**options)
+
+
+#: The `fsdp_config` entries HF's `__post_init__` fills in (with `fsdp` on), at the values it gives them.
+_FSDP_FILLED = {"reshard_after_forward": True, "min_num_params": 0, "xla": False, "xla_fsdp_v2": False,
+                "xla_fsdp_grad_ckpt": False, "version": 2}
+
+
+def _fsdp_config(config: Any) -> tuple[bool, list[str]]:
+    """From HF's `fsdp_config` (a dict or a JSON file's path): whether `cpu_ram_efficient_loading`
+    is on (fitkit's `fsdp_load_once`; "true" as text too, as HF reads it), and the other keys set
+    to something else than HF fills in (not honoured)."""
+    if not config:
+        return False, []
+    if isinstance(config, str):
+        import json
+
+        with open(config, encoding="utf-8") as f:
+            config = json.load(f)
+    config = {k[5:] if k.startswith("fsdp_") else k: v for k, v in dict(config).items()}
+    load_once = str(config.pop("cpu_ram_efficient_loading", False)).lower() in ("true", "1")
+    return load_once, [k for k, v in config.items() if k not in _FSDP_FILLED or not _same_value(v, _FSDP_FILLED[k])]
 
 
 def _same_value(value: Any, default: Any) -> bool:
@@ -116,6 +141,8 @@ def hf_explicit(hf_args: Any) -> set[str]:
             continue  # filled in by HF's __post_init__, not given
         if name == "warmup_steps":
             out.add("warmup_ratio" if 0 < (value or 0) < 1 else "warmup_steps")
+        if name == "fsdp_config" and _fsdp_config(value)[0]:
+            out.add("fsdp_load_once")
         target = _FITKIT_NAME.get(name, name)
         if target in mine:
             out.add(target)

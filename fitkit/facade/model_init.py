@@ -5,6 +5,7 @@ for a `Model` call (module level, so it pickles)::
     module, start_rng = built_under_seed(model_init, 42)   # seeded first, as HF's Trainer builds it
     module, start_rng = module_for_fit(model_init, model.runtime, args)  # whichever of those fit needs
     module = call_model_init(model_init, fabric=model.launch(args))  # FSDP: on meta, sharded later
+    module = call_model_init(model_init, fabric=fabric, load_once=True)  # FSDP: built in rank 0 only
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 
 from fitkit.engine.data.rng import rng_state, seed_everything
 from fitkit.engine.devices.deferred_init import build_on_meta
+from fitkit.engine.devices.load_once import build_on_rank0, from_structure, keep_sources
 from fitkit.engine.runtime import pack_result
 
 
@@ -31,10 +33,13 @@ def run_in_child(fabric: Any, key: tuple, model: Any, method: str, call: dict[st
     return result
 
 
-def call_model_init(model_init: Callable[..., Any] | None, trial: Any = None, fabric: Any = None) -> torch.nn.Module:
+def call_model_init(model_init: Callable[..., Any] | None, trial: Any = None, fabric: Any = None,
+                    load_once: bool = False) -> torch.nn.Module:
     """`model_init()` (or `model_init(trial)`), checked. With `fabric` (an FSDP run's), built on
     the meta device and left for the strategy to initialize shard by shard (no process holds the
-    whole module; `fitkit.engine.devices.deferred_init`), unless its values could not be replayed."""
+    whole module; `fitkit.engine.devices.deferred_init`), unless its values could not be replayed;
+    with `load_once` too, built in global rank 0 only and sent from there, shard by shard, to the
+    others, which get it on the meta device (`fitkit.engine.devices.load_once`)."""
     if model_init is None:  # a model given an nn.Module, after `release()` or in `for_trial`
         raise ValueError("the model has no `model_init` to build a module with: build it with Model(model_init=fn)")
     try:
@@ -44,7 +49,10 @@ def call_model_init(model_init: Callable[..., Any] | None, trial: Any = None, fa
     def build() -> Any:
         return model_init() if n_params == 0 else model_init(trial)
 
-    module = None if fabric is None else build_on_meta(build, fabric.init_module(empty_init=True))
+    if fabric is not None and load_once:
+        module = build_on_rank0(build, fabric)
+    else:
+        module = None if fabric is None else build_on_meta(build, fabric.init_module(empty_init=True))
     if module is None:
         module = build()
     if not isinstance(module, torch.nn.Module):
@@ -70,7 +78,27 @@ def deferred_module(model_init: Callable[..., Any] | None, runtime: Any, args: A
     module is built whole, as `Model.module` builds it."""
     if model_init is None or args.strategy != "fsdp":
         return None
-    return call_model_init(model_init, fabric=runtime.launch(args))
+    return call_model_init(model_init, fabric=runtime.launch(args), load_once=args.fsdp_load_once)
+
+
+def module_for_trial(model_init: Callable[..., Any] | None, trial: Any, runtime: Any, args: Any = None,
+                     structure: bytes | None = None) -> torch.nn.Module:
+    """A search trial's module from `model_init(trial)`, on the search's launched Fabric: under
+    strategy="fsdp" (`args`) through the same deferred path as `fit` (on the meta device, each
+    process initializing its shard); with `fsdp_load_once` built in rank 0 alone, whose
+    `structure_of` the other processes take as `structure` (sent with the trial's plan).
+
+        module = module_for_trial(model_init, trial, model.runtime, search_args)
+    """
+    if args is None or args.strategy != "fsdp" or runtime.fabric is None:
+        return call_model_init(model_init, trial)
+    if not args.fsdp_load_once:
+        return call_model_init(model_init, trial, fabric=runtime.fabric)
+    if runtime.fabric.global_rank != 0:
+        if structure is None:
+            raise ValueError("fsdp_load_once=True: a process other than rank 0 needs rank 0's module `structure`")
+        return from_structure(structure)
+    return keep_sources(call_model_init(model_init, trial))
 
 
 def module_for_fit(model_init: Callable[..., Any] | None, runtime: Any,

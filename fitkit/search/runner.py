@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 from fitkit.config.arguments import TrainingArguments
 from fitkit.config.names import ALIASES
 from fitkit.engine.data.rng import seed_everything
+from fitkit.engine.devices.load_once import structure_of
 from fitkit.search.claims import (
     BEST_CHECKPOINT,
     METRICS,
@@ -161,7 +162,7 @@ class Search:
                 trial = optuna.trial.FixedTrial(plan["params"], number=plan["number"])
                 params = parameters(self.hp_space, trial)
                 try:
-                    self.train_trial(self.fresh_model(trial, params), trial, params, plan)
+                    self.train_trial(self.fresh_model(trial, params, plan["structure"]), trial, params, plan)
                 except optuna.TrialPruned:
                     pass
                 except _Preempted:
@@ -181,7 +182,9 @@ class Search:
         check_params(params)
         trial_model = self.fresh_model(trial, params)
         plan = {"params": dict(trial.params), "number": trial.number, "output_dir": output_dir,
-                "resume": resumed_from is not None}
+                "resume": resumed_from is not None, "structure": None}
+        if self.distributed and self.args.strategy == "fsdp" and self.args.fsdp_load_once:
+            plan["structure"] = structure_of(trial_model.module)  # model_init ran here alone
         if self.distributed:  # rank 0 sampled everything (hp_space and model_init); the others follow
             self.fabric.broadcast(plan, src=0)
         reported = _trial(self.study, trial.number).intermediate_values if plan["resume"] else {}
@@ -191,9 +194,11 @@ class Search:
             self.preempted = trial.number
             raise
 
-    def fresh_model(self, trial: Any, params: dict[str, Any]) -> Any:
+    def fresh_model(self, trial: Any, params: dict[str, Any], structure: bytes | None = None) -> Any:
+        """The trial's model, seeded first as HF's; under strategy="fsdp" built as `fit` builds it
+        (`module_for_trial`: `structure` is rank 0's module under fsdp_load_once)."""
         seed_everything(params.get("seed", self.args.seed))  # before model_init, as HF
-        return self.model.for_trial(trial, hp_name=self.hp_name)
+        return self.model.for_trial(trial, hp_name=self.hp_name, args=self.args, structure=structure)
 
     def train_trial(self, trial_model: Any, trial: Any, params: dict[str, Any], plan: dict[str, Any],
                     reported: dict | None = None) -> float | tuple:

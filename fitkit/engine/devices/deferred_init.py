@@ -15,8 +15,10 @@ calls in order from those states. Peak extra memory: the largest module one such
 
 A build this cannot reproduce returns None from `build_on_meta` (the caller builds eagerly, as
 before): a parameter or buffer no recorded call covers (e.g. `nn.Parameter(torch.zeros(3))`
-in `__init__`, a buffer computed in `__init__`), or a tensor written in place outside
-`reset_parameters` (e.g. `load_state_dict`, a Hugging Face `_init_weights`).
+in `__init__`, a buffer computed in `__init__`), a tensor written in place outside
+`reset_parameters` (e.g. `load_state_dict`, a Hugging Face `_init_weights`), or a build that
+raises on the meta device (Hugging Face's `from_pretrained`; `fitkit.engine.devices.load_once`
+builds such a module in one process instead).
 """
 
 from __future__ import annotations
@@ -181,18 +183,23 @@ def build_on_meta(build: Callable[[], Any], context: Any = None) -> torch.nn.Mod
                 patched.append((cls, name, original))
                 setattr(cls, name, _recording(original))
     _active = record
+    failed: str | None = None
     try:
         with context if context is not None else torch.device("meta"), _StrayWrites():
             module = build()
+    except Exception as error:  # noqa: BLE001 - e.g. from_pretrained refuses the meta device: built whole
+        module, failed = None, f"it failed on the meta device ({type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]})"
     finally:
         _active = None
         for cls, name, original in patched:
             setattr(cls, name, original)
-    why = "model_init returned no nn.Module" if not isinstance(module, torch.nn.Module) else _cannot_replay(module, record)
+    why = failed or ("model_init returned no nn.Module" if not isinstance(module, torch.nn.Module)
+                     else _cannot_replay(module, record))
     if why is not None:
-        if isinstance(module, torch.nn.Module):
+        if isinstance(module, torch.nn.Module) or failed:
             warnings.warn(f"strategy='fsdp': `model_init` builds the whole module in every process, because {why}: "
-                          "give each module with parameters or buffers a reset_parameters() that sets all of them",
+                          "give each module with parameters or buffers a reset_parameters() that sets all of them, "
+                          "or (pretrained weights) pass fsdp_load_once=True to build it in one process",
                           UserWarning, stacklevel=3)
         torch.random.set_rng_state(rng)
         return None

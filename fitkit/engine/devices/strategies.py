@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from fitkit.engine.devices.deferred_init import materialize_shards
+from fitkit.engine.devices.load_once import scatter_from_rank0
 
 SPAWN_STRATEGIES = ("ddp_spawn", "ddp_notebook", "ddp_fork", "ddp_spawn_find_unused_parameters_true",
                     "ddp_fork_find_unused_parameters_true", "ddp_notebook_find_unused_parameters_true")
@@ -97,7 +98,8 @@ def fsdp2_strategy(precision: str | None, wrap: Any = None, full_checkpoint: boo
                 if should_wrap(sub):
                     fully_shard(sub, mesh=mesh, mp_policy=policy)
             fully_shard(module, mesh=mesh, mp_policy=policy)
-            materialize_shards(module, self.root_device)  # a module model_init built on meta
+            # a module model_init built on meta, or (fsdp_load_once) in rank 0 only
+            materialize_shards(module, self.root_device) or scatter_from_rank0(module, self.root_device)
             return module
 
         def hybrid_mesh(self):
