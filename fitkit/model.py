@@ -209,9 +209,9 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods, HFResults):
         start = time.perf_counter()
         metrics, _ = self._evaluate(args, x, y, batch_size, verbose, sample_weight, steps, callbacks)
         speed = (time.perf_counter() - start, x if steps is None else None, args.eval_batch_size_or(32) if batch_size is None else batch_size)
-        self.hf_logged(args, metrics, metric_key_prefix, speed, callbacks)  # as HF's trainer.evaluate() logs
-        if metric_key_prefix is not None:
-            return self.hf_named(metrics, metric_key_prefix, speed)
+        logged = self.hf_logged(args, metrics, metric_key_prefix, speed, callbacks)  # as HF's trainer.evaluate() logs
+        if metric_key_prefix is not None:  # HF's record: the one logged, when it was
+            return logged if logged is not None else self.hf_named(metrics, metric_key_prefix, speed)
         return metrics if return_dict else as_list(metrics, self.metrics_names)
 
     def _evaluate(self, args: TrainingArguments, x: Any, y: Any, batch_size: int | None, verbose: int | str,
