@@ -10,18 +10,17 @@
     model.predict(x_test)               # tensor, input order, on CPU
 
 The facade holds the configuration, the callbacks and a `Runtime` (what outlives one call); each
-call is run by an engine `Trainer` (`fitkit.engine.trainer`), which never calls the facade."""
+call is run by an engine `Trainer` (`fitkit.engine.trainer`), which never calls the facade.
+`evaluate` and `predict` are `fitkit.facade.evaluation`'s; the other mixins are in `fitkit.facade`."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from fitkit.adapters.optimizers import optimizer_note
-from fitkit.callbacks.display.evaluation_line import evaluation_line_for
 from fitkit.callbacks.flow import DefaultFlowCallback
 from fitkit.callbacks.history import History, returned_history
 from fitkit.config.arguments import TrainingArguments
@@ -34,6 +33,7 @@ from fitkit.engine.trainer import Trainer
 from fitkit.events.handler import CallbackHandler, TrainerCallback, TrainerControl, TrainerState
 from fitkit.facade.callback_list import CallbackOwner, checked_callbacks, run_handler
 from fitkit.facade.defaults import defaults_for
+from fitkit.facade.evaluation import Evaluation
 from fitkit.facade.hf_methods import HFMethods
 from fitkit.facade.hf_results import HFResults
 from fitkit.facade.keras_api import KerasMethods, as_list
@@ -46,7 +46,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fitkit.search import BestRun
 
 
-class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods, HFResults):
+class Model(CallbackOwner, Steps, KerasMethods, Evaluation, Saving, HFMethods, HFResults):
     """Wrap an `nn.Module` (or a `model_init` factory) with Keras' training API. Subclass it to
     override `train_step`, `test_step`, `predict_step` or `compute_loss` (`fitkit.facade.steps`)."""
 
@@ -138,7 +138,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods, HFResults):
         # Keras-style callbacks get this model as `self.model`, as Keras gives its own
         return run_handler(self, [*self.callback_handler.callbacks, *checked_callbacks(extra), *more])
 
-    # -- fit, evaluate, predict ------------------------------------------------------------------
+    # -- fit (evaluate and predict: `fitkit.facade.evaluation`) --------------------------------------
     def fit(self, x: Any = None, y: Any = None, *, batch_size: int | None = None, epochs: int | None = None,
             validation_data: Any = None, validation_split: float = 0.0, callbacks: Sequence[Any] | None = None,
             shuffle: bool | None = None, max_steps: int | None = None, class_weight: dict | None = None,
@@ -184,63 +184,6 @@ class Model(CallbackOwner, Steps, KerasMethods, Saving, HFMethods, HFResults):
                 if trainer.checkpointer is not None and trainer.checkpointer.last:
                     self.last_checkpoint = trainer.checkpointer.last
         return returned_history(callbacks, history)
-
-    def evaluate(self, x: Any = None, y: Any = None, *, batch_size: int | None = None, verbose: int | str = "auto",
-                 sample_weight: Any = None, steps: int | None = None, callbacks: Sequence[Any] | None = None,
-                 return_dict: bool = False, metric_key_prefix: str | None = None,
-                 **data_options: Any) -> dict[str, float] | list[float] | float:
-        """Loss and metrics over `x` (exact averages over the data, or its first `steps`
-        batches), as Keras 3 returns them: the loss alone, or a list in `metrics_names` order
-        when there are metrics or several outputs (`test_loss, test_acc = model.evaluate(x, y)`);
-        `return_dict=True`: a dict, unprefixed (`{"loss": ..., "accuracy": ...}`), the form of
-        HF's `trainer.evaluate()`. `verbose` 1, 2 or "auto" prints Keras' line.
-        `x` left out: the `validation_data` of the last fit (HF's `trainer.evaluate()`).
-        `metric_key_prefix` ("eval", "test", ...): HF's names, `eval_loss`, with the `epoch`.
-        `batch_size` (default: the `per_device_eval_batch_size` in force, else 32). Data options
-        (`data_collator`, `compute_metrics`, ...: `fitkit.facade.hf_methods`) as in the last fit."""
-        args = self._evaluation_arguments("evaluate", data_options)
-        if x is None and y is None:
-            x = self.fit_evaluation_data("evaluate")
-        if self._runtime.must_spawn(args):
-            return self._spawned("evaluate", args, dict(x=x, y=y, batch_size=batch_size, verbose=verbose,
-                                                         sample_weight=sample_weight, steps=steps,
-                                                         callbacks=callbacks, return_dict=return_dict,
-                                                         metric_key_prefix=metric_key_prefix, **data_options))
-        start = time.perf_counter()
-        metrics, _ = self._evaluate(args, x, y, batch_size, verbose, sample_weight, steps, callbacks)
-        speed = (time.perf_counter() - start, x if steps is None else None, args.eval_batch_size_or(32) if batch_size is None else batch_size)
-        self.hf_logged(args, metrics, metric_key_prefix, speed, callbacks)  # as HF's trainer.evaluate() logs
-        if metric_key_prefix is not None:
-            return self.hf_named(metrics, metric_key_prefix, speed)
-        return metrics if return_dict else as_list(metrics, self.metrics_names)
-
-    def _evaluate(self, args: TrainingArguments, x: Any, y: Any, batch_size: int | None, verbose: int | str,
-                  sample_weight: Any, steps: int | None, callbacks: Sequence[Any] | None,
-                  keep: bool = False) -> tuple[dict[str, float], tuple[Any, Any] | None]:
-        """One evaluation in this process: its values and, with `keep`, (predictions, label_ids)."""
-        trainer = Trainer(self._runtime, self._module_for(args), self.config, args, self._handler(callbacks, *evaluation_line_for(verbose)),
-                          StepOverrides.of(self, Model))
-        metrics = trainer.evaluate(x, y, sample_weight=sample_weight, batch_size=args.eval_batch_size_or(32) if batch_size is None else batch_size,
-                                   state=self.state, control=self.control, steps=steps, keep=keep)
-        self.control = trainer.control
-        return metrics, trainer.collected
-
-    def predict(self, x: Any, *, batch_size: int | None = None, verbose: int | str = "auto", steps: int | None = None,
-                callbacks: Sequence[Any] | None = None, **data_options: Any) -> Any:
-        """The module's outputs for every sample of `x` (or its first `steps` batches),
-        concatenated in input order (padded with -100 where batches differ in length), on CPU.
-        `verbose` 1, 2 or "auto" prints Keras' line; `batch_size` and data options as `evaluate`.
-        HF's `trainer.predict` (predictions, label_ids, metrics) is `hf_predict`."""
-        args = self._evaluation_arguments(None, data_options)
-        if self._runtime.must_spawn(args):
-            return self._spawned("predict", args, dict(x=x, batch_size=batch_size, verbose=verbose, steps=steps,
-                                                        callbacks=callbacks, **data_options))
-        trainer = Trainer(self._runtime, self._module_for(args), self.config, args, self._handler(callbacks, *evaluation_line_for(verbose)),
-                          StepOverrides.of(self, Model))
-        out = trainer.predict(x, batch_size=args.eval_batch_size_or(32) if batch_size is None else batch_size, state=self.state,
-                              control=self.control, steps=steps)
-        self.control = trainer.control
-        return out
 
     def _spawned(self, method: str, args: TrainingArguments, call: dict[str, Any]) -> Any:
         """Run `method` in the processes a spawn/fork strategy starts, then take rank 0's trained

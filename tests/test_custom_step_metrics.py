@@ -332,3 +332,86 @@ def test_metrics_that_is_not_a_list_of_metric_objects_fails_clearly():
     x, y = _data(8)
     with pytest.raises(TypeError, match=r"`metrics` lists 'loss'.*reset_state"):
         Odd(_net()).compile("sgd", "mse").fit(x, y, verbose=0)
+
+
+# -- trackers and the one-batch calls, and a tracker the model does not hold, beside Keras ---------
+def _tracked_pair(keras, tracker_of):
+    """A Keras model and a fitkit one whose steps update `tracker_of(model)` with the batch's MSE
+    and return its result under the tracker's name."""
+    kinner, net = twin_dense(keras, 4, 1)
+
+    def keras_step(model, data, train):
+        x, y, _ = keras.utils.unpack_x_y_sample_weight(data)
+        loss = torch.nn.functional.mse_loss(model(x, training=train), y)
+        if train:
+            _keras_apply(model, loss, list(model.trainable_weights))
+        tracker = tracker_of(model)
+        tracker.update_state(loss)
+        return {tracker.name: tracker.result()}
+
+    def fitkit_step(model, data, train):
+        x, y, _ = unpack_data(data)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        if train:
+            model.backward(loss)
+            model.optimizer.step()
+            model.optimizer.zero_grad()
+        tracker = tracker_of(model)
+        tracker.update_state(loss)
+        return {tracker.name: tracker.result()}
+
+    class KerasTracked(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.inner, self.tracker = kinner, keras.metrics.Mean(name="loss")
+
+        def call(self, x):
+            return self.inner(x)
+
+        def train_step(self, data):
+            return keras_step(self, data, True)
+
+        def test_step(self, data):
+            return keras_step(self, data, False)
+
+    class Tracked(Model):
+        def __init__(self):
+            super().__init__(net)
+            self.tracker = keras.metrics.Mean(name="loss")
+
+        def train_step(self, data):
+            return fitkit_step(self, data, True)
+
+        def test_step(self, data):
+            return fitkit_step(self, data, False)
+
+    kmodel = KerasTracked()
+    kmodel.compile(keras.optimizers.SGD(0.01))
+    return kmodel, Tracked().compile("sgd", learning_rate=0.01)
+
+
+def test_train_and_test_on_batch_reset_the_models_trackers_as_keras():
+    keras = real_keras()
+    x, y, _ = _partial_data()
+    kmodel, model = _tracked_pair(keras, lambda m: m.tracker)
+    for call in ("train_on_batch", "test_on_batch", "train_on_batch"):
+        for batch in (slice(0, 8), slice(8, 24)):  # each call reports its batch alone: reset before it
+            theirs = getattr(kmodel, call)(x[batch], y[batch], return_dict=True)
+            ours = getattr(model, call)(x[batch], y[batch], return_dict=True)
+            assert ours == pytest.approx(theirs, rel=1e-5), call
+    assert float(model.tracker.count) == float(kmodel.tracker.count) == 1  # reset once more before the last batch
+
+
+def test_a_tracker_the_model_does_not_hold_is_reset_by_neither_library():
+    keras = real_keras()
+    x, y, _ = _partial_data()
+    outside = {"keras": keras.metrics.Mean(name="running"), "fitkit": keras.metrics.Mean(name="running")}
+    kmodel, model = _tracked_pair(keras, lambda m: outside["keras" if isinstance(m, keras.Model) else "fitkit"])
+    fit = dict(batch_size=16, epochs=2, shuffle=False, verbose=0)
+    kmodel.fit(x.numpy(), y.numpy(), **fit)
+    model.fit(x, y, **fit)
+    assert float(outside["fitkit"].count) == float(outside["keras"].count) == 10  # every step of both epochs
+    for call in ("train_on_batch", "test_on_batch"):
+        theirs = getattr(kmodel, call)(x[:8], y[:8], return_dict=True)
+        assert getattr(model, call)(x[:8], y[:8], return_dict=True) == pytest.approx(theirs, rel=1e-5)
+    assert float(outside["fitkit"].result()) == pytest.approx(float(outside["keras"].result()), rel=1e-5)

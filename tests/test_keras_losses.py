@@ -117,3 +117,33 @@ def test_fitkit_order_stays_for_other_callables():
     x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
     Model(torch.nn.Linear(4, 3)).compile("adam", loss).evaluate(x, y, verbose=0)
     assert seen[-1] == (torch.Size([8, 3]), torch.int64)
+
+
+# -- (N, 1) class indices, as Keras' sparse crossentropy squeezes them ------------------------------
+def test_n_by_1_class_indices_give_keras_sparse_loss_and_accuracy():
+    keras = real_keras()
+    g = torch.Generator().manual_seed(3)
+    x, y, w = torch.randn(37, 4, generator=g), torch.randint(0, 3, (37, 1), generator=g), torch.rand(37, generator=g)
+    metrics = ["sparse_categorical_accuracy", "accuracy"]
+    kmodel, net = twin_dense(keras, 4, 3)
+    kmodel.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                   metrics=metrics)
+    model = Model(net).compile("sgd", "sparse_categorical_crossentropy", metrics=metrics, learning_rate=0.1)
+    for weights in (None, w):  # (N,) class indices in a (N, 1) column, unweighted and weighted
+        theirs = kmodel.evaluate(x.numpy(), y.numpy(), sample_weight=None if weights is None else weights.numpy(),
+                                 batch_size=8, verbose=0, return_dict=True)
+        ours = model.evaluate(x, y, sample_weight=weights, batch_size=8, verbose=0, return_dict=True)
+        assert ours == pytest.approx(theirs, rel=1e-5)
+    fit = dict(batch_size=8, epochs=2, shuffle=False, verbose=0)
+    theirs = kmodel.fit(x.numpy(), y.numpy(), **fit).history
+    ours = model.fit(x, y, **fit).history
+    for key, values in theirs.items():
+        assert ours[key] == pytest.approx(values, rel=1e-5), key
+    theirs_batch = kmodel.train_on_batch(x[:8].numpy(), y[:8].numpy(), return_dict=True)
+    assert model.train_on_batch(x[:8], y[:8], return_dict=True) == pytest.approx(theirs_batch, rel=1e-5)
+
+
+def test_the_pytorch_name_still_wants_one_index_per_sample():
+    x, y = torch.randn(8, 4), torch.randint(0, 3, (8, 1))
+    with pytest.raises(ValueError, match=r"y.reshape\(-1\)"):
+        Model(torch.nn.Linear(4, 3)).compile("sgd", "cross_entropy").fit(x, y, verbose=0)

@@ -43,6 +43,20 @@ def _cross_entropy(outputs: torch.Tensor, targets: torch.Tensor, reduction: str)
     return F.cross_entropy(outputs, targets, reduction=reduction)
 
 
+def sparse_targets(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Class indices as Keras' `sparse_categorical_crossentropy` reads them: integer targets with
+    a trailing axis of 1 beside outputs of the same rank lose it (`(N, 1)` -> `(N,)` for outputs
+    `(N, C)`), as Keras squeezes them; any other targets as they are."""
+    if (targets.dim() == outputs.dim() > 1 and targets.shape[-1] == 1 and not targets.is_floating_point()
+            and targets.shape[:-1] == (outputs.shape[0], *outputs.shape[2:])):
+        return targets.squeeze(-1)
+    return targets
+
+
+def _sparse_cross_entropy(outputs: torch.Tensor, targets: torch.Tensor, reduction: str) -> torch.Tensor:
+    return F.cross_entropy(outputs, sparse_targets(outputs, targets), reduction=reduction)
+
+
 def _nll(outputs: torch.Tensor, targets: torch.Tensor, reduction: str) -> torch.Tensor:
     return F.nll_loss(outputs, targets, reduction=reduction)
 
@@ -52,7 +66,7 @@ def _nll(outputs: torch.Tensor, targets: torch.Tensor, reduction: str) -> torch.
 #: first-batch checks (`fitkit.engine.checks`) read the rules from here.
 _TABLE: dict[str, tuple[Callable[..., torch.Tensor], str]] = {
     "cross_entropy": (_cross_entropy, "class"),
-    "sparse_categorical_crossentropy": (_cross_entropy, "class"),
+    "sparse_categorical_crossentropy": (_sparse_cross_entropy, "class"),  # (N, 1) indices too, as Keras
     "categorical_crossentropy": (_cross_entropy, "class"),  # one-hot / probability targets work with F.cross_entropy
     "binary_crossentropy": (_binary_ce, "binary"),
     "mse": (_regression(F.mse_loss), "regression"),

@@ -382,6 +382,8 @@ def _prepare(kind: str, name: str, preds: torch.Tensor, target: torch.Tensor):
     if kind in ("multiclass", "onehot", "top_k"):
         if kind == "onehot" or (kind == "top_k" and target.shape == preds.shape):
             target = target.argmax(-1)
+        elif kind == "multiclass" and target.dim() == preds.dim() and target.shape[-1] == 1:
+            target = target.squeeze(-1)  # (N, 1) class indices: Keras' sparse metrics squeeze them
         if name == "auroc":
             preds = preds.float().softmax(-1)
         return preds, target

@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from fitkit.adapters.keras_metrics import Weighted, is_keras_metric
-from fitkit.adapters.losses import LOSS_KINDS, Loss, keras_order
+from fitkit.adapters.losses import LOSS_KINDS, Loss, keras_order, sparse_targets
 from fitkit.adapters.metrics import metric_name
 from fitkit.adapters.outputs import (
     LossParts,
@@ -528,6 +528,8 @@ def _check_class_targets(named: str, outputs: torch.Tensor, target: torch.Tensor
             "one logit per sample)"
         )
     classes, wanted = outputs.shape[1], (outputs.shape[0], *outputs.shape[2:])
+    if named == "sparse_categorical_crossentropy":  # Keras' name takes (N, 1) indices too: the loss squeezes them
+        target = sparse_targets(outputs, target)
     if target.is_floating_point():
         if target.shape == outputs.shape:  # class probabilities (one-hot rows)
             return

@@ -35,7 +35,7 @@ from fitkit.engine.run_metrics import RunMetrics
 from fitkit.engine.running_loss import EpochLoss
 from fitkit.engine.step import Stepper
 from fitkit.events.handler import CallbackHandler
-from fitkit.events.hf_view import hf_values
+from fitkit.events.hf_view import evaluation_record, hf_values
 from fitkit.events.state import StopTraining, TrainerControl, TrainerState
 
 logger = logging.getLogger("fitkit")
@@ -331,8 +331,11 @@ class Loop(Inference, BestModel):
             started = time.perf_counter()
             metrics = self.evaluate(self.val, prefix="val_", steps=self.args.validation_steps)
             self.epoch_validation = dict(metrics)
-            self.log(self._evaluation_record(metrics, time.perf_counter() - started) if args.hf_trainer
-                     else dict(metrics))
+            if args.hf_trainer:  # HF's record: `eval_` names and the speed (`on_evaluate` keeps fitkit's `val_`)
+                self.log(evaluation_record(hf_values(metrics) or {}, "eval", time.perf_counter() - started,
+                                           *self.evaluated))
+            else:
+                self.log(dict(metrics))
             self.control = cb.on_evaluate(args, state, self.control, metrics)
             if self._track_best(metrics) and args.save_strategy == "best":  # after on_evaluate, as HF
                 self.control.should_save = True
@@ -344,16 +347,6 @@ class Loop(Inference, BestModel):
             self.checkpoint()
             self.control = self.checkpointer.announce(self.control)  # on_save once committed (maybe later)
         self.control.should_save = False
-
-    def _evaluation_record(self, metrics: dict[str, float], seconds: float) -> dict[str, float]:
-        """An evaluation's log record as HF's Trainer writes it (`hf_trainer`): `eval_` names and
-        its speed (`on_evaluate` keeps fitkit's `val_` names; `History` reads both)."""
-        record: dict[str, float] = hf_values(metrics) or {}
-        samples, batches = self.evaluated
-        record["eval_runtime"] = round(seconds, 4)
-        record["eval_samples_per_second"] = round(samples / seconds, 3) if seconds > 0 else 0.0
-        record["eval_steps_per_second"] = round(batches / seconds, 3) if seconds > 0 else 0.0
-        return record
 
     def _log_training(self, epoch_end: bool) -> None:
         trainer = self.args.hf_trainer

@@ -4,6 +4,7 @@ compiled model, no callbacks, no data pipeline.
     logs = on_batch.train(runtime, module, config, args, overrides, x, y)   # {"loss": ..., "accuracy": ...}
 
 The loss and metrics are those of the batch as it went in (before the update), as Keras reports
+them: the trackers a custom step keeps (`model.metrics`) are reset at each call, as Keras 3 resets
 them; the optimizer, its state and the Fabric are the model's (kept across calls and fits).
 """
 
@@ -98,6 +99,8 @@ def train(runtime: Any, module: torch.nn.Module, config: Any, args: Any, overrid
     """One optimizer step on `(x, y)`; the batch's loss and metrics (computed before the step)."""
     stepper = _stepper(runtime, module, config, args, overrides, train=True)
     batch = _batch(runtime, module, x, y, sample_weight, class_weight)
+    if overrides.metrics is not None:  # Keras resets every metric of `model.metrics` on each call
+        overrides.reset_trackers()
     stepper.train_mode(True)
     if overrides.train_step is not None:
         def apply() -> None:
@@ -119,6 +122,8 @@ def test(runtime: Any, module: torch.nn.Module, config: Any, args: Any, override
     """The loss and metrics of `(x, y)`, in evaluation mode, nothing updated."""
     stepper = _stepper(runtime, module, config, args, overrides)
     batch = _batch(runtime, module, x, y, sample_weight, None)
+    if overrides.metrics is not None:  # as `train`
+        overrides.reset_trackers()
     with stepper.inference():
         if overrides.test_step is not None:
             with runtime.using(StepTools(stepper, _no_event, None)):

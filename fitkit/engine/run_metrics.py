@@ -14,6 +14,8 @@ import time
 
 import torch
 
+from fitkit.events.hf_view import speed_metrics
+
 
 def _rss() -> int:
     """Resident memory of this process, in bytes."""
@@ -58,12 +60,7 @@ class RunMetrics:
                 self._gpu_start = torch.cuda.memory_allocated(device)
 
     def finish(self, samples: int, steps: int) -> dict[str, float]:
-        runtime = time.perf_counter() - self.start
-        out = {
-            "train_runtime": round(runtime, 4),
-            "train_samples_per_second": round(samples / runtime, 3) if runtime > 0 else 0.0,
-            "train_steps_per_second": round(steps / runtime, 3) if runtime > 0 else 0.0,
-        }
+        out = speed_metrics("train", time.perf_counter() - self.start, samples, steps)
         if self._sampler is not None:
             peak = self._sampler.stop()
             end = _rss()

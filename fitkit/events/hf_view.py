@@ -51,6 +51,43 @@ def hf_values(values: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return None if values is None else {hf_name(k): v for k, v in values.items()}
 
 
+def speed_metrics(split: str, seconds: float, samples: int | None = None,
+                  steps: int | None = None) -> dict[str, float]:
+    """The Trainer's speed values (`transformers.trainer_utils.speed_metrics`) of a run that took
+    `seconds`: `{split}_runtime` rounded to 4 places; unless it took no time, the rates of the
+    counts given, rounded to 3::
+
+        speed_metrics("eval", 2.0, samples=100, steps=4)
+        # {"eval_runtime": 2.0, "eval_samples_per_second": 50.0, "eval_steps_per_second": 2.0}
+    """
+    out = {f"{split}_runtime": round(seconds, 4)}
+    if seconds == 0:
+        return out
+    if samples is not None:
+        out[f"{split}_samples_per_second"] = round(samples / seconds, 3)
+    if steps is not None:
+        out[f"{split}_steps_per_second"] = round(steps / seconds, 3)
+    return out
+
+
+def evaluation_record(metrics: Mapping[str, Any], prefix: str, seconds: float | None = None,
+                      samples: int | None = None, steps: int | None = None) -> dict[str, Any]:
+    """An evaluation's values as the Trainer's `evaluate` / `predict` return and log them:
+    `prefix_` before each name (kept where it is there already), then, given the `seconds` it
+    took, the speed (`speed_metrics`)::
+
+        evaluation_record({"loss": 0.3}, "eval", 2.0, samples=100, steps=4)
+        # {"eval_loss": 0.3, "eval_runtime": 2.0, "eval_samples_per_second": 50.0, ...}
+    """
+    if not isinstance(prefix, str) or not prefix:
+        raise ValueError(f"`metric_key_prefix`={prefix!r} is invalid: pass a word such as 'eval' or 'test'")
+    head = prefix + "_"
+    out = {k if k.startswith(head) else head + k: v for k, v in metrics.items()}
+    if seconds is not None:
+        out.update(speed_metrics(prefix, seconds, samples, steps))
+    return out
+
+
 class HFArguments:
     """HF's `TrainingArguments` attributes over fitkit's: every HF field, its HF properties
     (`train_batch_size`, `world_size`, `should_log`, ...) and `to_dict` / `to_json_string` /

@@ -19,6 +19,7 @@ from typing import Any
 from fitkit.config.arguments import TrainingArguments
 from fitkit.config.option_merge import CARRIED, for_evaluation
 from fitkit.engine.eval_prediction import PredictionOutput
+from fitkit.events.hf_view import evaluation_record
 from fitkit.facade.members import ModelMembers
 
 
@@ -44,16 +45,15 @@ class HFMethods(ModelMembers):
         `prefix_` before each (`eval_loss`); with `speed` (seconds, data, batch size),
         `prefix_runtime`, `prefix_samples_per_second` and `prefix_steps_per_second` for sized
         data; with `epoch`, the epoch the last fit reached."""
-        if not isinstance(prefix, str) or not prefix:
-            raise ValueError(f"`metric_key_prefix`={prefix!r} is invalid: pass a word such as 'eval' or 'test'")
-        out = {k if k.startswith(prefix + "_") else f"{prefix}_{k}": v for k, v in metrics.items()}
+        seconds: float | None = None
+        samples: int | None = None
+        steps: int | None = None
         if speed is not None:
             seconds, data, batch_size = speed
-            out[f"{prefix}_runtime"] = round(seconds, 4)
-            if hasattr(data, "__len__") and not isinstance(data, tuple) and seconds > 0:
+            if hasattr(data, "__len__") and not isinstance(data, tuple):
                 world = self.fabric.world_size if self.fabric is not None else 1
-                out[f"{prefix}_samples_per_second"] = round(len(data) / seconds, 3)
-                out[f"{prefix}_steps_per_second"] = round(math.ceil(len(data) / (batch_size * world)) / seconds, 3)
+                samples, steps = len(data), math.ceil(len(data) / (batch_size * world))
+        out = evaluation_record(metrics, prefix, seconds, samples, steps)
         if epoch and self.state.epoch is not None and self.state.global_step:
             out["epoch"] = self.state.epoch
         return out
