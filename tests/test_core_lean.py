@@ -109,3 +109,53 @@ def test_gradients_are_cleared_each_step_and_a_custom_zero_grad_is_honoured(blob
     custom = Model(mlp()).compile(lambda params: CountingSGD(params, lr=0.1), "cross_entropy")
     custom.fit(x, y, epochs=1, batch_size=48, verbose=0, callbacks=[GradsAtStepBegin()])
     assert calls == [True] * 5  # the optimizer's own zero_grad, once per step
+
+
+def test_clipping_lists_the_parameters_once_per_fit(monkeypatch):
+    # `module.parameters()` walks every submodule (0.3 - 0.6 ms a step for a small transformer):
+    # fit lists them at its first clip, not at every step
+    x = torch.randn(256, 8, generator=torch.Generator().manual_seed(0))
+    y = torch.arange(256) % 3
+    walks = []
+    original = torch.nn.Module.parameters
+
+    def counting(module, recurse=True):
+        walks.append(sys._getframe(1).f_code.co_name)
+        return original(module, recurse)
+
+    def fit(epochs):
+        model = Model(mlp()).compile("sgd", "cross_entropy", max_grad_norm=1.0)
+        model.fit(x, y, epochs=1, batch_size=8, verbose=0)  # set-up outside the count
+        walks.clear()
+        monkeypatch.setattr(torch.nn.Module, "parameters", counting)
+        model.fit(x, y, epochs=epochs, batch_size=8, verbose=0)  # 32 steps an epoch
+        monkeypatch.undo()
+        return list(walks)
+
+    one, four = fit(1), fit(4)
+    assert len(four) == len(one) < 32, (one, four)
+
+
+def test_clipping_sees_a_parameter_unfrozen_mid_run():
+    # the kept list holds frozen parameters too: one unfrozen by a callback counts in the norm
+    x = torch.randn(32, 8, generator=torch.Generator().manual_seed(5)) * 100
+    y = torch.arange(32) % 3
+    net = mlp()
+    net[0].requires_grad_(False)
+    trained = list(net[2].parameters())
+    seen = []
+
+    class Unfreeze(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            seen.append([p.detach().clone() for p in trained])
+            net[0].requires_grad_(True)  # from step 2 on, its gradient counts in the clipped norm
+
+    start = [p.detach().clone() for p in trained]
+    Model(net).compile("sgd", "cross_entropy", learning_rate=1.0, max_grad_norm=0.5).fit(
+        x, y, batch_size=32, epochs=2, verbose=0, callbacks=[Unfreeze()])
+
+    def moved(a, b):
+        return torch.sqrt(sum(((p - q) ** 2).sum() for p, q in zip(a, b))).item()
+
+    assert moved(seen[0], start) == pytest.approx(0.5, rel=1e-4)  # step 1: the trained layer is all the norm
+    assert moved(seen[1], seen[0]) < 0.45  # step 2: the unfrozen layer's share of 0.5 is not applied (no optimizer)

@@ -11,7 +11,7 @@ import torch
 from helpers import blobs, mlp
 
 from fitkit import Model, TrainingArguments
-from fitkit.engine.data.collate import default_data_collator, is_sample_list
+from fitkit.engine.data.collate import SampleList, default_data_collator, is_sample_list
 from fitkit.engine.eval_prediction import EvalPrediction
 
 transformers = pytest.importorskip("transformers")
@@ -218,6 +218,24 @@ def test_a_list_of_per_sample_dicts_trains_as_the_same_tensors_do():
     assert as_dicts.state.max_steps == 6  # 48 samples in batches of 16, two epochs: not 48 "batches"
     assert h1.history["loss"] == pytest.approx(h2.history["loss"], rel=1e-6)
     assert h1.history["loss"][1] < h1.history["loss"][0]
+
+
+def test_a_datasets_dataset_is_read_a_batch_at_a_time_as_its_rows_would_be(monkeypatch):
+    # one Arrow read per batch (`__getitems__`, as a DataLoader over the dataset reads it), not one per row
+    datasets = pytest.importorskip("datasets")
+    data = samples(48)
+    rows = datasets.Dataset.from_list(data)
+    assert SampleList(rows).__getitems__([5, 0, 7]) == [rows[5], rows[0], rows[7]] == [data[5], data[0], data[7]]
+    assert SampleList(data).__getitems__([2, 1]) == [data[2], data[1]]  # a list: item by item
+    reads = []
+    original = datasets.Dataset.__getitems__
+    monkeypatch.setattr(datasets.Dataset, "__getitems__", lambda self, keys: reads.append(len(keys)) or original(self, keys))
+    from_rows = Model(KeywordMLP()).compile("sgd", "cross_entropy", learning_rate=0.1)
+    h1 = from_rows.fit(rows, shuffle=False, **_fit_options())
+    from_list = Model(KeywordMLP()).compile("sgd", "cross_entropy", learning_rate=0.1)
+    h2 = from_list.fit(data, shuffle=False, **_fit_options())
+    assert reads == [16] * 7  # 3 batches in each of 2 epochs, and the first batch's check
+    assert h1.history["loss"] == pytest.approx(h2.history["loss"], rel=1e-6)
 
 
 def test_data_collator_builds_the_batches():

@@ -6,6 +6,7 @@ the training thread (the rule that keeps runs exact); errors surface from `fit` 
 no thread outlives the run.
 """
 
+import functools
 import random
 import sys
 import threading
@@ -237,5 +238,11 @@ def test_hugging_face_collators_are_read_on_the_training_thread():
     data = [{"input_ids": [1, 2, 3], "labels": 0}] * 4
     hf = transformers.DataCollatorWithPadding.__new__(transformers.DataCollatorWithPadding)
     assert not can_prefetch(DataLoader(data, batch_size=2, collate_fn=hf))
+    # HF's collating functions too, and fitkit's own collation of dict samples, which does what theirs does
+    from fitkit.engine.data.collate import default_data_collator
+
+    for function in (transformers.default_data_collator, default_data_collator,
+                     functools.partial(transformers.default_data_collator, return_tensors="pt")):
+        assert not can_prefetch(DataLoader(data, batch_size=2, collate_fn=function))
     assert can_prefetch(DataLoader(data, batch_size=2))  # torch's default collation still reads ahead
     assert can_prefetch(DataLoader(data, batch_size=2, collate_fn=lambda items: items))

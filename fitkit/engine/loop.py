@@ -99,6 +99,7 @@ class Loop(Inference, BestModel):
         if level is not None:
             logger.setLevel(level)
         self.stepper.train_mode(True)
+        self.stepper.keep_parameters()
         self._carry = self._carried_events()
         self.control = cb.on_train_begin(args, state, self.control)
         if resume:  # after on_train_begin, which resets Keras-style callbacks

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -46,6 +46,8 @@ class Stepper:
         self.loss: LossFn | None = loss
         self.compute_loss = compute_loss  # a `Model.compute_loss` override, replacing `loss`
         self.direct = plain_single_device(fabric)
+        self._kept = False  # see `keep_parameters`
+        self._params: list[torch.nn.Parameter] | None = None
         # The one place the path is chosen: what forward, backward, clipping and the optimizer call.
         if self.direct:  # Fabric's wrappers (LocalFabric's module is the module itself)
             self.forward_module = module.__dict__["_modules"].get("_forward_module", module)
@@ -126,16 +128,31 @@ class Stepper:
         if max_norm is None and not measure:
             return None
         if self.direct:  # no wrapper and no precision plugin to go through
+            params = self._parameters()
             if max_norm is None:
-                grads = [p.grad for p in self.forward_module.parameters() if p.grad is not None]
+                grads = [p.grad for p in params if p.grad is not None]
                 return torch.nn.utils.get_total_norm(grads) if grads else None
-            return torch.nn.utils.clip_grad_norm_(self.forward_module.parameters(), max_norm)
+            return torch.nn.utils.clip_grad_norm_(params, max_norm)
         if max_norm is None:  # the norm alone (sharded strategies compute it their way), NaN included
             norm = self.fabric.clip_gradients(self.module, self.optimizer, max_norm=float("inf"),
                                               error_if_nonfinite=False)
         else:
             norm = self.fabric.clip_gradients(self.module, self.optimizer, max_norm=max_norm)
         return norm if isinstance(norm, torch.Tensor) else None
+
+    def keep_parameters(self) -> None:
+        """Clip over the module's parameters as listed at the first clip from now on, instead of
+        listing them at every clip: `module.parameters()` walks every submodule, 0.3 - 0.6 ms a
+        step for a small transformer, as much as the clipping itself. `fit` keeps them for its
+        run (the list includes frozen parameters, so unfreezing some mid-run is seen)."""
+        self._kept = True
+
+    def _parameters(self) -> Iterable[torch.nn.Parameter]:
+        if not self._kept:
+            return self.forward_module.parameters()
+        if self._params is None:
+            self._params = list(self.forward_module.parameters())
+        return self._params
 
     def step(self) -> None:
         assert self._inner_optimizer is not None  # only a run with an optimizer steps

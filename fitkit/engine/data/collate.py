@@ -56,6 +56,16 @@ class SampleList(Dataset):
     def __getitem__(self, index: int) -> Mapping[str, Any]:
         return self.samples[int(index)]
 
+    def __getitems__(self, indices: list[int]) -> list[Mapping[str, Any]]:
+        """A batch's samples in one read where the samples have one (a `datasets.Dataset`'s
+        `__getitems__`: one Arrow slice instead of a row read per sample, as a `DataLoader` over
+        the dataset itself reads it); the same dicts either way."""
+        keys = [int(i) for i in indices]
+        read = getattr(self.samples, "__getitems__", None)
+        if read is not None and type(self).__getitem__ is SampleList.__getitem__:
+            return read(keys)
+        return [self[i] for i in keys]
+
 
 def _stack(values: list) -> torch.Tensor:
     first = values[0]
