@@ -219,7 +219,11 @@ class Model(CallbackOwner, Steps, KerasMethods, Evaluation, Saving, HFMethods, H
         """A model for one search trial: a fresh module from `model_init(trial)` (`build`: the
         search's `args`, FSDP's deferred build: `module_for_trial`), this model's compile configuration and callbacks,
         the same (already launched) Fabric, and its state marked as a search's (`trial_name`, `trial.params`)."""
-        copy = Model(module_for_trial(self.model_init, trial, self._runtime, **build))
+        # the trial's model is of this model's class (a subclass's own steps run in every trial) and
+        # keeps the attributes its subclass set (trackers, say); Model's own state is the trial's
+        copy = type(self).__new__(type(self))
+        Model.__init__(copy, module_for_trial(self.model_init, trial, self._runtime, **build))
+        copy.__dict__.update({k: v for k, v in self.__dict__.items() if k not in copy.__dict__})
         copy.model_init, copy.config = self.model_init, self.config
         copy.callback_handler = CallbackHandler(self.callback_handler.callbacks)
         copy._runtime = self._runtime.shared()

@@ -312,3 +312,25 @@ def test_storage_defaults_heartbeats_and_constant_liar(tmp_path):
     assert (backend.heartbeat_interval, backend.grace_period) == (5, 7)
     with pytest.raises(ValueError, match="`heartbeat_interval`=-1 is invalid"):
         opened(storage=f"sqlite:///{tmp_path / 'd.db'}", heartbeat_interval=-1)
+
+
+def test_a_model_subclass_runs_its_own_step_and_keeps_its_attributes_in_every_trial():
+    """A `Model` subclass (its own `train_step`, an attribute its `__init__` set) is what each trial trains."""
+    steps = []
+
+    class Counting(Model):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.tag = "mine"
+
+        def train_step(self, data):
+            steps.append(type(self).__name__ + ":" + self.tag)
+            return super().train_step(data)
+
+    x, y = _data()
+    model = Counting(model_init=_model_init()).compile(optimizer="sgd", loss="cross_entropy")
+    best = model.hyperparameter_search(x, y, hp_space=lambda t: {"epochs": 1}, n_trials=2, batch_size=120,
+                                       compute_objective=lambda m: m["loss"], verbose=0)
+    assert isinstance(best, BestRun)
+    # 2 trials x 1 epoch x 2 batches, every one through the subclass's step with its attribute
+    assert steps == ["Counting:mine"] * 4
