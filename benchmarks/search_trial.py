@@ -19,6 +19,12 @@ on a machine shared with other work.
     python -m benchmarks.search_trial                      # 12 trials x 4 epochs, 5 reps
     python -m benchmarks.search_trial --epochs 1 --reps 7  # trials of one epoch
     python -m benchmarks.search_trial --gc-after-trial     # fitkit with Optuna's gc_after_trial=True
+    python -m benchmarks.search_trial --fixed-cost 200     # fitkit alone: a trial's fit of one batch, 200 times
+
+`--fixed-cost N` times what a trial's `fit` costs besides its steps: N fits, each of a fresh trial
+model (`for_trial`, its own `output_dir` and learning rate) on one training batch and one
+validation batch of the digits, then released as the search releases it; the median CPU time per
+fit of `--reps` rounds is printed.
 """
 
 from __future__ import annotations
@@ -120,18 +126,51 @@ def fitkit_search(x: torch.Tensor, y: torch.Tensor, trials: int, epochs: int, ou
     return study
 
 
+def fixed_cost(x: torch.Tensor, y: torch.Tensor, fits: int, reps: int) -> list[float]:
+    """CPU seconds per one-batch fit of a fresh trial model, one value per round of `fits` fits."""
+    import optuna
+
+    fitkit = import_fitkit()
+    model = fitkit.Model(model_init=model_init).compile("adam", "cross_entropy", ["accuracy"])
+    model.launch()
+    train, val = (x[:BATCH], y[:BATCH]), (x[-BATCH:], y[-BATCH:])
+    rounds = []
+    with tempfile.TemporaryDirectory() as out:
+        for round_ in range(reps + 1):  # the first round warms up
+            start = time.process_time()
+            for number in range(fits):
+                trial = optuna.trial.FixedTrial({"hidden": 64}, number=number)
+                trial_model = model.for_trial(trial)
+                # each trial its own output_dir and learning rate, as in a search
+                trial_model.fit(*train, validation_data=val, batch_size=BATCH, verbose=0,
+                                output_dir=f"{out}/run-{number}", learning_rate=1e-3 * (1 + number % 10))
+                trial_model.release()
+            if round_:
+                rounds.append((time.process_time() - start) / fits)
+    return rounds
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=12)
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--gc-after-trial", action="store_true", help="fitkit with Optuna's gc_after_trial=True")
+    parser.add_argument("--fixed-cost", type=int, default=0, metavar="N",
+                        help="time N one-batch fits of fresh trial models instead (fitkit alone)")
     opts = parser.parse_args(argv)
     single_thread()
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     x, y = digits()
+    if opts.fixed_cost:
+        with quiet():
+            rounds = fixed_cost(x, y, opts.fixed_cost, opts.reps)
+        print(f"{opts.fixed_cost} one-batch fits of fresh trial models, {opts.reps} rounds: CPU "
+              f"{statistics.median(rounds) * 1e3:.2f} ms per fit (median; rounds: "
+              f"{', '.join(f'{r * 1e3:.2f}' for r in rounds)})")
+        return {"fixed_cost": rounds}
     options = {"gc_after_trial": True} if opts.gc_after_trial else {}
     times: dict[str, list[float]] = {"hand": [], "fitkit": []}
     cpu: dict[str, list[float]] = {"hand": [], "fitkit": []}

@@ -443,6 +443,36 @@ def test_the_same_tensors_are_checked_once_and_again_after_an_in_place_change(da
     assert len(probes) == 2
 
 
+def test_trials_read_the_datas_first_batches_once_and_check_each_module(data, monkeypatch):
+    """A search's trials share what was read from the data's first batches (keyed by the data
+    and the loss kind), while each trial's new module is still checked against it."""
+    import optuna
+
+    x, y = data
+    reads = []
+    real = checks._read_stats
+    monkeypatch.setattr(checks, "_read_stats", lambda batch, loss: reads.append(batch.size) or real(batch, loss))
+    model = Model(model_init=lambda trial: mlp(d_out=trial.suggest_int("classes", 1, 3))).compile("adam", "cross_entropy")
+    model.launch()
+
+    def trial_fit(number, classes, **options):
+        trial_model = model.for_trial(optuna.trial.FixedTrial({"classes": classes}, number=number))
+        return trial_model.fit(x, y, epochs=1, batch_size=16, verbose=0, validation_data=(x, y), **options)
+
+    trial_fit(0, 3)
+    first = len(reads)  # training and validation data before the step, the shuffled first batch at it
+    assert first == 3
+    trial_fit(1, 3)
+    assert len(reads) == first + 1  # only the shuffled batch the step trains on first
+    trial_fit(2, 3, shuffle=False)
+    assert len(reads) == first + 1  # the same slices as those read: nothing is read again
+    with pytest.raises(ValueError, match="`y`"):  # a module of 2 classes for labels up to 2: still refused
+        trial_fit(3, 2, shuffle=False)
+    y[0] = 1  # an in-place change: a new version of `y`, read again
+    trial_fit(5, 3, shuffle=False)
+    assert len(reads) == first + 3
+
+
 def test_the_same_change_of_arguments_is_made_once():
     from fitkit import TrainingArguments
 

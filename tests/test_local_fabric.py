@@ -126,6 +126,18 @@ def test_a_launcher_means_lightning(monkeypatch):
     assert local_device(TrainingArguments(accelerator="cpu")) is None
 
 
+def test_a_local_optimizers_class_is_made_once_per_optimizer_class():
+    """The wrapper's class is cached by the optimizer's class: the same class for every SGD, another
+    for Adam (a class per instance cost its creation and a garbage collection per search trial)."""
+    net = torch.nn.Linear(2, 2)
+    sgd, other_sgd = (LocalOptimizer(torch.optim.SGD(net.parameters(), lr=0.1)) for _ in range(2))
+    adam = LocalOptimizer(torch.optim.Adam(net.parameters()))
+    assert type(sgd) is type(other_sgd) and type(sgd).__name__ == "LocalSGD"
+    assert type(adam) is not type(sgd) and type(adam).__name__ == "LocalAdam"
+    assert isinstance(adam, torch.optim.Adam) and not isinstance(adam, torch.optim.SGD)
+    assert isinstance(sgd, torch.optim.SGD) and not isinstance(sgd, torch.optim.Adam)
+
+
 def test_local_fabric_behaves_as_fabric_on_one_process(tmp_path):
     fabric = LocalFabric(torch.device("cpu"))
     net = fabric.setup_module(torch.nn.Linear(2, 2))

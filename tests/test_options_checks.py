@@ -137,6 +137,29 @@ def test_did_you_mean_helper():
     assert did_you_mean(["epoch", "sed"], ["epochs", "seed"]) == "did you mean 'epochs' for 'epoch', 'seed' for 'sed'? "
     assert parse_number("1e-3", float) == 1e-3 and parse_number("3", int) == 3
     assert parse_number(True, int) is None and parse_number("inf", float) is None and parse_number(2.0, int) is None
+    assert parse_number(3, int) == 3 and parse_number(3, float) == 3.0 and type(parse_number(3, float)) is float
+    assert parse_number(float("nan"), float) is None and parse_number(float("-inf"), float) is None
+    assert parse_number(False, float) is None and parse_number(0.5, float) == 0.5
+
+
+def test_replace_gives_what_dataclasses_replace_gives():
+    """`TrainingArguments.replace` copies the fields instead of constructing anew: the same values,
+    converted and checked as the constructor does, and a copy independent of the original."""
+    import dataclasses
+
+    from fitkit import TrainingArguments
+
+    base = TrainingArguments(learning_rate=1e-3, output_dir="out", report_to=["none"])
+    assert base.replace(epochs=2).num_train_epochs == 2 and "_replaced" in base.__dict__  # base holds a memo now
+    changed = base.replace(lr="2e-3", epochs=3, eval_strategy="epoch")
+    assert changed == dataclasses.replace(base, learning_rate=2e-3, num_train_epochs=3, eval_strategy="epoch")
+    assert changed.learning_rate == 2e-3 and base.learning_rate == 1e-3 and base.eval_strategy is None
+    assert "_replaced" not in changed.__dict__  # the original's memo of replacements is not copied
+    assert changed.report_to == ["none"] and changed.names() == base.names() == [f.name for f in dataclasses.fields(base)]
+    with pytest.raises(ValueError, match="`epochs`=0"):
+        base.replace(epochs=0)
+    with pytest.raises(ValueError, match="eval_strategy"):
+        base.replace(eval_strategy="epochs")
 
 
 def test_unknown_compile_option_leads_with_the_suggestion():

@@ -65,6 +65,11 @@ def parse_number(value: Any, kind: type) -> int | float | None:
     doubt: a number of that kind (NumPy's included; a bool is not a number here; a float is not
     an int), or a string that spells one ("3", "1e-3", as HF's command line gives them).
     Anything else gives None."""
+    exact = type(value)  # the common cases first: every field of TrainingArguments passes here
+    if exact is int and kind is int:
+        return value
+    if exact is float and kind is float:
+        return value if math.isfinite(value) else None
     if isinstance(value, bool):
         return None
     if isinstance(value, str):

@@ -13,6 +13,7 @@ the same attributes (`args.output_dir`, `args.logging_steps`, `args.eval_strateg
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -47,6 +48,12 @@ def _distributed(getter: str, variable: str, default: int) -> int:
 
 
 _MEMO_SIZE = 32
+
+
+@functools.lru_cache(maxsize=8)
+def _field_names(cls: type) -> tuple[str, ...]:
+    """The fields of a `TrainingArguments` class, in order (read once per class)."""
+    return tuple(f.name for f in dataclasses.fields(cls))
 
 
 def _memo_key(options: dict[str, Any]) -> tuple | None:
@@ -238,7 +245,7 @@ class TrainingArguments(metaclass=_TakesOtherNames):
     # -- construction and serialisation ----------------------------------------------------
     @classmethod
     def names(cls) -> list[str]:
-        return [f.name for f in dataclasses.fields(cls)]
+        return list(_field_names(cls))
 
     @classmethod
     def from_options(cls, **options: Any) -> TrainingArguments:
@@ -258,7 +265,7 @@ class TrainingArguments(metaclass=_TakesOtherNames):
         memo = self.__dict__.get("_replaced")
         if key is not None and memo is not None and key in memo:
             return memo[key]
-        new = named_as_given(options, lambda: dataclasses.replace(self, **canonical(options, self.names())))
+        new = named_as_given(options, lambda: self._copy_with(canonical(options, _field_names(type(self)))))
         from fitkit.config.hf_names import (
             HF_ONLY_TARGETS,  # the fields set, for fitkit.config.option_merge's args= rule
         )
@@ -271,6 +278,15 @@ class TrainingArguments(metaclass=_TakesOtherNames):
                 object.__setattr__(self, "_replaced", memo)  # not a field: equality and JSON ignore it
             if len(memo) < _MEMO_SIZE:
                 memo[key] = new
+        return new
+
+    def _copy_with(self, changes: dict[str, Any]) -> TrainingArguments:
+        """What `dataclasses.replace` gives (`changes` over this one's fields, every field checked
+        again), without passing every field through the constructor again: a fit makes a
+        changed copy or two, and a search's trials make theirs at every trial."""
+        new = object.__new__(type(self))
+        new.__dict__.update({name: self.__dict__[name] for name in _field_names(type(self))}, **changes)
+        new.__post_init__()
         return new
 
     def to_dict(self) -> dict[str, Any]:

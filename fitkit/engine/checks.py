@@ -69,12 +69,36 @@ class CheckMemo:
     """The in-memory sources already checked against a module, loss and metrics, so that calling
     `fit` again on the same tensors (a loop of short fits, a search) checks nothing again. A
     source is known by its tensors' storage, shape, dtype and version counter (an in-place
-    change is a new version); the tensors are kept referenced, so their memory is not reused."""
+    change is a new version); the tensors are kept referenced, so their memory is not reused.
+
+    What depends on the data alone (the first batch and the values read from it, by the kind of
+    loss) is kept apart, in `firsts`, which the memos of a search's trials share (`sharing`):
+    each trial's new module is checked, its data's values are not read again."""
 
     SIZE = 8
 
-    def __init__(self) -> None:
+    def __init__(self, firsts: dict[tuple, tuple[Batch, dict[str, float], list]] | None = None) -> None:
         self._seen: dict[tuple, list] = {}
+        self.firsts = firsts if firsts is not None else {}
+
+    def sharing(self) -> CheckMemo:
+        """A new memo (nothing checked against a module) sharing this one's data values."""
+        return CheckMemo(self.firsts)
+
+    def first(self, source: DataSource, loss: Any) -> tuple[tuple | None, tuple[Batch, dict[str, float]] | None]:
+        """The key of `source`'s first batch read for `loss` (None: not in-memory data), and the
+        (batch, values) kept for it (None: not read yet)."""
+        key = self.key(source, LOSS_KINDS.get((loss if isinstance(loss, str) else _named(loss)) or ""))
+        if key is None:
+            return None, None
+        kept = self.firsts.get(key[0])
+        return key, (kept[0], kept[1]) if kept is not None else None
+
+    def keep_first(self, key: tuple | None, batch: Batch, stats: dict[str, float]) -> None:
+        if key is not None:
+            for oldest in list(self.firsts)[:1] if len(self.firsts) >= self.SIZE else ():  # (a list: trials may run in threads)
+                self.firsts.pop(oldest, None)
+            self.firsts[key[0]] = (batch, stats, key[1])
 
     def key(self, source: DataSource, *parts: Any) -> tuple | None:
         if not isinstance(source, TensorSource):
@@ -107,15 +131,16 @@ def check_data(stepper: Stepper, module: torch.nn.Module, source: DataSource | N
                    stepper.direct) if memo is not None else None
     if memo is not None and memo.seen(key):  # (no key: not seen)
         return None
-    batch = _check(stepper, module, source, metrics=metrics, training=training, with_loss=with_loss)
+    batch = _check(stepper, module, source, metrics=metrics, training=training, with_loss=with_loss, memo=memo)
     if memo is not None:
         memo.add(key)
     return batch
 
 
 def _check(stepper: Stepper, module: torch.nn.Module, source: DataSource, *, metrics: Any, training: bool,
-           with_loss: bool) -> Batch | None:
-    batch = source.first_batch()
+           with_loss: bool, memo: CheckMemo | None = None) -> Batch | None:
+    first_key, kept = memo.first(source, stepper.loss if with_loss else None) if memo is not None else (None, None)
+    batch = source.first_batch() if kept is None else kept[0]
     names = _Names(source.name, isinstance(source, TensorSource))
     if batch is None:
         if stepper.fabric.world_size == 1:  # a rank's shard may be empty while another's is not
@@ -127,7 +152,9 @@ def _check(stepper: Stepper, module: torch.nn.Module, source: DataSource, *, met
     if with_loss:
         _check_targets_given(batch, loss, names, training)
     _check_features(batch, module, names)
-    stats = _read_stats(batch, loss)
+    stats = _read_stats(batch, loss) if kept is None else kept[1]
+    if kept is None and memo is not None:
+        memo.keep_first(first_key, batch, stats)
     _warn_non_finite(stats, names)
     if stepper.fabric.world_size == 1:  # one rank raising alone would leave the others waiting
         FirstStep.of(stepper).arm(_Pending(module, batch, names, stats, metrics, with_loss), training)
@@ -295,7 +322,7 @@ class FirstStep:
 
     def _checked(self, pending: _Pending, batch: Batch, with_loss: bool) -> tuple[Any, Any]:
         stepper = self.stepper
-        if batch is not pending.batch and pending.stats:  # shuffled: the step's first batch is another one
+        if pending.stats and not _same_data(batch, pending.batch):  # shuffled: the step's first batch is another one
             stats = _read_stats(batch, stepper.loss if with_loss else None)
             if all(pending.stats.get(k, 1.0) for k in ("x_finite", "y_finite")):  # not warned about yet
                 _warn_non_finite(stats, pending.names)
@@ -476,6 +503,22 @@ def _check_validation(stepper: Stepper, pending: _Pending, train_out: Any, train
             like = out.detach()[:1].expand(target.shape[0], *out.shape[1:])  # the outputs' shape for this batch
             stats = pending.stats if names is pending.names else _read_stats(Batch((), target, None, 0), named)
             _check_rules(named, like, target, names, stats)
+
+
+def _same_data(a: Batch, b: Batch) -> bool:
+    """Whether two batches hold the same tensors (storage, offset, shape, strides, dtype,
+    version): the same slice of in-memory data cut twice, whose values need no second read."""
+    if a is b:
+        return True
+    if (a.target is None) != (b.target is None) or (a.sample_weight is None) != (b.sample_weight is None):
+        return False
+    ta = tensors_of((a.inputs, a.target, a.sample_weight))
+    tb = tensors_of((b.inputs, b.target, b.sample_weight))
+    return len(ta) == len(tb) and all(
+        x.data_ptr() == y.data_ptr() and x.shape == y.shape and x.stride() == y.stride() and x.dtype == y.dtype
+        and x.device == y.device and x._version == y._version for x, y in zip(ta, tb))
+
+
 def _same_inputs(a: Any, b: Any) -> bool:
     """Whether two batches' inputs have the same structure, dtypes and shapes but the first."""
     if type(a) is not type(b) or (isinstance(a, dict) and list(a) != list(b)):

@@ -120,9 +120,11 @@ class Runtime:
         self.optimizer = self.restore_optimizer = self.scheduler = None
 
     def shared(self) -> Runtime:
-        """A runtime on the same (already launched) Fabric, with nothing else: a search trial's."""
+        """A runtime on the same (already launched) Fabric, with nothing else but the values
+        read from the data's first batches: a search trial's."""
         other = Runtime()
         other.fabric, other.key = self.fabric, self.key
+        other.checked = self.checked.sharing()  # the data's first-batch values, read once for all trials
         return other
 
     def release(self) -> None:

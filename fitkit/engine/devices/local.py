@@ -19,6 +19,7 @@ uses; `fitkit.engine.devices.local_members` the rest::
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import io
 import os
@@ -347,7 +348,8 @@ class LocalOptimizer:
         # Fabric's wrapper keeps its Fabric's list only when it holds a callback at set-up time
         self._callbacks = callbacks or []
         self._fabric = None if fabric is None else weakref.ref(fabric)  # a copy of the optimizer shares it
-        self.__class__ = type("Local" + type(optimizer).__name__, (LocalOptimizer, type(optimizer)), {})
+        owner: type = type(optimizer)  # annotated: mypy does not count `type[Optimizer]` as Hashable for the cache
+        self.__class__ = local_optimizer_class(owner)
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
@@ -375,6 +377,14 @@ class LocalOptimizer:
         if name == "_optimizer":  # not set yet (a copy being built): no recursion
             raise AttributeError(name)
         return getattr(self._optimizer, name)
+
+
+@functools.lru_cache(maxsize=64)
+def local_optimizer_class(cls: type) -> type:
+    """The class of a `LocalOptimizer` over a `cls` optimizer, made once per class: a class made
+    per instance would cost its creation at every fit and, being in reference cycles, keep each
+    search trial's optimizer (and its module) alive until a garbage collection."""
+    return type("Local" + cls.__name__, (LocalOptimizer, cls), {})
 
 
 def _compiled_original(module: torch.nn.Module) -> torch.nn.Module | None:
