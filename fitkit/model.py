@@ -36,7 +36,7 @@ from fitkit.facade.defaults import defaults_for
 from fitkit.facade.evaluation import Evaluation
 from fitkit.facade.hf_methods import HFMethods
 from fitkit.facade.hf_results import HFResults
-from fitkit.facade.keras_api import KerasMethods, as_list
+from fitkit.facade.keras_api import KerasMethods
 from fitkit.facade.model_init import call_model_init, deferred_module, module_for_fit, module_for_trial, run_in_child
 from fitkit.facade.saving import Saving
 from fitkit.facade.steps import Steps
