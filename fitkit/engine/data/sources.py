@@ -229,13 +229,18 @@ class TensorSource(CountsSamples):
         device = first_leaf(self.x).device
         if order is not None:
             order = order.to(device)
+        x, y = self.x, self.y
+        if (isinstance(x, torch.Tensor) and isinstance(y, (torch.Tensor, type(None))) and self.sample_weight is None
+                and self.class_weight is None):
+            return _sliced(x, y, order, offset, n, self.batch_size, self.drop_last)  # (no generator between)
+        return self._mapped(order, offset, n)
+
+    def _mapped(self, order: torch.Tensor | None, offset: int, n: int) -> Iterator[Batch]:
+        """`_batches` of structured inputs, targets or weights: each tensor taken by a function."""
         bs = self.batch_size
         x, y, sw, cw = self.x, self.y, self.sample_weight, self.class_weight
         positional = not isinstance(x, dict)
         take: Callable[..., torch.Tensor]  # called with a tensor (the defaults bind the loop values)
-        if isinstance(x, torch.Tensor) and isinstance(y, (torch.Tensor, type(None))) and sw is None and cw is None:
-            yield from _sliced(x, y, order, offset, n, bs, self.drop_last)
-            return
         for b in range(n // bs if self.drop_last else math.ceil(n / bs)):
             lo, hi = b * bs, min((b + 1) * bs, n)
             if order is None:
@@ -258,13 +263,14 @@ def _sliced(x: torch.Tensor, y: torch.Tensor | None, order: torch.Tensor | None,
     """The batches of one input and one target (the common case), sliced directly: the full
     batches in a loop that does no more per batch than a hand-written one, then the last."""
     full = n // bs * bs
+    new = tuple.__new__  # `Batch(...)` without its Python-level `__new__` frame
     if order is None:
         if y is None:
             for lo in range(offset, offset + full, bs):
-                yield Batch((x[lo:lo + bs],), None, None, bs)
+                yield new(Batch, ((x[lo:lo + bs],), None, None, bs))
         else:
             for lo in range(offset, offset + full, bs):
-                yield Batch((x[lo:lo + bs],), y[lo:lo + bs], None, bs)
+                yield new(Batch, ((x[lo:lo + bs],), y[lo:lo + bs], None, bs))
         if full < n and not drop_last:
             lo, hi = offset + full, offset + n
             yield Batch((x[lo:hi],), y[lo:hi] if y is not None else None, None, n - full)
