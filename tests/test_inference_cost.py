@@ -240,3 +240,55 @@ def test_released_metrics_serve_the_next_set_with_the_same_values():
     other = MetricSet(["accuracy"])  # another class count: not the spare of 5 classes
     other.update(torch.randn(4, 3), torch.randint(0, 3, (4,)))
     assert other._items[0][1] is not before[0] and other._items[0][1].num_classes == 3
+
+
+def test_the_label_metrics_of_one_output_share_one_argmax_a_batch(monkeypatch):
+    batches = _batches("multiclass")
+    calls = []
+    real = torch.Tensor.argmax
+
+    def counting(self, *args, **kwargs):
+        calls.append(1)
+        return real(self, *args, **kwargs)
+
+    shared = MetricSet(["accuracy", "f1", "precision", "recall"])
+    monkeypatch.setattr(torch.Tensor, "argmax", counting)
+    for preds, target in batches:
+        shared.update(preds, target)
+    monkeypatch.setattr(torch.Tensor, "argmax", real)
+    assert len(calls) == len(batches)  # not one per metric
+    values = shared.compute()
+    for name in ("accuracy", "f1", "precision", "recall"):  # each as when alone
+        alone = MetricSet([name])
+        for preds, target in batches:
+            alone.update(preds, target)
+        assert alone.compute()[name] == values[name]
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("with_y", [True, False])
+def test_sliced_batches_cover_the_shard_in_order(drop_last, with_y):
+    from fitkit.engine.data.sources import TensorSource
+
+    x, y = torch.arange(23.0).unsqueeze(1), torch.arange(23)
+    for rank in (0, 1):
+        source = TensorSource(x, y if with_y else None, batch_size=4, shuffle=False, seed=None, drop_last=drop_last,
+                              rank=rank, world_size=2, pad=False)
+        lo = source.offset
+        got = list(source.batches(0))
+        sizes = [b.size for b in got]
+        n = source.num_samples
+        assert sizes == [4] * (n // 4) + ([] if drop_last or n % 4 == 0 else [n % 4])
+        rows = torch.cat([b.inputs[0] for b in got]).squeeze(1)
+        assert torch.equal(rows, x[lo:lo + sum(sizes)].squeeze(1))
+        assert all(b.size == len(b.inputs[0]) for b in got)
+        if with_y:
+            assert torch.equal(torch.cat([b.target for b in got]), y[lo:lo + sum(sizes)])
+        else:
+            assert all(b.target is None for b in got)
+    shuffled = TensorSource(x, y, batch_size=4, shuffle=True, seed=1, drop_last=drop_last)
+    got = list(shuffled.batches(0))
+    assert [b.size for b in got] == [4] * 5 + ([] if drop_last else [3])
+    assert all(torch.equal(b.inputs[0].squeeze(1).long(), b.target) for b in got)  # rows and labels together
+    if not drop_last:
+        assert sorted(torch.cat([b.target for b in got]).tolist()) == list(range(23))

@@ -433,32 +433,47 @@ _SPARES = Spares()
 
 
 class _Held:
-    """A block metric's prepared batches not yet given to it."""
+    """The prepared batches not yet given to the block metrics that see the same output and
+    prepare it alike (accuracy, F1, precision and recall of one output share one argmax a batch
+    and one concatenation): `indices` are those metrics' places in the set."""
 
-    __slots__ = ("preds", "targets", "nbytes")
+    __slots__ = ("kind", "key", "select", "labels", "indices", "preds", "targets", "nbytes")
 
-    def __init__(self) -> None:
+    def __init__(self, kind: str, key: str, select: Any) -> None:
+        self.kind, self.key, self.select = kind, key, select
+        # what torchmetrics' update does first for class scores: hold labels, not scores
+        self.labels = kind in ("multiclass", "onehot") and key != "auroc"
+        self.indices: list[int] = []
         self.preds: list[torch.Tensor] = []
         self.targets: list[torch.Tensor] = []
         self.nbytes = 0
 
-    def add(self, kind: str, key: str, preds: torch.Tensor, target: torch.Tensor) -> None:
-        preds, target = _prepare(kind, key, preds, target)
-        if kind in ("multiclass", "onehot") and key != "auroc" and preds.dim() == 2 and target.dim() == 1:
-            preds = preds.argmax(dim=1)  # what torchmetrics' update does first: hold labels, not scores
+    @staticmethod
+    def group(kind: str, key: str, select: Any) -> tuple:
+        """What metrics sharing a `_Held` have in common (`_prepare` differs only for AUROC)."""
+        return kind, key == "auroc", select
+
+    def add(self, preds: torch.Tensor, target: torch.Tensor) -> int:
+        """Hold one batch; the bytes held now."""
+        preds, target = _prepare(self.kind, self.key, preds, target)
+        if self.labels and preds.dim() == 2 and target.dim() == 1:
+            preds = preds.argmax(dim=1)
         self.preds.append(preds)
         self.targets.append(target)
         self.nbytes += preds.nbytes + target.nbytes
+        return self.nbytes
 
-    def give(self, metric: Any) -> None:
+    def give(self, items: list) -> None:
         if not self.preds:
             return
         preds, targets = self.preds, self.targets
         self.clear()
         if len(preds) == 1:
-            metric.update(preds[0], targets[0])
+            joined, target = preds[0], targets[0]
         else:
-            metric.update(torch.cat(preds), torch.cat(targets))
+            joined, target = torch.cat(preds), torch.cat(targets)
+        for index in self.indices:
+            items[index][1].update(joined, target)
 
     def clear(self) -> None:
         self.preds, self.targets, self.nbytes = [], [], 0
@@ -479,7 +494,8 @@ class MetricSet:
         self._items: list[_Item] | None = None
         self._pending: dict | None = None  # states to apply once the metrics are built
         self._tasks: dict[str, tuple[str, int]] = {}
-        self._held: dict[int, _Held] = {}  # by item index: the block metrics' batches not given yet
+        self._held: list[_Held] = []  # the block metrics' batches not given yet, one per group
+        self._each: list[int] = []  # the indices of the metrics updated at every batch
         self._spares: dict[int, tuple] = {}  # by item index: the `Spares` key of a named torchmetrics metric
         self.device = torch.device("cpu")  # where metrics rebuilt from a saved state live
 
@@ -560,7 +576,7 @@ class MetricSet:
                 metric = metric.to(preds.device if preds is not None else self.device)
             items.append((self.prefix + name, metric, kind, key, select, weight))
         self._items = items
-        self._held = {i: _Held() for i, item in enumerate(items) if item[2] in BLOCK_KINDS and item[5] is None}
+        self._held, self._each = _grouped(items)
         if self._pending:
             self._apply(self._pending)
             self._pending = None
@@ -569,9 +585,9 @@ class MetricSet:
         """Update the block metrics with the batches they hold (before anything reads them)."""
         if self._items is None:
             return
-        for index, held in self._held.items():
+        for held in self._held:
             if held.preds:
-                held.give(self._items[index][1])
+                held.give(self._items)
 
     def export_state(self) -> dict | None:
         """The accumulated values (tensors and numbers), to resume an epoch exactly."""
@@ -601,7 +617,7 @@ class MetricSet:
     def load_state(self, states: dict | None) -> None:
         if not states:
             return
-        for held in self._held.values():
+        for held in self._held:
             held.clear()
         if self._items is not None:
             self._apply(states)
@@ -642,22 +658,26 @@ class MetricSet:
         if self._items is None:
             self._build(outputs, target)
         assert self._items is not None  # set by `_build`
-        plain = None
-        held, nbytes = self._held, 0
-        for index, (_, metric, kind, key, select, weight) in enumerate(self._items):
-            if select is None and kind != "part":
+        items, plain, nbytes = self._items, None, 0
+        for index in self._each:
+            _, metric, kind, key, select, weight = items[index]
+            if kind == "part":
+                preds, tgt = None, target
+            elif select is None:
                 if plain is None:
-                    plain = _select(None, outputs, target)
+                    plain = _whole(outputs, target)
                 preds, tgt = plain
             else:
-                preds, tgt = _select(select, outputs, target) if kind != "part" else (None, target)
-            block = held.get(index)
-            if block is None:
-                w = weight(outputs, sample_weight) if weight is not None and sample_weight is not None else None
-                _update(metric, kind, key, preds, tgt, w)
+                preds, tgt = _select(select, outputs, target)
+            w = weight(outputs, sample_weight) if weight is not None and sample_weight is not None else None
+            _update(metric, kind, key, preds, tgt, w)
+        for held in self._held:
+            if held.select is None:
+                if plain is None:
+                    plain = _whole(outputs, target)
+                nbytes += held.add(*plain)
             else:
-                block.add(kind, key, preds, tgt)
-                nbytes += block.nbytes
+                nbytes += held.add(*_select(held.select, outputs, target))
         if nbytes > HELD_BYTES:
             self._give_held()
 
@@ -707,14 +727,35 @@ class MetricSet:
             return
         for index, spare in self._spares.items():
             _SPARES.give(spare, self._items[index][1])
-        self._items, self._held, self._spares, self._tasks = None, {}, {}, {}
+        self._items, self._held, self._each, self._spares, self._tasks = None, [], [], {}, {}
 
     def reset(self) -> None:
         self._pending = None
-        for held in self._held.values():
+        for held in self._held:
             held.clear()
         for _, metric, *_ in self._items or ():
             metric.reset()
+
+
+def _grouped(items: list[_Item]) -> tuple[list[_Held], list[int]]:
+    """The block metrics of `items` (unweighted, of a kind whose state counts) grouped by what
+    they hold, and the indices of the others, updated at every batch."""
+    groups: dict[tuple, _Held] = {}
+    each: list[int] = []
+    for index, (_, _, kind, key, select, weight) in enumerate(items):
+        if kind in BLOCK_KINDS and weight is None:
+            held = groups.setdefault(_Held.group(kind, key, select), _Held(kind, key, select))
+            held.indices.append(index)
+        else:
+            each.append(index)
+    return list(groups.values()), each
+
+
+def _whole(outputs: Any, target: Any) -> tuple[Any, Any]:
+    """`_select` for a metric of the whole model's output; one tensor (the common case) directly."""
+    if type(outputs) is torch.Tensor:
+        return (outputs.detach() if outputs.requires_grad else outputs), target
+    return _select(None, outputs, target)
 
 
 def _select(select: Any, outputs: Any, target: Any) -> tuple[Any, Any]:

@@ -75,10 +75,12 @@ class Inference:
                     loss, out = stepper.forward(batch)
                 except Exception as err:  # noqa: BLE001 - a forward that needs autograd: again under no_grad
                     loss, out = again_under_no_grad(stepper, mode, batch, err)
+                size = batch.size
                 if loss is not None:
-                    total.add_(loss.detach(), alpha=batch.size)  # one op: the sum in float64, on the device
+                    # One op: the sum in float64, on the device (no detach: nothing records under no_grad).
+                    total.add_(loss, alpha=size)
                     with_loss = True
-                count += batch.size
+                count += size
                 batches += 1
                 if measured and batch.target is not None:
                     metrics.update(out, batch.target, batch.sample_weight)

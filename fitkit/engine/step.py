@@ -80,7 +80,10 @@ class Stepper:
             return scalar_loss(model_loss(out)), metric_outputs(out)
         if target is None:
             return None, out
-        return scalar_loss(loss_fn(out, target, batch.sample_weight)), out  # the loss picks the output(s)
+        loss = loss_fn(out, target, batch.sample_weight)  # the loss picks the output(s)
+        if loss.dim():
+            scalar_loss(loss)  # raises
+        return loss, out
 
     def _forward_with_compute_loss(self, batch: Batch, with_loss: bool = True) -> tuple[torch.Tensor | None, Any]:
         """`forward` when a `Model` subclass overrides `compute_loss(x, y, y_pred, sample_weight)`."""

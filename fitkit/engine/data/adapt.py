@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from fitkit.engine.data.batch import batch_size_of
 from fitkit.engine.data.collate import SampleList, is_sample_list, loader_options
 from fitkit.engine.data.keras_data import BatchSequence, is_batch_sequence
-from fitkit.engine.data.prefetch import can_prefetch
+from fitkit.engine.data.prefetch import MIN_STEP_S, can_prefetch
 from fitkit.engine.data.sampling import EpochSampler, process_group
 from fitkit.engine.data.sources import DataSource, LoaderSource, TensorSource
 from fitkit.engine.data.trainer_order import seed_worker
@@ -125,6 +125,8 @@ def adapt(
     source.name = name
     if isinstance(source, LoaderSource):
         source.prefetch = getattr(args, "prefetch", True) and can_prefetch(source.loader)
+        if not training:  # evaluation and prediction: a forward alone rarely hides a read
+            source.min_step_s = MIN_STEP_S
     return source, tensors
 
 

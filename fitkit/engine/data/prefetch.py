@@ -49,6 +49,10 @@ _JOIN_S = 10.0  # how long closing waits for the batch being read to finish
 # that both run Python costs about 0.3 ms a step (they take turns holding the GIL), more than
 # overlapping so short a read saves.
 MIN_READ_S = 1e-3
+# An evaluation or prediction pass (`read_ahead(..., min_step_s=MIN_STEP_S)`) reads ahead only
+# when the step on its second batch took this long too: a forward shorter than the handoff and
+# the GIL turns it costs hides less than they cost (a hand-written loop reads between steps).
+MIN_STEP_S = 1e-3
 
 _ITEM, _ERROR, _END = "item", "error", "end"  # what the thread hands over
 _NONE = object()  # `rest` had no second item
@@ -187,11 +191,13 @@ def _same(before: tuple, after: tuple) -> bool:
     return torch.equal(before[0], after[0]) and before[1:] == after[1:]
 
 
-def read_ahead(first: Any, rest: Iterator, *, readers: MutableSet, on_draws: Callable[[], None]) -> Iterator:
+def read_ahead(first: Any, rest: Iterator, *, readers: MutableSet, on_draws: Callable[[], None],
+               min_step_s: float = 0.0) -> Iterator:
     """`first`, then the items of `rest`: the second one read on this thread, the others by a
     `Prefetcher` (added to `readers`), unless reading the second moved a global generator (then
     `on_draws()` is called) or took less than `MIN_READ_S`: then every item is read on this
-    thread, as without prefetching."""
+    thread, as without prefetching. With `min_step_s`, the thread starts after the consumer's
+    step on the second item, and only when that step took at least `min_step_s`."""
     yield first
     before, started = rng_fingerprint(), time.perf_counter()
     second = next(rest, _NONE)
@@ -204,6 +210,19 @@ def read_ahead(first: Any, rest: Iterator, *, readers: MutableSet, on_draws: Cal
             on_draws()
         yield second
         yield from rest
+        return
+    if min_step_s:
+        stepped = time.perf_counter()
+        yield second
+        if time.perf_counter() - stepped < min_step_s:  # the consumer's step on the second item
+            yield from rest
+            return
+        reader = Prefetcher(rest)
+        readers.add(reader)
+        try:
+            yield from reader
+        finally:
+            reader.close()
         return
     reader = Prefetcher(rest)  # reads the third batch while the consumer steps on the second
     readers.add(reader)

@@ -229,21 +229,18 @@ class TensorSource(CountsSamples):
         device = first_leaf(self.x).device
         if order is not None:
             order = order.to(device)
+        x, y = self.x, self.y
+        if (isinstance(x, torch.Tensor) and isinstance(y, (torch.Tensor, type(None))) and self.sample_weight is None
+                and self.class_weight is None):
+            return _sliced(x, y, order, offset, n, self.batch_size, self.drop_last)  # (no generator between)
+        return self._mapped(order, offset, n)
+
+    def _mapped(self, order: torch.Tensor | None, offset: int, n: int) -> Iterator[Batch]:
+        """`_batches` of structured inputs, targets or weights: each tensor taken by a function."""
         bs = self.batch_size
         x, y, sw, cw = self.x, self.y, self.sample_weight, self.class_weight
         positional = not isinstance(x, dict)
         take: Callable[..., torch.Tensor]  # called with a tensor (the defaults bind the loop values)
-        if isinstance(x, torch.Tensor) and isinstance(y, (torch.Tensor, type(None))) and sw is None and cw is None:
-            # one input and one target (the common case): sliced directly, without a function per tensor
-            for b in range(n // bs if self.drop_last else math.ceil(n / bs)):
-                lo, hi = b * bs, min((b + 1) * bs, n)
-                if order is None:
-                    xb, yb = x[offset + lo:offset + hi], (y[offset + lo:offset + hi] if y is not None else None)
-                else:
-                    idx = order[lo:hi]
-                    xb, yb = x.index_select(0, idx), (y.index_select(0, idx) if y is not None else None)
-                yield Batch((xb,), yb, None, hi - lo)
-            return
         for b in range(n // bs if self.drop_last else math.ceil(n / bs)):
             lo, hi = b * bs, min((b + 1) * bs, n)
             if order is None:
@@ -259,6 +256,28 @@ class TensorSource(CountsSamples):
                 swb = cwb if swb is None else swb * cwb
             inputs = (xb if isinstance(xb, tuple) else (xb,)) if positional else xb
             yield Batch(inputs, yb, swb, hi - lo)
+
+
+def _sliced(x: torch.Tensor, y: torch.Tensor | None, order: torch.Tensor | None, offset: int, n: int, bs: int,
+            drop_last: bool) -> Iterator[Batch]:
+    """The batches of one input and one target (the common case), sliced directly: the full
+    batches in a loop that does no more per batch than a hand-written one, then the last."""
+    full = n // bs * bs
+    new = tuple.__new__  # `Batch(...)` without its Python-level `__new__` frame
+    if order is None:
+        if y is None:
+            for lo in range(offset, offset + full, bs):
+                yield new(Batch, ((x[lo:lo + bs],), None, None, bs))
+        else:
+            for lo in range(offset, offset + full, bs):
+                yield new(Batch, ((x[lo:lo + bs],), y[lo:lo + bs], None, bs))
+        if full < n and not drop_last:
+            lo, hi = offset + full, offset + n
+            yield Batch((x[lo:hi],), y[lo:hi] if y is not None else None, None, n - full)
+        return
+    for lo in range(0, full if drop_last else n, bs):
+        idx = order[lo:min(lo + bs, n)]
+        yield Batch((x.index_select(0, idx),), y.index_select(0, idx) if y is not None else None, None, len(idx))
 
 
 _END = object()
@@ -343,6 +362,8 @@ class LoaderSource(CountsSamples):
         self.sampler: EpochSampler | None = None  # set when fitkit built the loader
         self.distributed = False
         self.prefetch = False
+        # Read ahead only after a step this long (seconds; 0: always): set for evaluation passes.
+        self.min_step_s = 0.0
         self._readers: weakref.WeakSet = weakref.WeakSet()  # the prefetch threads started
         self._parts: list[Any] | None = None  # `stateful_parts(loader)`, found at first use
         self._restore: tuple[int, int, list] | None = None  # a resumed epoch's (epoch, batch, states)
@@ -429,7 +450,8 @@ class LoaderSource(CountsSamples):
         if first is _END:
             iterator = iter(())
         elif self.prefetch and not self.stateful():
-            iterator = read_ahead(first, iterator, readers=self._readers, on_draws=self._no_prefetch)
+            iterator = read_ahead(first, iterator, readers=self._readers, on_draws=self._no_prefetch,
+                                  min_step_s=self.min_step_s)
         else:
             iterator = itertools.chain((first,), iterator)
         if start and not skip_in_sampler and not restored:
