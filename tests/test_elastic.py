@@ -167,6 +167,7 @@ def resumed(tmp, writers):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # its module fixtures launch several runs of 2-4 processes: minutes on a busy machine
 def test_one_process_resumes_ddp_fsdp_and_hybrid_checkpoints_at_the_same_sample(writers, resumed):
     for name, runs in zip(("ddp2", "fsdp2", "hybrid"), resumed["on1"]):  # written by 2, 2 and 4 processes
         _, writer, samples = writers[name]
@@ -174,6 +175,7 @@ def test_one_process_resumes_ddp_fsdp_and_hybrid_checkpoints_at_the_same_sample(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # its module fixtures launch several runs of 2-4 processes: minutes on a busy machine
 def test_two_processes_resume_fsdp_checkpoints_of_one_two_and_four_processes(writers, resumed):
     runs = resumed["on2"][:3]
     for name, runs_of in zip(("fsdp1", "fsdp2", "hybrid"), runs):
@@ -184,6 +186,7 @@ def test_two_processes_resume_fsdp_checkpoints_of_one_two_and_four_processes(wri
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # its module fixtures launch several runs of 2-4 processes: minutes on a busy machine
 def test_hybrid_sharding_on_two_nodes_matches_ddp(hybrid, writers):
     _, hsdp = hybrid
     runs = writers["ddp2"][1]  # the same 32 samples a step, the gradient averaged over them
@@ -201,6 +204,7 @@ def test_hybrid_sharding_on_two_nodes_matches_ddp(hybrid, writers):
 
 # -- every optimizer, with and without state: one process <-> FSDP x2; asynchronous writers ---------------
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # its module fixtures launch several runs of 2-4 processes: minutes on a busy machine
 def test_every_optimizer_resumes_from_one_process_on_fsdp_and_back(writers, resumed):
     matrix = writers["matrix"]
     _, one = matrix["one"]

@@ -63,7 +63,10 @@ class HostCopy:
             torch.cuda.synchronize()
         self._buffers = self._used
         later, self._later, self._defer = self._later, [], set()
-        return PendingCopy(copied, later, {b.data_ptr() for b in self._used if b.data_ptr() and b.data_ptr() % PAGE == 0})
+        # only the large buffers (maps of their own): a small one may start on a page by chance
+        aligned = {b.data_ptr() for b in self._used
+                   if b.numel() * b.element_size() >= _PAGE_ALIGNED_FROM and b.data_ptr() % PAGE == 0}
+        return PendingCopy(copied, later, aligned)
 
     def reserve(self, tree: Any) -> None:
         """Allocate and touch (zero) buffers for `tree`'s CPU tensors, for the next `take` to copy
