@@ -188,7 +188,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Evaluation, Saving, HFMethods, H
     def _spawned(self, method: str, args: TrainingArguments, call: dict[str, Any]) -> Any:
         """Run `method` in the processes a spawn/fork strategy starts, then take rank 0's trained
         weights, history and state back into this process."""
-        result = self._runtime.spawn(args, run_in_child, self, method, call)
+        result = self._runtime.spawn(args, run_in_child, self, method, call, modules=(self._module,))
         value, state = unpack_result(result, self.module)
         self.state = TrainerState(**state)
         if result["history"] is not None:

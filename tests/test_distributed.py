@@ -291,6 +291,19 @@ def test_ddp_spawn_brings_the_trained_weights_back(tmp_path):
     torch.testing.assert_close(torch.tensor(result["predict"]), torch.tensor(result["local"]), rtol=1e-5, atol=1e-5)
 
 
+def test_ddp_spawn_takes_fitkit_arguments_and_steps_each_process_own_parameters(tmp_path):
+    # a frozen TrainingArguments failed in Lightning's launcher; the module inside the Model stayed in
+    # the memory the processes shared, and each step was applied by both
+    out = tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, os.path.join(os.path.dirname(SCRIPT), "spawn_args.py"), str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads(out.read_text())
+    assert result["ddp_spawn"]["steps"] == result["auto"]["steps"] == 2 * 4
+    for spawned, alone in zip(result["ddp_spawn"]["weights"], result["auto"]["weights"]):
+        torch.testing.assert_close(torch.tensor(spawned), torch.tensor(alone), rtol=0, atol=1e-6)
+
+
 def test_trackers_write_only_from_the_world_zero_process(tmp_path):
     _, results = _run("--strategy", "ddp", "--output", str(tmp_path), "--save-steps", "1000", "--report-to", "csv")
     import csv

@@ -1,6 +1,7 @@
 """The ported Hugging Face example scripts (examples/hf/): each task's Trainer form and fitkit
 form differ only in the Trainer lines (counted here, per task), and both forms give the same
-results files on the same data, seed and tiny model with dropout off."""
+results files, log history and weights on the same data, seed and tiny model (dropout off, but
+for the multiple-choice port)."""
 
 import difflib
 import importlib.util
@@ -17,7 +18,7 @@ pytest.importorskip("datasets")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PORTS = os.path.join(ROOT, "examples", "hf")
 #: The lines that change from the Trainer form to fitkit's, per task (what the port costs).
-CHANGED_LINES = {"ner": 9, "clm": 9, "translation": 14}
+CHANGED_LINES = {"ner": 9, "clm": 9, "translation": 14, "swag": 8}
 #: Values of the result files that are timings (they differ run to run).
 TIMINGS = ("_runtime", "_per_second")
 #: argv of each task's run in the tests: tiny, one thread, no checkpoints.
@@ -29,6 +30,8 @@ ARGV = {
     # step by its samples where the Trainer takes the plain mean of the steps' losses
     "clm": ["--num_train_epochs", "1", "--learning_rate", "3e-3", "--per_device_train_batch_size", "6"],
     "translation": ["--num_train_epochs", "2", "--learning_rate", "5e-3", "--predict_with_generate", "true"],
+    # dropout on: the same masks in both forms (the Trainer's data order and random draws)
+    "swag": ["--num_train_epochs", "2", "--learning_rate", "3e-3", "--logging_steps", "4"],
 }
 
 
@@ -107,3 +110,21 @@ def test_both_forms_write_the_same_results(both):
         assert os.path.isfile(os.path.join(ours, name)), name
     assert _read(os.path.join(ours, "trainer_state.json"))["global_step"] == \
         _read(os.path.join(hf, "trainer_state.json"))["global_step"]
+
+
+@pytest.mark.slow
+def test_both_forms_log_the_same_history_and_train_to_the_same_weights(both):
+    from safetensors.torch import load_file
+
+    task, hf, ours = both
+    theirs, mine = (_read(os.path.join(d, "trainer_state.json"))["log_history"] for d in (hf, ours))
+    assert len(mine) == len(theirs), task
+    for record, other in zip(mine, theirs):
+        assert set(record) == set(other), (task, record, other)
+        for key, value in record.items():
+            if not key.endswith(TIMINGS):
+                assert math.isclose(value, other[key], rel_tol=1e-5, abs_tol=1e-5), (task, key, record, other)
+    theirs, mine = (load_file(os.path.join(d, "model.safetensors")) for d in (hf, ours))
+    assert set(mine) == set(theirs)
+    for name, value in mine.items():
+        assert (value - theirs[name]).abs().max() <= 1e-5, (task, name)

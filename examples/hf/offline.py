@@ -1,6 +1,7 @@
 """What the ported Hugging Face example scripts would download, made in-process so that they run
 offline: the raw datasets (`load_dataset`), a word-level tokenizer (`AutoTokenizer`) and the
 corpus metrics (`evaluate.load("seqeval")`, `evaluate.load("sacrebleu")`).
+`load_dataset("swag")` lays out a multiple-choice set as the Hub's `swag` ("regular") does.
 
     from offline import load_dataset, make_tokenizer, corpus_bleu
     raw = load_dataset("ner")                       # DatasetDict: train / validation / test
@@ -52,14 +53,36 @@ def load_dataset(task: str, scale: int = 1) -> datasets.DatasetDict:
         elif task == "translation":
             splits[split] = {"translation": [{"src": " ".join(w), "tgt": " ".join(TARGET[x] for x in w)}
                                              for w, _ in rows]}
+        elif task == "swag":
+            splits[split] = _swag(rows, rng)
         else:
-            raise ValueError(f"task={task!r}: use 'ner', 'text' or 'translation'")
+            raise ValueError(f"task={task!r}: use 'ner', 'text', 'translation' or 'swag'")
     return datasets.DatasetDict({k: datasets.Dataset.from_dict(v) for k, v in splits.items()})
+
+
+def _swag(rows: list[tuple[list[str], list[int]]], rng: random.Random) -> dict[str, list]:
+    """SWAG's columns: a context (`sent1`), the start of the next sentence (`sent2`), four
+    endings and the `label` of the right one, which names a place of the context and ends with
+    "home" or "today"."""
+    columns: dict[str, list] = {"sent1": [], "sent2": [], "label": [], **{f"ending{i}": [] for i in range(4)}}
+    for words, _ in rows:
+        place = next((w for w in words if w in PLACES), rng.choice(PLACES))
+        others = rng.sample([p for p in PLACES if p != place], 3)
+        label = rng.randrange(4)
+        endings = others[:label] + [place] + others[label:]
+        columns["sent1"].append(" ".join(words))
+        columns["sent2"].append(f"{rng.choice(NAMES)} {rng.choice(['went', 'walked'])}")
+        columns["label"].append(label)
+        for i, ending in enumerate(endings):
+            last = rng.choice(["home", "today"] if i == label else ["later", "from", "and"])
+            columns[f"ending{i}"].append(f"to {ending} {last}")
+    return columns
 
 
 def make_tokenizer(template: str = "bert") -> PreTrainedTokenizerFast:
     """A word-level tokenizer over every word of the toy data. `template`: "bert" wraps a text as
-    `[CLS] ... [SEP]`, "t5" ends it with `</s>`, "gpt2" adds nothing."""
+    `[CLS] ... [SEP]` (a pair as `[CLS] A [SEP] B [SEP]`, B's token type 1), "t5" ends it with
+    `</s>`, "gpt2" adds nothing."""
     vocab = sorted(set(WORDS + NAMES + PLACES + list(TARGET.values())))
     tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -68,7 +91,8 @@ def make_tokenizer(template: str = "bert") -> PreTrainedTokenizerFast:
     ids = {s: tok.token_to_id(s) for s in specials}
     if template == "bert":
         tok.post_processor = processors.TemplateProcessing(
-            single="[CLS] $A [SEP]", special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])])
+            single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+            special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])])
     elif template == "t5":
         tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", ids["</s>"])])
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]", eos_token="</s>",

@@ -101,10 +101,23 @@ def generated_ids(module: Any, inputs: Any, target: Any, args: Any) -> tuple[tor
                                                ("generation_config", args.generation_config)) if value is not None}
     given = {k: v for k, v in inputs.items() if k not in ("decoder_input_ids", "decoder_attention_mask")}
     ids = generate(**given, **options)
+    _settle_generation_config(module.generation_config)
     config = options.get("generation_config") or module.generation_config
     pad = getattr(module.config, "pad_token_id", None)
     pad = config.eos_token_id if pad is None else pad
     return _to_length(ids, config, pad), _to_length(target, config, pad)
+
+
+def _settle_generation_config(config: Any) -> None:
+    """What `Seq2SeqTrainer.prediction_step` does to the model's generation config after each
+    `generate`: no longer re-read from the model's config, and its unset fields (transformers 5)
+    filled with generate's defaults. Later calls then see `max_length=20` where the first, with
+    it unset, generated up to the model-agnostic default (21 for an encoder-decoder)."""
+    if getattr(config, "_from_model_config", False):
+        config._from_model_config = False
+    defaults = getattr(config, "_get_default_generation_params", None)
+    if callable(defaults):
+        config.update(**defaults(), defaults_only=True)
 
 
 def _to_length(ids: Any, config: Any, pad: int) -> Any:

@@ -70,6 +70,7 @@ class Loop(Inference, BestModel):
         self.grad_norm: torch.Tensor | None = None
         self._logged_step = -1  # the step of the last training log: a step is logged once (HF)
         self.flos: tuple[str, int] | None = None  # HF's FLOPs count: (the main input's key, 6 x parameters)
+        self.local_flos = 0  # this process's count since the last `store_flos`
         sigterm = args.save_on_sigterm if args.save_on_sigterm is not None else args.save_strategy != "no"
         self.preemption = Preemption(self.fabric, enabled=sigterm)  # acts only while `train` runs
         self.val: DataSource | None = None
@@ -187,7 +188,7 @@ class Loop(Inference, BestModel):
             if inputs.__class__ is dict and "input_ids" in inputs:  # tokens/s for the display: a shape, no read
                 self.epoch_tokens += inputs["input_ids"].numel()
             if flos_factor and inputs.__class__ is dict and flos_key in inputs:  # a shape, no read
-                state.total_flos += flos_factor * inputs[flos_key].numel()
+                self.local_flos += flos_factor * inputs[flos_key].numel()
             if micro == 0:
                 cycle = accum if n_batches is None else min(accum, n_batches - i)
                 self.control = cb.on_step_begin(args, state, self.control)
@@ -309,6 +310,7 @@ class Loop(Inference, BestModel):
         steps = self.state.global_step - first_step
         samples = steps * args.batch_size * args.gradient_accumulation_steps * self.fabric.world_size
         summary = figures.finish(samples, steps)
+        self.store_flos()
         if self.flos is not None:  # HF's place for it: after the speeds, before the loss
             summary["total_flos"] = self.state.total_flos
         mean = self.loss.run_mean()
@@ -321,7 +323,20 @@ class Loop(Inference, BestModel):
         """Write a resumable checkpoint now (into `output_dir` by default); callbacks receive
         this as the `save_checkpoint` keyword. Call it on every process."""
         assert self.checkpointer is not None  # handed out during `fit`, which has one
+        self.store_flos()
         return self.checkpointer.save(self, self.control, directory, limit)
+
+    def store_flos(self) -> None:
+        """Add every process's FLOPs since the last call to `state.total_flos`, as the Trainer's
+        `store_flos` does before a checkpoint and at the end (one collective, on every process)."""
+        if self.flos is None:
+            return
+        flos: float = self.local_flos
+        if self.fabric.world_size > 1:  # the Trainer sums the processes' counts as float32 scalars
+            counts = torch.tensor([float(self.local_flos)], device=self.fabric.device)
+            flos = self.fabric.all_reduce(counts, reduce_op="sum").sum().item()
+        self.state.total_flos += flos
+        self.local_flos = 0
 
     # -- logging, evaluating, saving ---------------------------------------------------------------
     def _log_evaluate_save(self, epoch_end: bool) -> None:

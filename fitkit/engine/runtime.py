@@ -163,12 +163,14 @@ class Runtime:
 
         return is_spawning(args) and not self.in_child
 
-    def spawn(self, args: TrainingArguments, child: Callable[..., dict], *payload: Any) -> dict:
+    def spawn(self, args: TrainingArguments, child: Callable[..., dict], *payload: Any,
+              modules: tuple[torch.nn.Module | None, ...] = ()) -> dict:
         """Run `child(fabric, key, *payload)` in the processes the strategy starts (a module-level
-        function, so it pickles); rank 0's return value comes back."""
+        function, so it pickles); rank 0's return value comes back. `modules` (those inside the
+        payload) get memory of their own in each process (`Sealed`)."""
         from fitkit.engine.devices.fabric import build_fabric, run_guarded
 
-        return build_fabric(args).launch(run_guarded, child, device_key(args), *payload)
+        return build_fabric(args).launch(run_guarded, _unsealed, child, device_key(args), Sealed(payload, modules))
 
     def adopt(self, fabric: Any, key: tuple) -> None:
         """In a spawned process: run on the Fabric that started it."""
@@ -177,6 +179,30 @@ class Runtime:
         self.fabric, self.key, self.wrapped, self.in_child = fabric, key, None, True
         if fabric.world_size > 1:
             teardown_at_exit()  # the process group ends before this process's interpreter does
+
+
+class Sealed:
+    """What a spawn strategy's processes receive, out of sight of Lightning's launcher. The launcher
+    walks the dataclasses, mappings and sequences among its arguments to give each module it finds
+    memory of its own (torch pickles a tensor for a spawned process into shared memory): it fails on
+    a frozen dataclass (a fitkit `TrainingArguments` given as `args=`) and never sees the module
+    inside a `Model`, which then stayed shared, every process stepping the same parameters. Here
+    `_unsealed` gives `modules` their own memory in each process (data tensors stay shared: only read)."""
+
+    __slots__ = ("modules", "payload")
+
+    def __init__(self, payload: tuple[Any, ...], modules: tuple[torch.nn.Module | None, ...]) -> None:
+        self.payload, self.modules = payload, modules
+
+
+def _unsealed(fabric: Any, child: Callable[..., dict], key: tuple, sealed: Sealed) -> dict:
+    """In a spawned process: `sealed`'s modules in memory of their own, then `child(fabric, key, *payload)`."""
+    with torch.no_grad():
+        for module in sealed.modules:
+            for tensor in () if module is None else (*module.parameters(), *module.buffers()):
+                if tensor.is_shared():
+                    tensor.data = tensor.data.clone()
+    return child(fabric, key, *sealed.payload)
 
 
 def _parameter_ids(module: torch.nn.Module | None) -> list[int] | None:

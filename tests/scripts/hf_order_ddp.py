@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from fitkit import Model
+from fitkit import Model, TrainingArguments
 from fitkit.callbacks import TrainerCallback
 
 
@@ -57,12 +57,11 @@ class WriteSeen(TrainerCallback):
 def main() -> None:
     out, n, batch_size, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     data_seed = None if sys.argv[5] == "none" else int(sys.argv[5])
-    # as fit's keywords: a fitkit TrainingArguments given as `args=` does not pass Lightning's spawn (frozen dataclass)
-    options = dict(output_dir=os.path.join(out, "run"), verbose=0, epochs=2, batch_size=batch_size, learning_rate=1e-2,
-                   seed=seed, data_seed=data_seed, data_order="trainer")
+    args = TrainingArguments(output_dir=os.path.join(out, "run"), verbose=0, epochs=2, batch_size=batch_size,
+                             learning_rate=1e-2, seed=seed, data_seed=data_seed, data_order="trainer")
     model = Model(Recording(n + 8)).compile("sgd", "cross_entropy", strategy="ddp_spawn", devices=2,
                                               accelerator="cpu")
-    model.fit(Rows(n), callbacks=[WriteSeen(out)], **options)
+    model.fit(Rows(n), callbacks=[WriteSeen(out)], args=args)
 
 
 if __name__ == "__main__":

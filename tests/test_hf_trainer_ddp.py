@@ -1,0 +1,54 @@
+"""The real `transformers.Trainer` under DDP (two processes, gloo on CPU, started by torchrun)
+against fitkit with the same `transformers.TrainingArguments` and `devices=2, strategy="ddp"`
+(issue 35): each rank reads the same samples at each step, dropout draws the same masks, and
+both end with the same weights and log the same losses."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "hf_trainer_ddp.py")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: Values of the log history that are timings (they differ run to run).
+TIMINGS = ("_runtime", "_per_second")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("trainer_ddp")
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           SCRIPT, str(out)], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return {(form, rank): torch.load(out / f"{form}-{rank}.pt", weights_only=True)
+            for form in ("trainer", "fitkit") for rank in (0, 1)}
+
+
+@pytest.mark.slow
+def test_each_rank_reads_the_trainers_samples_step_by_step(runs):
+    for rank in (0, 1):
+        theirs, ours = runs["trainer", rank]["batches"], runs["fitkit", rank]["batches"]
+        assert len(theirs) == 2 * 3  # 13 samples by 3: 5 batches, 3 a rank (the last round completed), 2 epochs
+        assert ours == theirs, rank
+    assert runs["trainer", 0]["batches"] != runs["trainer", 1]["batches"]  # the ranks read different samples
+
+
+@pytest.mark.slow
+def test_the_same_weights_and_log_history_on_every_rank(runs):
+    for rank in (0, 1):
+        theirs, ours = runs["trainer", rank], runs["fitkit", rank]
+        for name, value in ours["weights"].items():
+            assert torch.allclose(value, theirs["weights"][name], atol=1e-5), (rank, name)
+        assert len(ours["log_history"]) == len(theirs["log_history"])
+        for mine, other in zip(ours["log_history"], theirs["log_history"]):
+            assert list(mine) == list(other), (mine, other)
+            for key, value in mine.items():
+                if not key.endswith(TIMINGS):
+                    assert value == pytest.approx(other[key], rel=1e-5, abs=1e-5), (rank, key, mine, other)
+    trained, other = runs["trainer", 0]["weights"], runs["trainer", 1]["weights"]
+    assert all(torch.equal(value, other[name]) for name, value in trained.items())  # DDP keeps the ranks in sync
