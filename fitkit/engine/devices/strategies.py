@@ -3,6 +3,10 @@ Fabric's `ModelParallelStrategy`, which, unlike Fabric's FSDP1 strategy, also ru
 `fsdp_sharding="hybrid"` shards within each node and replicates across nodes.
 
     fsdp2_strategy("bf16-mixed", wrap={torch.nn.TransformerEncoderLayer}, sharding="hybrid")
+
+On CPU every unit gets `fsdp_cpu.lean_cpu_units`' collectives (no layer held twice or kept
+for an overlap gloo does not give), and the memory the layer-by-layer initialization left free
+between live blocks goes back to the kernel.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from typing import Any
 import torch
 
 from fitkit.engine.devices.deferred_init import materialize_shards
+from fitkit.engine.devices.fsdp_cpu import lean_cpu_units
+from fitkit.engine.devices.host_allocator import map_large_blocks, release_freed_memory
 
 SPAWN_STRATEGIES = ("ddp_spawn", "ddp_notebook", "ddp_fork", "ddp_spawn_find_unused_parameters_true",
                     "ddp_fork_find_unused_parameters_true", "ddp_notebook_find_unused_parameters_true")
@@ -69,12 +75,14 @@ def _mixed_precision(precision: str | None):
     return MixedPrecisionPolicy()
 
 
-def fsdp2_strategy(precision: str | None, wrap: Any = None, full_checkpoint: bool = False, sharding: str = "full"):
+def fsdp2_strategy(precision: str | None, wrap: Any = None, full_checkpoint: bool = False, sharding: str = "full",
+                   tune_allocator: bool = True):
     """FSDP2 (data parallel only), with per-layer sharding and the mixed-precision policy mapped
     from `precision`. `sharding="full"` shards over all processes; `"hybrid"` shards within each
     node and replicates across nodes (HSDP: a 2-D device mesh `(replicate, shard)` of
     `num_nodes x devices`), so the all-gathers stay on the fast links inside a node. Checkpoints
-    are sharded (DCP) unless `full_checkpoint`."""
+    are sharded (DCP) unless `full_checkpoint`. On CPU, `tune_allocator` (fit's
+    `tune_cpu_allocator`) has glibc map the step's layer-size blocks (`map_large_blocks`)."""
     from lightning_fabric.strategies import ModelParallelStrategy
 
     should_wrap = _wrap_policy(wrap)
@@ -88,6 +96,8 @@ def fsdp2_strategy(precision: str | None, wrap: Any = None, full_checkpoint: boo
             self._data_parallel_size = self.num_nodes * self.num_processes
             self._tensor_parallel_size = 1
             super().setup_environment()
+            if tune_allocator and self.root_device.type == "cpu":  # before `model_init` builds anything
+                map_large_blocks()  # whole layers, unmapped when freed: no heap fragmented among shards
 
         def parallelize(self, module: torch.nn.Module, device_mesh) -> torch.nn.Module:
             from torch.distributed.fsdp import fully_shard
@@ -97,7 +107,11 @@ def fsdp2_strategy(precision: str | None, wrap: Any = None, full_checkpoint: boo
                 if should_wrap(sub):
                     fully_shard(sub, mesh=mesh, mp_policy=policy)
             fully_shard(module, mesh=mesh, mp_policy=policy)
-            materialize_shards(module, self.root_device)  # a module model_init built on meta
+            on_cpu = self.root_device.type == "cpu"
+            if on_cpu:
+                lean_cpu_units(module)
+            if materialize_shards(module, self.root_device) and on_cpu:
+                release_freed_memory()  # what the layer-by-layer initialization left between live blocks
             return module
 
         def hybrid_mesh(self):
