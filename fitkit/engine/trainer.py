@@ -81,8 +81,8 @@ class Trainer:
             set_rng_state(start_rng)
         prepare_module(self.module, self.args)
         fabric, wrapped = self.runtime.setup(self.module, self.args)
-        if self.args.tune_cpu_allocator and fabric.device.type == "cpu":
-            keep_freed_memory()  # steps stop faulting in their gradients afresh
+        if self.args.tune_cpu_allocator and fabric.device.type == "cpu" and self.args.strategy != "fsdp":
+            keep_freed_memory()  # steps stop faulting in their gradients afresh (FSDP: map_large_blocks)
         optimizer = self.runtime.optimizer_for(run_optimizer(config.optimizer, self.args), self.args)
         train, val = self._sources(x, y, sample_weight, validation_data, validation_split)
         if class_weight is not None:

@@ -100,7 +100,7 @@ def _fabric(args: TrainingArguments, accelerator: str) -> Any:
         strategy = deepspeed_strategy(strategy)
     elif strategy == "fsdp":
         strategy = fsdp2_strategy(precision, args.fsdp_wrap, full_checkpoint=args.fsdp_full_checkpoint,
-                                  sharding=args.fsdp_sharding)
+                                  sharding=args.fsdp_sharding, tune_allocator=args.tune_cpu_allocator)
         if precision in ("bf16-mixed", "16-mixed"):
             precision = "32-true"  # FSDP2's MixedPrecisionPolicy does the casting
     quiet_lightning(args)  # Lightning's banner and notices only when `log_level` asks

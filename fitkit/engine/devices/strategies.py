@@ -3,6 +3,10 @@ Fabric's `ModelParallelStrategy`, which, unlike Fabric's FSDP1 strategy, also ru
 `fsdp_sharding="hybrid"` shards within each node and replicates across nodes.
 
     fsdp2_strategy("bf16-mixed", wrap={torch.nn.TransformerEncoderLayer}, sharding="hybrid")
+
+On CPU every unit gets `fsdp_cpu.lean_cpu_units`' collectives (no layer held twice or kept
+for an overlap gloo does not give), and the memory the layer-by-layer initialization left free
+between live blocks goes back to the kernel.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from typing import Any
 import torch
 
 from fitkit.engine.devices.deferred_init import materialize_shards
+from fitkit.engine.devices.fsdp_cpu import lean_cpu_units
+from fitkit.engine.devices.host_allocator import map_large_blocks, release_freed_memory
 from fitkit.engine.devices.load_once import scatter_from_rank0
 
 SPAWN_STRATEGIES = ("ddp_spawn", "ddp_notebook", "ddp_fork", "ddp_spawn_find_unused_parameters_true",
@@ -70,12 +76,14 @@ def _mixed_precision(precision: str | None):
     return MixedPrecisionPolicy()
 
 
-def fsdp2_strategy(precision: str | None, wrap: Any = None, full_checkpoint: bool = False, sharding: str = "full"):
+def fsdp2_strategy(precision: str | None, wrap: Any = None, full_checkpoint: bool = False, sharding: str = "full",
+                   tune_allocator: bool = True):
     """FSDP2 (data parallel only), with per-layer sharding and the mixed-precision policy mapped
     from `precision`. `sharding="full"` shards over all processes; `"hybrid"` shards within each
     node and replicates across nodes (HSDP: a 2-D device mesh `(replicate, shard)` of
     `num_nodes x devices`), so the all-gathers stay on the fast links inside a node. Checkpoints
-    are sharded (DCP) unless `full_checkpoint`."""
+    are sharded (DCP) unless `full_checkpoint`. On CPU, `tune_allocator` (fit's
+    `tune_cpu_allocator`) has glibc map the step's layer-size blocks (`map_large_blocks`)."""
     from lightning_fabric.strategies import ModelParallelStrategy
 
     should_wrap = _wrap_policy(wrap)
@@ -89,6 +97,8 @@ def fsdp2_strategy(precision: str | None, wrap: Any = None, full_checkpoint: boo
             self._data_parallel_size = self.num_nodes * self.num_processes
             self._tensor_parallel_size = 1
             super().setup_environment()
+            if tune_allocator and self.root_device.type == "cpu":  # before `model_init` builds anything
+                map_large_blocks()  # whole layers, unmapped when freed: no heap fragmented among shards
 
         def parallelize(self, module: torch.nn.Module, device_mesh) -> torch.nn.Module:
             from torch.distributed.fsdp import fully_shard
@@ -98,8 +108,13 @@ def fsdp2_strategy(precision: str | None, wrap: Any = None, full_checkpoint: boo
                 if should_wrap(sub):
                     fully_shard(sub, mesh=mesh, mp_policy=policy)
             fully_shard(module, mesh=mesh, mp_policy=policy)
+            on_cpu = self.root_device.type == "cpu"
+            if on_cpu:
+                lean_cpu_units(module)
             # a module model_init built on meta, or (fsdp_load_once) in rank 0 only
-            materialize_shards(module, self.root_device) or scatter_from_rank0(module, self.root_device)
+            built = materialize_shards(module, self.root_device) or scatter_from_rank0(module, self.root_device)
+            if built and on_cpu:
+                release_freed_memory()  # what the set-up left between live blocks
             return module
 
         def hybrid_mesh(self):
