@@ -78,9 +78,10 @@ _TABLE: dict[str, tuple[Callable[..., torch.Tensor], str]] = {
     "nll": (_nll, "class"),
 }
 LOSSES: dict[str, Callable[..., torch.Tensor]] = {name: fn for name, (fn, _) in _TABLE.items()}
-#: The named losses whose mean is one torch function: called directly (one Python call less a step).
+#: The named losses whose mean is one torch function: called directly (one Python call less a step;
+#: not `sparse_categorical_crossentropy`, which squeezes `(N, 1)` targets first).
 _MEAN: dict[str, Callable[..., torch.Tensor]] = {
-    **dict.fromkeys(("cross_entropy", "sparse_categorical_crossentropy", "categorical_crossentropy"),
+    **dict.fromkeys(("cross_entropy", "categorical_crossentropy"),
                     partial(F.cross_entropy, reduction="mean")),
     "nll": partial(F.nll_loss, reduction="mean"),
 }

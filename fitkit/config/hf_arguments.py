@@ -102,8 +102,12 @@ def _fsdp_config(config: Any) -> tuple[bool, list[str]]:
     if isinstance(config, str):
         import json
 
-        with open(config, encoding="utf-8") as f:
-            config = json.load(f)
+        try:
+            with open(config, encoding="utf-8") as f:
+                config = json.load(f)
+        except (OSError, ValueError) as err:
+            raise ValueError(f"`fsdp_config`: {config!r} is neither a dict nor a readable JSON file ({err}); "
+                             "pass the dict, or the path of a JSON file holding it") from err
     config = {k[5:] if k.startswith("fsdp_") else k: v for k, v in dict(config).items()}
     load_once = str(config.pop("cpu_ram_efficient_loading", False)).lower() in ("true", "1")
     return load_once, [k for k, v in config.items() if k not in _FSDP_FILLED or not _same_value(v, _FSDP_FILLED[k])]
