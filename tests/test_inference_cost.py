@@ -292,3 +292,46 @@ def test_sliced_batches_cover_the_shard_in_order(drop_last, with_y):
     assert all(torch.equal(b.inputs[0].squeeze(1).long(), b.target) for b in got)  # rows and labels together
     if not drop_last:
         assert sorted(torch.cat([b.target for b in got]).tolist()) == list(range(23))
+
+
+class _Counted(torch.utils.data.Dataset):
+    """Samples that count their reads; with `noise`, each read draws from torch's generator."""
+
+    def __init__(self, n=40, noise=False):
+        g = torch.Generator().manual_seed(5)
+        self.x, self.y = torch.randn(n, 4, generator=g), torch.randint(0, 3, (n,), generator=g)
+        self.noise, self.reads = noise, [0] * n
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        self.reads[i] += 1
+        x = self.x[i] + 1e-3 * torch.randn(4) if self.noise else self.x[i]
+        return x, self.y[i]
+
+
+@pytest.mark.parametrize("noise", [False, True])
+def test_evaluate_on_a_dataloader_reads_each_batch_once_and_draws_as_a_hand_pass(noise):
+    data = _Counted(noise=noise)
+    loader = torch.utils.data.DataLoader(data, batch_size=8)
+    torch.manual_seed(0)
+    model = Model(torch.nn.Linear(4, 3)).compile("sgd", "cross_entropy", ["accuracy"])
+    model.evaluate(loader, verbose=0)  # first call: arguments, metrics built
+    data.reads = [0] * len(data)
+    torch.manual_seed(1)
+    ours = model.evaluate(loader, verbose=0, return_dict=True)
+    after_ours = torch.rand(3)
+    # the checks' read of the first batch opens the pass, unless reading draws random numbers
+    assert data.reads == [2 if noise and i < 8 else 1 for i in range(len(data))]
+    torch.manual_seed(1)
+    total, correct = 0.0, 0
+    with torch.no_grad():
+        for x, y in loader:  # the hand pass: its iterator draws one base seed, as fitkit's pass does
+            out = model.module(x)
+            total += float(torch.nn.functional.cross_entropy(out, y, reduction="sum"))
+            correct += int((out.argmax(-1) == y).sum())
+    assert torch.equal(torch.rand(3), after_ours)
+    if not noise:
+        assert ours["loss"] == pytest.approx(total / len(data), rel=1e-6)
+        assert ours["accuracy"] == pytest.approx(correct / len(data))

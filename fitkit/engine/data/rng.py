@@ -67,3 +67,17 @@ def set_rng_state(state: dict[str, Any]) -> None:
         np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def same_rng_state(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two `rng_state()` results are the same (nothing drew a number in between)."""
+    import torch
+
+    def same(x: Any, y: Any) -> bool:
+        if isinstance(x, torch.Tensor):
+            return isinstance(y, torch.Tensor) and torch.equal(x, y)
+        if isinstance(x, (list, tuple)) and any(isinstance(v, (torch.Tensor, list, tuple)) for v in x):
+            return isinstance(y, (list, tuple)) and len(x) == len(y) and all(map(same, x, y))
+        return bool(x == y)
+
+    return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)

@@ -26,7 +26,7 @@ from fitkit.common.tensors import map_tensors
 from fitkit.engine.data.batch import Batch, batch_size_of, first_leaf, split_batch
 from fitkit.engine.data.keras_data import class_weights_for
 from fitkit.engine.data.prefetch import read_ahead
-from fitkit.engine.data.rng import rng_state, set_rng_state
+from fitkit.engine.data.rng import rng_state, same_rng_state, set_rng_state
 from fitkit.engine.data.sampling import (
     BlockSampler,
     EpochSampler,
@@ -443,10 +443,17 @@ class LoaderSource(CountsSamples):
             self.sampler.use_epoch(epoch, self.skipped(epoch, start))
         set_loader_epoch(loader, epoch)
         restored = self._load_state(epoch, start)
-        # Create the iterator and fetch the first batch now, not lazily: samplers draw their order
-        # from the RNG at the first fetch, and a resuming caller restores the RNG right after this.
-        iterator = iter(loader)
-        first = next(iterator, _END)
+        kept, self._kept = self._kept, None
+        if kept is not None and not start and not restored and same_rng_state(kept[2], rng_state()):
+            # the batch the checks read opens this pass (nothing drew since): the pass's own draw,
+            # its iterator's base seed, is the one the checks' read made
+            first, iterator = kept[0], kept[1]
+            set_rng_state(kept[3])
+        else:
+            # Create the iterator and fetch the first batch now, not lazily: samplers draw their order
+            # from the RNG at the first fetch, and a resuming caller restores the RNG right after this.
+            iterator = iter(loader)
+            first = next(iterator, _END)
         if first is _END:
             iterator = iter(())
         elif self.prefetch and not self.stateful():
@@ -490,8 +497,14 @@ class LoaderSource(CountsSamples):
         generators, parts = _generators_of(self.loader), self.stateful()
         saved, states = rng_state(), [g.get_state() for g in generators]
         positions = [copy.deepcopy(part.state_dict()) for part in parts]  # a read moves a stateful source
+        self._kept = None
         try:
-            raw = next(iter(self.loader), _END)
+            iterator = iter(self.loader)  # a DataLoader's iterator draws its base seed here
+            opened = rng_state() if self._replayable() and not generators else None
+            raw = next(iterator, _END)
+            if raw is not _END and opened is not None and same_rng_state(opened, rng_state()):
+                # reading drew nothing: the next pass, if nothing draws before it, goes on from here
+                self._kept = (raw, iterator, saved, opened)
         finally:
             set_rng_state(saved)
             for g, state in zip(generators, states):
@@ -499,6 +512,15 @@ class LoaderSource(CountsSamples):
             for part, position in zip(parts, positions):
                 part.load_state_dict(position)
         return None if raw is _END else next(self._split(iter((raw,))))
+
+    def _replayable(self) -> bool:
+        """Whether the checked first batch may open the next pass (an evaluation's loader, say):
+        one process, a loader in storage order read on this thread with no state of its own, whose
+        reading draws no random number (checked by the caller), so the pass reads what it would."""
+        loader = self.loader
+        return (self.sampler is None and not self.distributed and isinstance(loader, DataLoader)
+                and type(loader.sampler) is torch.utils.data.SequentialSampler and loader.num_workers == 0
+                and not self.stateful())
 
     def _split(self, iterator: Iterator) -> Iterator[Batch]:
         cw = self.class_weight
@@ -517,6 +539,9 @@ class LoaderSource(CountsSamples):
 
     _warned_skip = False
     _warned_state = False
+    #: what `first_batch` read for the next `batches` to go on with: (raw first batch, its
+    #: iterator, the generators' state before it was opened, and after)
+    _kept: tuple[Any, Iterator, dict[str, Any], dict[str, Any]] | None = None
 
 
 def _generators_of(loader: Any) -> list[torch.Generator]:
