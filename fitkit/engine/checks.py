@@ -28,7 +28,9 @@ forward that draws noise even in eval mode) and every submodule's train/eval fla
 exactly what it would draw without it and a resumed run stays bit-exact. Getting the first batch
 is `DataSource.first_batch`: the first samples of in-memory data, sliced (no permutation); a fresh
 iterator for a loader, every generator it may draw from (global and its own) put back after (a
-DataLoader with worker processes starts them once more for it, unless `persistent_workers`). The
+DataLoader with worker processes starts them once more for it, unless `persistent_workers`);
+when nothing draws before the pass and the read drew nothing, that batch opens the pass
+(`LoaderSource.first_batch`), so an evaluation reads each batch once. The
 values the checks compare (label range, NaN) come back to the host in one transfer. Modules
 compiled with `torch.compile` or holding lazy parameters are not probed (the probe would compile
 or initialise them).
