@@ -134,13 +134,23 @@ class _KerasEpsilon(torch.optim.Optimizer):
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         loss = _closure_loss(closure)
-        for group in self.param_groups:
-            group.setdefault("keras_step", 0)
-            if any(p.grad is not None for p in group["params"]):
-                group["keras_step"] += 1
-        with _for_torch(self.param_groups, "eps", lambda group: group["eps"] / math.sqrt(
-                1 - group["betas"][1] ** max(group["keras_step"], 1))):
+        groups = self.param_groups
+        kept = []  # Keras' epsilons, given back after torch's step (written out: this runs every step)
+        for group in groups:
+            t = group.get("keras_step", 0)
+            for p in group["params"]:
+                if p.grad is not None:
+                    t += 1
+                    break
+            group["keras_step"] = t
+            eps = group["eps"]
+            kept.append(eps)
+            group["eps"] = eps / math.sqrt(1 - group["betas"][1] ** max(t, 1))
+        try:
             _unhooked(type(self)._torch_step)(self)
+        finally:
+            for group, eps in zip(groups, kept):
+                group["eps"] = eps
         return loss
 
 
