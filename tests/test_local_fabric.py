@@ -14,8 +14,7 @@ import pytest
 import torch
 
 from fitkit import Model, TrainerCallback, TrainingArguments
-from fitkit.engine.devices.local import LocalFabric, local_device
-from fitkit.engine.devices.local_wrappers import LocalOptimizer
+from fitkit.engine.devices.local import LocalFabric, LocalOptimizer, local_device
 from tests.helpers import blobs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -161,7 +160,7 @@ def test_local_fabric_behaves_as_fabric_on_one_process(tmp_path):
 def test_a_compiled_module_loads_a_state_dict_as_a_module_does():
     """`CompiledModule.load_state_dict` takes `Module.load_state_dict`'s arguments, `assign` by
     position too (it took `state_dict, strict` and keywords only)."""
-    from fitkit.engine.devices.local_wrappers import CompiledModule
+    from fitkit.engine.devices.local import CompiledModule
 
     net = torch.nn.Linear(2, 2)
     saved = {k: torch.zeros_like(v) for k, v in net.state_dict().items()}
