@@ -211,23 +211,17 @@ def read_ahead(first: Any, rest: Iterator, *, readers: MutableSet, on_draws: Cal
         yield second
         yield from rest
         return
-    if min_step_s:
+    if min_step_s:  # the consumer's step on the second item decides
         stepped = time.perf_counter()
         yield second
-        if time.perf_counter() - stepped < min_step_s:  # the consumer's step on the second item
+        if time.perf_counter() - stepped < min_step_s:
             yield from rest
             return
-        reader = Prefetcher(rest)
-        readers.add(reader)
-        try:
-            yield from reader
-        finally:
-            reader.close()
-        return
-    reader = Prefetcher(rest)  # reads the third batch while the consumer steps on the second
+    reader = Prefetcher(rest)  # without `min_step_s`: reads the third item while the consumer steps on the second
     readers.add(reader)
     try:
-        yield second
+        if not min_step_s:
+            yield second
         yield from reader
     finally:
         reader.close()
