@@ -150,3 +150,22 @@ def test_a_failed_write_from_the_callers_memory_is_raised_and_later_writes_are_s
         with DirectFile(str(tmp_path / "d.pt"), buffer_size=1 << 20, in_place=aligned) as raw:
             save_state(payload, raw, alignment=BLOCK)
     assert len(sizes) == 2  # the queued writes after the failed one never reached the file
+
+
+def test_a_small_buffer_that_begins_on_a_page_is_not_written_in_place(monkeypatch):
+    """Only the large buffers (maps of their own) count as written from where they lie: a small
+    one that happens to begin on a page boundary (made certain here) is not among them."""
+    import mmap
+
+    from fitkit.engine.checkpoint import async_save
+
+    def on_a_page(like, pinned):  # every buffer page-aligned, whatever its size
+        memory = mmap.mmap(-1, max(like.numel() * like.element_size(), 1))
+        return torch.frombuffer(memory, dtype=like.dtype, count=like.numel()).view(like.shape)
+
+    monkeypatch.setattr(async_save, "_empty", on_a_page)
+    tree, payload, aligned = _host_copy()
+    small = [payload["model"]["small"], payload["optimizer"]["state"][0]["step"]]
+    assert all(t.data_ptr() % async_save.PAGE == 0 for t in small)  # the case: small buffers on a page
+    large = [payload["model"]["big"], payload["model"]["odd"], payload["optimizer"]["state"][0]["exp_avg"]]
+    assert aligned == {t.data_ptr() for t in large}
