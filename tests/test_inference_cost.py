@@ -56,6 +56,37 @@ def test_block_updates_give_the_per_batch_values_bit_for_bit(kind, monkeypatch):
     assert held == each.compute()
 
 
+def test_counted_accuracy_is_torchmetrics_micro_accuracy_bit_for_bit_and_shares_its_state():
+    from torchmetrics.classification import MulticlassAccuracy
+
+    from fitkit.adapters.counted_accuracy import CountedAccuracy
+
+    g = torch.Generator().manual_seed(5)
+    ours, theirs = CountedAccuracy(7, torch.device("cpu")), MulticlassAccuracy(7, average="micro", validate_args=False)
+    assert float(ours.compute()) == float(theirs.compute()) == 0.0
+    for n in (1, 3, 64, 1000, 7):
+        shapes = [((n, 7), (n,)), ((n, 7, 3), (n, 3)), ((n,), (n,))]  # scores, scores per position, labels
+        for preds_shape, target_shape in shapes:
+            preds = torch.randn(*preds_shape, generator=g) if len(preds_shape) > 1 else torch.randint(0, 7, (n,), generator=g)
+            target = torch.randint(0, 7, target_shape, generator=g)
+            ours.update(preds, target)
+            theirs.update(preds, target)
+            assert ours.compute().dtype == theirs.compute().dtype == torch.float32
+            assert ours.compute().item() == theirs.compute().item()  # the same float32 division
+    for key, value in theirs.metric_state.items():  # the state under torchmetrics' names, shapes and dtypes
+        assert torch.equal(ours.metric_state[key], value) and ours.metric_state[key].dtype == value.dtype
+    resumed = CountedAccuracy(7, torch.device("cpu"))
+    resumed.load(theirs.metric_state)  # a checkpoint of either resumes into the other
+    assert resumed.compute().item() == theirs.compute().item()
+    back = MulticlassAccuracy(7, average="micro", validate_args=False)
+    for key, value in ours.metric_state.items():
+        setattr(back, key, value)
+    back._update_count = 1
+    assert back.compute().item() == ours.compute().item()
+    ours.reset()
+    assert ours.count == 0 and float(ours.compute()) == 0.0 and ours.metric_state["tp"].tolist() == [0]
+
+
 def test_what_is_read_or_saved_mid_epoch_includes_the_held_batches():
     batches = _batches("multiclass")
     metrics = MetricSet(["accuracy"])

@@ -185,6 +185,68 @@ def test_a_finished_trial_is_collected_only_when_its_module_outlives_it():
     assert memory.collections == 1
 
 
+def _cycle_garbage(run):
+    """What `run()` leaves that only a collection frees (its objects in reference cycles)."""
+    gc.collect()
+    gc.disable()
+    try:
+        run()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+    finally:
+        gc.set_debug(0)
+        gc.enable()
+    garbage = list(gc.garbage)
+    gc.garbage.clear()
+    return garbage
+
+
+class _OwnLoss(Model):
+    def compute_loss(self, x, y, y_pred, sample_weight=None):
+        return torch.nn.functional.cross_entropy(y_pred, y)
+
+
+@pytest.mark.parametrize("case", ["fit", "fit_with_callbacks", "compute_loss", "evaluate_predict"])
+def test_a_run_leaves_no_reference_cycle_holding_its_module(case, tmp_path):
+    """A trial's module, optimizer and the loop around them are freed by reference counting when
+    the run is dropped: the search then needs no garbage collection between trials."""
+    from fitkit.callbacks import EarlyStopping, ModelCheckpoint, ReduceLROnPlateau
+
+    x, y = _data()
+
+    def run():
+        model = (_OwnLoss if case == "compute_loss" else Model)(_model_init()(None))
+        model.compile("adam", None if case == "compute_loss" else "cross_entropy", ["accuracy"])
+        if case == "evaluate_predict":
+            model.evaluate(x, y, verbose=0)
+            model.predict(x, verbose=0)
+            return
+        callbacks = [EarlyStopping(), ModelCheckpoint(str(tmp_path / "best.pt")), ReduceLROnPlateau()] \
+            if case == "fit_with_callbacks" else []
+        model.fit(x, y, validation_split=0.25, epochs=2, verbose=0, output_dir=str(tmp_path / case),
+                  callbacks=callbacks)
+
+    run()  # first-use set-up (imports, caches) is not the run's
+    garbage = _cycle_garbage(run)
+    ours = [type(o).__qualname__ for o in garbage
+            if isinstance(o, (torch.nn.Module, torch.Tensor, torch.optim.Optimizer))
+            or type(o).__module__.startswith("fitkit.")]
+    assert not ours, ours  # (torch.save's own per-call Pickler class is a cycle: not fitkit's)
+
+
+def test_a_search_of_plain_trials_runs_no_collection(monkeypatch):
+    from fitkit.search import memory
+
+    collections = []
+    monkeypatch.setattr(memory.gc, "collect", lambda *a: collections.append(a) or 0)
+    x, y = _data()
+    model = Model(model_init=_model_init()).compile("adam", "cross_entropy", ["accuracy"])
+    study = optuna.create_study()
+    model.hyperparameter_search(x, y, validation_split=0.25, hp_space=_lr_space, n_trials=3, study=study, verbose=0)
+    assert len(study.trials) == 3
+    assert collections == []  # each trial's module was freed when its model was released
+
+
 def test_errors_name_the_argument():
     x, y = _data()
     with pytest.raises(ValueError, match="hyperparameter_search needs `model_init`"):

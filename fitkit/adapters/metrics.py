@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from fitkit.adapters.counted_accuracy import CountedAccuracy
 from fitkit.adapters.keras_metrics import (
     KERAS_MEANS,
     KERAS_REFUSED,
@@ -557,11 +558,12 @@ class MetricSet:
                 else:
                     kind, classes = _keras_task(base.lower(), preds, tgt) or _infer(key, preds, tgt)
                 device = preds.device if preds is not None else self.device
-                spare = (key, kind, classes, device)
+                counted = key == "accuracy" and kind in ("multiclass", "onehot") and not _distributed()
+                spare = (key, kind, classes, device, counted)
                 self._spares[len(items)] = spare
                 metric = _SPARES.take(spare)
                 if metric is None:
-                    metric = _construct(key, kind, classes).to(device)
+                    metric = CountedAccuracy(classes, device) if counted else _construct(key, kind, classes).to(device)
                 self._tasks[self.prefix + name] = (kind, classes)
                 items.append((self.prefix + name, metric, kind, key, select, weight))
                 continue
@@ -637,7 +639,7 @@ class MetricSet:
             if isinstance(metric, (_Mean, KerasMean)):
                 metric.total, metric.count = saved["total"], saved["count"]
                 continue
-            if isinstance(metric, KerasObjectMetric):
+            if isinstance(metric, (KerasObjectMetric, CountedAccuracy)):
                 metric.load(saved)
                 continue
             device = metric.device

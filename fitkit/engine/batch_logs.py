@@ -10,6 +10,7 @@ values are put together only when `on_epoch_summary` has listeners::
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -20,11 +21,20 @@ class RunningLogs:
     way ("test"), on this process, read from the device in one transfer."""
 
     def __init__(self, loop: Any):
-        self.loop = loop
+        # Weak: callbacks keep these logs after the run, and a strong reference back would put
+        # the loop (its module and optimizer) in a reference cycle that only a collection frees.
+        self._loop = weakref.ref(loop)
         #: Set by the evaluation loop at each batch: (loss sum, sample count, metrics, step means).
         self.eval_sums: tuple[Any, int, Any, Any] | None = None
         self._memo: tuple[str, Any, dict[str, float]] | None = None  # (phase, batch key, logs)
         self._epoch: tuple[tuple[int, float | None], dict[str, float]] | None = None
+
+    @property
+    def loop(self) -> Any:
+        loop = self._loop()
+        if loop is None:
+            raise RuntimeError("these running logs belong to a run that has ended: read them while it runs")
+        return loop
 
     def epoch(self) -> dict[str, float]:
         """The training values of the epoch that just ended, over every process: the loss and

@@ -315,8 +315,9 @@ class FirstStep:
         else:
             self.infer = None
         if self.train is None and self.infer is None:  # nothing left to check: the plain forward again
-            self.stepper.forward = self.original  # type: ignore[method-assign]
-            del self.stepper.__dict__["_first_step"]
+            # (the class's method: an instance attribute holding the stepper's own bound method
+            # would keep the stepper, its module and optimizer, in a reference cycle)
+            del self.stepper.__dict__["forward"], self.stepper.__dict__["_first_step"]
         loss, out = self._checked(pending, batch, with_loss)
         if training and self.infer is not None:  # validation data, before any optimizer step
             _check_validation(self.stepper, self.infer, out, batch)

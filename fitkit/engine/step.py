@@ -62,12 +62,12 @@ class Stepper:
             inner = getattr(inner, "optimizer", inner)  # torch's own step: a no-op without gradients, no grad scaler
         self._inner_optimizer = inner
         self.zero_grad: Callable[[], None] = grad_clearer(inner, self.direct) if optimizer is not None else _nothing
-        if compute_loss is not None:
-            self.forward = self._forward_with_compute_loss  # type: ignore[method-assign]
 
     # -- forward and backward -------------------------------------------------------------
     def forward(self, batch: Batch, with_loss: bool = True) -> tuple[torch.Tensor | None, Any]:
         """`(loss, outputs)` of one batch; the loss is None without targets or `with_loss`."""
+        if self.compute_loss is not None:
+            return self._forward_with_compute_loss(batch, with_loss)
         module, loss_fn = self.forward_module, self.loss
         inputs, target = batch.inputs, batch.target
         if loss_fn is None and with_loss and target is not None:

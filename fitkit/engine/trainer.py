@@ -12,8 +12,10 @@ The `Model` facade builds one per call; nothing here knows the facade.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -111,7 +113,7 @@ class Trainer:
         with checkpointer.writing():  # one run writes into output_dir at a time
             resume = checkpointer.resume(checkpointer.resume_path(self.handler.callbacks), epoch_length=batches)
             try:
-                with self.runtime.using(loop.tools):
+                with self._running(loop):
                     loop.train(train, val, resume)
             finally:
                 self.control = loop.control
@@ -209,7 +211,7 @@ class Trainer:
         source, _ = self._source(x, y, sample_weight, batch_size=batch_size, shuffle=False, seed=None, pad=False)
         if self.overrides.test_step is None:
             check_data(loop.stepper, self.module, source, metrics=loop.metric_specs, memo=self.runtime.checked)
-        with self.runtime.using(loop.tools):
+        with self._running(loop):
             metrics = loop.evaluate(source, steps=steps, keep=keep)
         self.collected = loop.collected
         self.control = self.handler.on_evaluate(self.args, state, loop.control, metrics)
@@ -224,10 +226,23 @@ class Trainer:
         source, _ = self._source(x, None, None, batch_size=batch_size, shuffle=False, seed=None, pad=False)
         if self.overrides.predict_step is None:
             check_data(loop.stepper, self.module, source, with_loss=False, memo=self.runtime.checked)
-        with self.runtime.using(loop.tools):
+        with self._running(loop):
             out = loop.predict(source, steps=steps)
         self.control = self.handler.on_predict(self.args, state, loop.control, {})
         return out
+
+    @contextlib.contextmanager
+    def _running(self, loop: Loop) -> Iterator[None]:
+        """The block in which `loop` runs, its step tools on the runtime. At its end nothing
+        that outlives the call (the handler, its callbacks) calls back into the loop, and the loop
+        holds no method of its own: dropped, the loop frees its module and optimizer at once, as
+        a search's next trial needs, with no garbage collection."""
+        try:
+            with self.runtime.using(loop.tools):
+                yield
+        finally:
+            loop.tools = None
+            self.handler.set_run(save_checkpoint=None, before_listeners=None)
 
     def _eval_loop(self, state: TrainerState, control: TrainerControl) -> Loop:
         fabric, wrapped = self.runtime.setup(self.module, self.args)
