@@ -445,7 +445,9 @@ def test_the_same_tensors_are_checked_once_and_again_after_an_in_place_change(da
 
 def test_trials_read_the_datas_first_batches_once_and_check_each_module(data, monkeypatch):
     """A search's trials share what was read from the data's first batches (keyed by the data
-    and the loss kind), while each trial's new module is still checked against it."""
+    and the loss kind) and which first steps passed the output checks (keyed by the data, loss,
+    metrics and the outputs' shapes and dtypes): a module with outputs of another shape is
+    checked again."""
     import optuna
 
     x, y = data
@@ -463,14 +465,46 @@ def test_trials_read_the_datas_first_batches_once_and_check_each_module(data, mo
     first = len(reads)  # training and validation data before the step, the shuffled first batch at it
     assert first == 3
     trial_fit(1, 3)
-    assert len(reads) == first + 1  # only the shuffled batch the step trains on first
+    assert len(reads) == first  # outputs of the shapes checked on this data before: nothing is read
     trial_fit(2, 3, shuffle=False)
-    assert len(reads) == first + 1  # the same slices as those read: nothing is read again
+    assert len(reads) == first  # the same slices as those read: nothing is read again
     with pytest.raises(ValueError, match="`y`"):  # a module of 2 classes for labels up to 2: still refused
         trial_fit(3, 2, shuffle=False)
+    with pytest.raises(ValueError, match="`y`"):  # ... however often (nothing is remembered of a failed check)
+        trial_fit(4, 2)
+    assert len(reads) == first + 1  # that shuffled first batch, read for the rules
     y[0] = 1  # an in-place change: a new version of `y`, read again
     trial_fit(5, 3, shuffle=False)
     assert len(reads) == first + 3
+
+
+def test_a_trial_whose_checks_were_passed_before_still_has_its_loss_value_checked(data):
+    """The output checks a search remembers are those of shapes; the loss value is each
+    module's own: a trial whose module gives NaN on finite data is still warned about."""
+    import optuna
+
+    x, y = data
+
+    def model_init(trial):
+        module = mlp(d_out=3)
+        if trial.suggest_int("broken", 0, 1):
+            with torch.no_grad():
+                module[0].weight.fill_(float("nan"))
+        return module
+
+    model = Model(model_init=model_init).compile("adam", "cross_entropy")
+    model.launch()
+
+    def trial_fit(number, broken):
+        trial_model = model.for_trial(optuna.trial.FixedTrial({"broken": broken}, number=number))
+        trial_model.fit(x, y, epochs=1, batch_size=16, verbose=0, validation_data=(x, y))
+
+    trial_fit(0, 0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trial_fit(1, 1)
+    said = [str(w.message) for w in caught]
+    assert any("is nan on the first batch of `x`" in m for m in said), said  # (and of `validation_data`)
 
 
 def test_the_same_change_of_arguments_is_made_once():

@@ -10,6 +10,7 @@ equals one per batch: their batches are held on the device and given to torchmet
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from typing import Any
@@ -220,14 +221,20 @@ def _higher_is_better(spec: Any) -> bool | None:
     if is_keras_metric(spec):
         return getattr(KERAS_MEANS.get(type(spec).__name__), "higher_is_better", None)
     if isinstance(spec, str):
-        from fitkit.common.quiet_import import quiet_import
-
-        module, cls = _NAME_CLASSES[_ALIASES.get(spec.lower(), spec.lower())]
-        return getattr(getattr(quiet_import(module), cls), "higher_is_better", None)
+        return _named_higher_is_better(_ALIASES.get(spec.lower(), spec.lower()))
     if _is_metric(spec):
         better = getattr(spec, "higher_is_better", None)
         return better if isinstance(better, bool) else None
     return None
+
+
+@functools.cache
+def _named_higher_is_better(key: str) -> bool | None:
+    """`higher_is_better` of the torchmetrics class a name builds (read once per name)."""
+    from fitkit.common.quiet_import import quiet_import
+
+    module, cls = _NAME_CLASSES[key]
+    return getattr(getattr(quiet_import(module), cls), "higher_is_better", None)
 
 
 def metric_directions(specs: Any) -> dict[str, str]:

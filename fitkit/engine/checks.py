@@ -79,13 +79,24 @@ class CheckMemo:
 
     SIZE = 8
 
-    def __init__(self, firsts: dict[tuple, tuple[Batch, dict[str, float], list]] | None = None) -> None:
+    def __init__(self, firsts: dict[tuple, tuple[Batch, dict[str, float], list]] | None = None,
+                 passed: dict[tuple, list] | None = None) -> None:
         self._seen: dict[tuple, list] = {}
         self.firsts = firsts if firsts is not None else {}
+        # The first steps whose output checks passed: by data, loss, metrics and the outputs'
+        # structure, shapes (less the batch) and dtypes, which is all those checks look at.
+        self.passed = passed if passed is not None else {}
 
     def sharing(self) -> CheckMemo:
-        """A new memo (nothing checked against a module) sharing this one's data values."""
-        return CheckMemo(self.firsts)
+        """A new memo (nothing checked against a module) sharing this one's data values and the
+        first steps that passed: a search's next trial, whose module gives outputs of the same
+        shapes on the same data, runs its first step with no check but the loss value's."""
+        return CheckMemo(self.firsts, self.passed)
+
+    def keep_passed(self, key: tuple, leaves: list) -> None:
+        for oldest in list(self.passed)[:1] if len(self.passed) >= 4 * self.SIZE else ():
+            self.passed.pop(oldest, None)
+        self.passed[key] = leaves  # (the data's tensors kept referenced: their addresses stay theirs)
 
     def first(self, source: DataSource, loss: Any) -> tuple[tuple | None, tuple[Batch, dict[str, float]] | None]:
         """The key of `source`'s first batch read for `loss` (None: not in-memory data), and the
@@ -159,7 +170,12 @@ def _check(stepper: Stepper, module: torch.nn.Module, source: DataSource, *, met
         memo.keep_first(first_key, batch, stats)
     _warn_non_finite(stats, names)
     if stepper.fabric.world_size == 1:  # one rank raising alone would leave the others waiting
-        FirstStep.of(stepper).arm(_Pending(module, batch, names, stats, metrics, with_loss), training)
+        pending = _Pending(module, batch, names, stats, metrics, with_loss)
+        if memo is not None and first_key is not None:
+            pending.memo = memo
+            pending.key = (first_key[0], training, with_loss, id(stepper.loss), tuple(map(id, metrics)), stepper.direct)
+            pending.leaves = first_key[1]
+        FirstStep.of(stepper).arm(pending, training)
     return batch
 
 
@@ -277,6 +293,43 @@ class _Pending:
                  with_loss: bool):
         self.module, self.batch, self.names, self.stats = module, batch, names, stats
         self.metrics, self.with_loss = metrics, with_loss
+        self.memo: CheckMemo | None = None  # with `key` (this check but the outputs) and the data's `leaves`
+        self.key: tuple | None = None
+        self.leaves: list = []
+        self.step_batch: Batch | None = None  # the batch the first step runs on
+
+    def passed_before(self, outputs: Any) -> bool:
+        """Whether a first step on the same data, loss and metrics, with outputs of the same
+        structure, shapes and dtypes, passed these checks (a search's earlier trial)."""
+        return self.memo is not None and self.key is not None and (self.key, _signature(outputs)) in self.memo.passed
+
+    def remember(self, outputs: Any) -> None:
+        if self.memo is not None and self.key is not None:
+            self.memo.keep_passed((self.key, _signature(outputs)), self.leaves)
+
+    def step_stats(self) -> dict[str, float]:
+        """The values read from the step's batch (the data's first batch read before, unless
+        the step's is another one: shuffled)."""
+        batch = self.step_batch
+        if batch is not None and self.stats and not _same_data(batch, self.batch):
+            stats = _read_stats(batch, self._loss)
+            if all(self.stats.get(k, 1.0) for k in ("x_finite", "y_finite")):  # not warned about yet
+                _warn_non_finite(stats, self.names)
+            self.batch, self.stats = batch, stats
+        return self.stats
+
+    _loss: Any = None  # the loss the step's values are read for (set by the check)
+
+
+def _signature(value: Any) -> Any:
+    """The structure, shapes less the first dimension, and dtypes of outputs."""
+    if isinstance(value, torch.Tensor):
+        return tuple(value.shape[1:]), value.dtype, value.device.type
+    if isinstance(value, dict):
+        return type(value).__name__, tuple((key, _signature(v)) for key, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return type(value).__name__, tuple(_signature(v) for v in value)
+    return type(value).__name__
 
 
 class FirstStep:
@@ -319,17 +372,13 @@ class FirstStep:
             # would keep the stepper, its module and optimizer, in a reference cycle)
             del self.stepper.__dict__["forward"], self.stepper.__dict__["_first_step"]
         loss, out = self._checked(pending, batch, with_loss)
-        if training and self.infer is not None:  # validation data, before any optimizer step
-            _check_validation(self.stepper, self.infer, out, batch)
+        if training and self.infer is not None and not self.infer.passed_before(out):  # validation data, before any
+            _check_validation(self.stepper, self.infer, out, batch)  # optimizer step (unless a trial checked it)
         return loss, out
 
     def _checked(self, pending: _Pending, batch: Batch, with_loss: bool) -> tuple[Any, Any]:
         stepper = self.stepper
-        if pending.stats and not _same_data(batch, pending.batch):  # shuffled: the step's first batch is another one
-            stats = _read_stats(batch, stepper.loss if with_loss else None)
-            if all(pending.stats.get(k, 1.0) for k in ("x_finite", "y_finite")):  # not warned about yet
-                _warn_non_finite(stats, pending.names)
-            pending.batch, pending.stats = batch, stats
+        pending.step_batch, pending._loss = batch, stepper.loss if with_loss else None
         module, loss_fn = stepper.forward_module, stepper.loss
         own_loss = with_loss and pending.with_loss and loss_fn is None
         stepper.forward_module = _Recorder(module, pending, stepper, own_loss and batch.target is not None)
@@ -341,8 +390,12 @@ class FirstStep:
             stepper.forward_module, stepper.loss = module, loss_fn
         if own_loss and loss is not None:
             _check_own_loss(loss, pending.names)
+        if pending.passed_before(out):
+            return loss, out
+        pending.step_stats()  # (the loss read them already when it has rules)
         if with_loss and pending.with_loss and pending.metrics and batch.target is not None:
             _check_metrics(pending.metrics, out, batch.target, pending.names)
+        pending.remember(out)
         return loss, out
 
 
@@ -393,9 +446,11 @@ class _CheckedLoss:
 
     def __call__(self, outputs: Any, targets: Any, sample_weight: Any = None) -> torch.Tensor:
         pending = self.pending
-        for named, out, target, names in _loss_pairs(self.loss, outputs, targets, pending.names):
-            stats = pending.stats if names is pending.names else _read_stats(Batch((), target, None, 0), named)
-            _check_rules(named, out, target, names, stats)
+        if not pending.passed_before(outputs):
+            for named, out, target, names in _loss_pairs(self.loss, outputs, targets, pending.names):
+                stats = pending.step_stats() if names is pending.names else _read_stats(Batch((), target, None, 0),
+                                                                                        named)
+                _check_rules(named, out, target, names, stats)
         value = _call_loss(self.loss, outputs, targets, sample_weight, pending)
         _check_value(self.loss, value, pending)
         return value

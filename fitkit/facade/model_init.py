@@ -10,6 +10,7 @@ for a `Model` call (module level, so it pickles)::
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -42,10 +43,8 @@ def call_model_init(model_init: Callable[..., Any] | None, trial: Any = None, fa
     others, which get it on the meta device (`fitkit.engine.devices.load_once`)."""
     if model_init is None:  # a model given an nn.Module, after `release()` or in `for_trial`
         raise ValueError("the model has no `model_init` to build a module with: build it with Model(model_init=fn)")
-    try:
-        n_params = len(inspect.signature(model_init).parameters)
-    except (TypeError, ValueError):
-        n_params = 1
+    n_params = _parameter_count(model_init)
+
     def build() -> Any:
         return model_init() if n_params == 0 else model_init(trial)
 
@@ -58,6 +57,25 @@ def call_model_init(model_init: Callable[..., Any] | None, trial: Any = None, fa
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"`model_init` must return a torch.nn.Module, got {type(module).__name__}")
     return module
+
+
+def _parameter_count(model_init: Callable[..., Any]) -> int:
+    """How many parameters `model_init` takes (1 when its signature cannot be read): read once per
+    function, as a search calls the same one at every trial."""
+    try:
+        return _parameter_count_of(model_init)
+    except TypeError:  # unhashable callable
+        return _read_parameter_count(model_init)
+
+
+def _read_parameter_count(model_init: Callable[..., Any]) -> int:
+    try:
+        return len(inspect.signature(model_init).parameters)
+    except (TypeError, ValueError):
+        return 1
+
+
+_parameter_count_of = functools.lru_cache(maxsize=32)(_read_parameter_count)
 
 
 def built_under_seed(model_init: Callable[..., Any], seed: int | None) -> tuple[torch.nn.Module, dict[str, Any]]:

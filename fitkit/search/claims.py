@@ -48,6 +48,8 @@ def is_surplus(study: Any, trial: Any, n_trials: int) -> bool:
     claims: two workers took the last slot at the same moment, and the later trial yields."""
     from optuna.trial import TrialState
 
+    if trial.number < n_trials:  # fewer than n_trials trials came before it, of any state
+        return False
     live = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
     before = [t for t in study.get_trials(deepcopy=False) if t.state in live and t.number < trial.number]
     return len(before) >= n_trials

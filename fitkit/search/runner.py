@@ -10,7 +10,6 @@ heartbeats are on, and takes over (resumes) any that goes stale.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -244,7 +243,7 @@ def _plain(metrics: dict[str, Any]) -> dict[str, float]:
             plain[key] = float(value)
         except (TypeError, ValueError):
             continue
-    return json.loads(json.dumps(plain, allow_nan=True))
+    return plain  # (a float is its own JSON number: NaN and infinities too, as storages write them)
 
 
 def _best(study: Any, multi: bool) -> BestRun | list[BestRun]:

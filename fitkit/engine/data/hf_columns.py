@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -41,11 +42,26 @@ def forward_names(module: torch.nn.Module) -> set[str] | None:
     """The parameter names `module.forward` takes by name (not `*args` / `**kwargs`), or None
     when there are none or the signature cannot be read (then nothing is dropped)."""
     inner = getattr(module, "_orig_mod", module)  # a torch.compile'd module: its original's forward
+    if "forward" not in inner.__dict__:  # the class's forward: its names read once per class
+        cls = type(inner)
+        names = _BY_CLASS.get(cls, _UNREAD)
+        if names is _UNREAD:
+            names = _BY_CLASS[cls] = _names_of(inner.forward)
+    else:
+        names = _names_of(inner.forward)
+    return set(names) if names is not None else None
+
+
+_UNREAD: Any = object()
+_BY_CLASS: weakref.WeakKeyDictionary[type, frozenset[str] | None] = weakref.WeakKeyDictionary()
+
+
+def _names_of(forward: Any) -> frozenset[str] | None:
     try:
-        params = inspect.signature(inner.forward).parameters.values()
+        params = inspect.signature(forward).parameters.values()
     except (TypeError, ValueError):
         return None
-    names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    names = frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
     return names or None
 
 
