@@ -30,7 +30,7 @@ class CountedAccuracy:
     def __init__(self, classes: int, device: torch.device) -> None:
         self.num_classes = classes
         self.device = device
-        self.correct = torch.zeros(1, dtype=torch.long, device=device)
+        self.correct = torch.zeros((), dtype=torch.long, device=device)
         self.count = 0  # a host number: the batch sizes are known without reading the device
         self._update_count = 0  # (torchmetrics' name: the updates since the last reset)
 
@@ -45,8 +45,8 @@ class CountedAccuracy:
     def compute(self) -> torch.Tensor:
         if not self.count:
             return torch.zeros((), device=self.device)
-        # float32 / float32, as torchmetrics' `_safe_divide` of the two integer counts
-        return (self.correct.float() / torch.tensor(float(self.count), device=self.device)).reshape(())
+        # float32 / float32 (the count is cast to the tensor's dtype), as torchmetrics' `_safe_divide`
+        return self.correct.float() / self.count
 
     def reset(self) -> None:
         self.correct.zero_()
@@ -61,7 +61,7 @@ class CountedAccuracy:
     @property
     def metric_state(self) -> dict[str, torch.Tensor]:
         """The state under torchmetrics' names and shapes (`MulticlassAccuracy(average="micro")`)."""
-        tp = self.correct.clone()
+        tp = self.correct.reshape(1).clone()
         wrong = self.count - tp
         return {"tp": tp, "fp": wrong, "tn": self.num_classes * self.count - self.count - wrong, "fn": wrong.clone()}
 
@@ -69,6 +69,6 @@ class CountedAccuracy:
         """Take a saved state (this class's or torchmetrics' `MulticlassAccuracy`)."""
         tp, fn = state["tp"].to(self.device).long(), state["fn"].to(self.device).long()
         with torch.inference_mode(False):  # updated in place later, in and out of inference mode
-            self.correct = tp.reshape(1).clone()
+            self.correct = tp.sum()
         self.count = int((tp + fn).sum())
         self._update_count = max(self._update_count, 1)

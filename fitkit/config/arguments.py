@@ -280,6 +280,15 @@ class TrainingArguments(metaclass=_TakesOtherNames):
                 memo[key] = new
         return new
 
+    def settled(self, **values: Any) -> TrainingArguments:
+        """A copy with fields the engine settled itself (field names, values it chose among the
+        valid ones, e.g. `eval_strategy="epoch"` for a run with validation data): not checked
+        again, as `replace` checks what a user gives."""
+        new = object.__new__(type(self))
+        new.__dict__.update({name: self.__dict__[name] for name in _field_names(type(self))}, **values)
+        object.__setattr__(new, "_given", frozenset(self.__dict__.get("_given", frozenset()) | set(values)))
+        return new
+
     def _copy_with(self, changes: dict[str, Any]) -> TrainingArguments:
         """What `dataclasses.replace` gives (`changes` over this one's fields, every field checked
         again), without passing every field through the constructor again: a fit makes a

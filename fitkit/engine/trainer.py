@@ -260,7 +260,7 @@ def _with_evaluation(args: TrainingArguments, val: DataSource | None) -> Trainin
     """`eval_strategy` settled (default: "epoch" with validation data, else "no") and checked
     against the data and `load_best_model_at_end`."""
     if args.eval_strategy is None:
-        args = args.replace(eval_strategy="epoch" if val is not None else "no")
+        args = args.settled(eval_strategy="epoch" if val is not None else "no")
     if args.load_best_model_at_end and (args.save_strategy == "no" or args.eval_strategy == "no"):
         raise ValueError("`load_best_model_at_end=True` needs evaluation (validation data) and a `save_strategy` "
                          "('epoch', 'steps' or 'best') so that the best model is in a checkpoint")

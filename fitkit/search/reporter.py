@@ -44,6 +44,9 @@ class TrialReporter(TrainerCallback):
         self.reported = set(reported)
         self.metrics: dict[str, float] = {}
         self.pruned = self.preempted = False
+        # Optuna's NopPruner never prunes: asking it reads the trial back from the storage for nothing
+        pruner = getattr(getattr(trial, "study", None), "pruner", None)
+        self._may_prune = type(pruner).__name__ != "NopPruner" or type(pruner).__module__.split(".")[0] != "optuna"
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         self.metrics.update({k: v for k, v in (logs or {}).items() if isinstance(v, (int, float))})
@@ -58,7 +61,7 @@ class TrialReporter(TrainerCallback):
             if step is not None and step not in self.reported:
                 self.trial.report(self.compute_objective(dict(self.metrics)), step=step)
                 self.reported.add(step)
-            prune = self.trial.should_prune()
+            prune = self._may_prune and self.trial.should_prune()
         if self.fabric is not None and self.fabric.world_size > 1:
             prune = self.fabric.broadcast(prune, src=0)  # every rank stops at the same step
         if prune:
