@@ -433,3 +433,25 @@ def test_optimizer_loss_and_metric_names_suggest_the_closest(kwargs, suggestion)
     with pytest.raises(ValueError) as caught:
         Model(torch.nn.Linear(8, 3)).compile(**kwargs)
     assert str(caught.value).startswith(suggestion)
+
+
+def test_a_copy_changing_fields_that_stand_alone_checks_them_as_a_full_build_does():
+    """`replace` of fields whose checks read no other field (`ALONE`: a search trial's learning
+    rate, output folder, batch size...) checks only those, with the same conversions and errors
+    as building the arguments whole."""
+    from fitkit.config.checks import ALONE
+
+    base = TrainingArguments(output_dir="out")
+    values = [None, True, 0, -1, 1, 3, "3", "1e-3", 2.5, 0.5, "x", "", pathlib.Path("p"), "auto", 2]
+    for name in sorted(ALONE):
+        for value in values:
+            try:
+                whole = TrainingArguments(**{**{f: getattr(base, f) for f in TrainingArguments.names()}, name: value})
+            except (ValueError, TypeError) as err:
+                with pytest.raises(type(err), match=re.escape(str(err))):
+                    base.replace(**{name: value})
+                continue
+            copy = base.replace(**{name: value})
+            assert getattr(copy, name) == getattr(whole, name), (name, value)
+            assert type(getattr(copy, name)) is type(getattr(whole, name)), (name, value)
+    assert {"learning_rate", "output_dir", "per_device_train_batch_size", "num_train_epochs"} <= ALONE

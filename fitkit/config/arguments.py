@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fitkit.config.checks import check_and_convert
+from fitkit.config.checks import ALONE, check_and_convert, check_fields
 from fitkit.config.names import ALIASES, canonical, named_as_given
 
 
@@ -295,7 +295,10 @@ class TrainingArguments(metaclass=_TakesOtherNames):
         changed copy or two, and a search's trials make theirs at every trial."""
         new = object.__new__(type(self))
         new.__dict__.update({name: self.__dict__[name] for name in _field_names(type(self))}, **changes)
-        new.__post_init__()
+        if changes.keys() <= ALONE and type(self).__post_init__ is TrainingArguments.__post_init__:
+            check_fields(new, list(changes))  # the others were checked when this one was built
+        else:
+            new.__post_init__()
         return new
 
     def to_dict(self) -> dict[str, Any]:

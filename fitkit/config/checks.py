@@ -8,7 +8,7 @@ the field and the fix (with the closest name for a misspelt choice)::
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, NoReturn
 
 from fitkit.common.options import did_you_mean, parse_number
@@ -59,6 +59,37 @@ _CHOICES: dict[str, tuple[tuple, bool]] = {
 }
 
 
+#: Fields whose checks read no other field: a copy of checked arguments that changes only these
+#: (a search trial's learning rate and output folder, say) checks only them (`check_fields`).
+ALONE = frozenset({*_INTS, *_FLOATS, "shuffle", "num_train_epochs", "output_dir", "seed", "verbose"})
+
+
+def check_fields(args: Any, names: Iterable[str]) -> None:
+    """`check_and_convert` of `names` alone (all in `ALONE`), for a copy of arguments whose other
+    fields were checked already: the same conversions and the same errors."""
+    def fail(name: str, fix: str) -> NoReturn:
+        raise ValueError(f"`{name}`={getattr(args, name)!r} is invalid: {fix}")
+
+    def set_value(name: str, value: Any) -> None:
+        object.__setattr__(args, name, value)
+
+    for name in names:
+        if name in _INTS:
+            _check_int(args, name, fail, set_value)
+        elif name in _FLOATS:
+            _check_float(args, name, fail, set_value)
+        elif name == "shuffle":
+            _check_bool(args, name, fail)
+        elif name == "num_train_epochs":
+            _check_epochs(args, fail, set_value)
+        elif name == "output_dir":
+            _check_output_dir(args, fail, set_value)
+        elif name == "seed":
+            _check_seed(args, fail, set_value)
+        else:
+            _check_verbose(args, fail)
+
+
 def check_and_convert(args: Any) -> None:
     """Check the type and range of every field; numbers given as text ("1e-3", "3") and paths
     given as `os.PathLike` are converted (the dataclass is frozen: `object.__setattr__`)."""
@@ -69,36 +100,81 @@ def check_and_convert(args: Any) -> None:
     def set_value(name: str, value: Any) -> None:
         object.__setattr__(args, name, value)
 
-    for name, (least, optional) in _INTS.items():
-        value = getattr(args, name)
-        if value is None and optional:
-            continue
-        number = parse_number(value, int)
-        if number is None or number < least:
-            fail(name, f"pass an integer {'> 0' if least == 1 else f'>= {least}'}" + (", or None" if optional else ""))
-        set_value(name, number)
+    for name in _INTS:
+        _check_int(args, name, fail, set_value)
     steps = parse_number(args.max_steps, int)
     if steps is None or not (steps == -1 or steps > 0):
         fail("max_steps", "pass a positive number of optimizer steps, or -1 to train by epochs")
     set_value("max_steps", steps)
-    for name, (test, fix, optional) in _FLOATS.items():
-        value = getattr(args, name)
-        if value is None and optional:
-            continue
-        number = parse_number(value, float)
-        if number is None or not test(number):
-            fail(name, fix)
-        set_value(name, number)
-    for name, optional in _BOOLS.items():
-        value = getattr(args, name)
-        if not (isinstance(value, bool) or (optional and value is None)):
-            fail(name, "pass True or False" + (" (or None for the default)" if optional else ""))
+    for name in _FLOATS:
+        _check_float(args, name, fail, set_value)
+    for name in _BOOLS:
+        _check_bool(args, name, fail)
     for name, (choices, optional) in _CHOICES.items():
         value = getattr(args, name)
         if not ((isinstance(value, str) and value in choices) or (optional and value is None)):
             fail(name, f"{did_you_mean(value, choices)}use one of {list(choices)}")
     _check_fractions(args, fail, set_value)
     _check_the_others(args, fail, set_value)
+
+
+_Fail = Callable[[str, str], NoReturn]
+_Set = Callable[[str, Any], None]
+
+
+def _check_int(args: Any, name: str, fail: _Fail, set_value: _Set) -> None:
+    least, optional = _INTS[name]
+    value = getattr(args, name)
+    if value is None and optional:
+        return
+    number = parse_number(value, int)
+    if number is None or number < least:
+        fail(name, f"pass an integer {'> 0' if least == 1 else f'>= {least}'}" + (", or None" if optional else ""))
+    set_value(name, number)
+
+
+def _check_float(args: Any, name: str, fail: _Fail, set_value: _Set) -> None:
+    test, fix, optional = _FLOATS[name]
+    value = getattr(args, name)
+    if value is None and optional:
+        return
+    number = parse_number(value, float)
+    if number is None or not test(number):
+        fail(name, fix)
+    set_value(name, number)
+
+
+def _check_bool(args: Any, name: str, fail: _Fail) -> None:
+    optional, value = _BOOLS[name], getattr(args, name)
+    if not (isinstance(value, bool) or (optional and value is None)):
+        fail(name, "pass True or False" + (" (or None for the default)" if optional else ""))
+
+
+def _check_epochs(args: Any, fail: _Fail, set_value: _Set) -> None:
+    epochs = parse_number(args.num_train_epochs, float)
+    if epochs is None or epochs <= 0:
+        fail("num_train_epochs", "pass a number of epochs > 0 (a float such as 1.5 trains part of the last one)")
+    set_value("num_train_epochs", int(epochs) if epochs == int(epochs) else epochs)
+
+
+def _check_output_dir(args: Any, fail: _Fail, set_value: _Set) -> None:
+    if isinstance(args.output_dir, os.PathLike):  # a path may be a pathlib.Path
+        set_value("output_dir", os.fspath(args.output_dir))
+    if not isinstance(args.output_dir, str) or not args.output_dir:
+        fail("output_dir", "pass the path of a folder (a str); it is created when missing")
+
+
+def _check_seed(args: Any, fail: _Fail, set_value: _Set) -> None:
+    if args.seed is not None:
+        seed = parse_number(args.seed, int)
+        if seed is None:
+            fail("seed", "pass an integer or None")
+        set_value("seed", seed)
+
+
+def _check_verbose(args: Any, fail: _Fail) -> None:
+    if isinstance(args.verbose, bool) or args.verbose not in VERBOSITY:
+        fail("verbose", "use 0 (silent), 1 (progress bar), 2 (a line per epoch) or 'auto'")
 
 
 def _whole_or_fraction(value: Any, fraction: bool) -> int | float | None:
@@ -111,7 +187,7 @@ def _whole_or_fraction(value: Any, fraction: bool) -> int | float | None:
     return number if fraction else None
 
 
-def _check_fractions(args: Any, fail: Callable[[str, str], NoReturn], set_value: Callable[[str, Any], None]) -> None:
+def _check_fractions(args: Any, fail: _Fail, set_value: _Set) -> None:
     """HF's numbers that may be fractions: `logging_steps` / `eval_steps` / `save_steps` below 1
     are a share of `max_steps`; `num_train_epochs` may be a float (1.5 epochs); `eval_delay` >= 0."""
     for name, optional in (("logging_steps", False), ("eval_steps", True), ("save_steps", False)):
@@ -123,22 +199,17 @@ def _check_fractions(args: Any, fail: Callable[[str, str], NoReturn], set_value:
             fail(name, "pass an integer > 0 (steps) or a fraction in (0, 1) of `max_steps`"
                  + (", or None" if optional else ""))
         set_value(name, number)
-    epochs = parse_number(args.num_train_epochs, float)
-    if epochs is None or epochs <= 0:
-        fail("num_train_epochs", "pass a number of epochs > 0 (a float such as 1.5 trains part of the last one)")
-    set_value("num_train_epochs", int(epochs) if epochs == int(epochs) else epochs)
+    _check_epochs(args, fail, set_value)
     delay = parse_number(args.eval_delay, float)
     if delay is None or delay < 0:
         fail("eval_delay", "pass the epochs (eval_strategy='epoch') or steps ('steps') to wait, a number >= 0")
     set_value("eval_delay", int(delay) if delay == int(delay) else delay)
 
 
-def _check_the_others(args: Any, fail: Callable[[str, str], NoReturn], set_value: Callable[[str, Any], None]) -> None:
-    for name in ("output_dir", "resume_from_checkpoint"):  # a path may be a pathlib.Path
-        if isinstance(getattr(args, name), os.PathLike):
-            set_value(name, os.fspath(getattr(args, name)))
-    if not isinstance(args.output_dir, str) or not args.output_dir:
-        fail("output_dir", "pass the path of a folder (a str); it is created when missing")
+def _check_the_others(args: Any, fail: _Fail, set_value: _Set) -> None:
+    _check_output_dir(args, fail, set_value)
+    if isinstance(args.resume_from_checkpoint, os.PathLike):
+        set_value("resume_from_checkpoint", os.fspath(args.resume_from_checkpoint))
     if not (args.resume_from_checkpoint is None or isinstance(args.resume_from_checkpoint, (bool, str))):
         fail("resume_from_checkpoint", "pass True (the last checkpoint in `output_dir`) or a checkpoint's path")
     if args.metric_for_best_model is None:
@@ -153,15 +224,10 @@ def _check_the_others(args: Any, fail: Callable[[str, str], NoReturn], set_value
             or (isinstance(args.lr_scheduler, str) and args.lr_scheduler in SCHEDULERS)):
         fail("lr_scheduler", f"{did_you_mean(args.lr_scheduler, SCHEDULERS)}use one of {list(SCHEDULERS)} or a "
              "callable (optimizer, num_training_steps) -> scheduler")
-    if isinstance(args.verbose, bool) or args.verbose not in VERBOSITY:
-        fail("verbose", "use 0 (silent), 1 (progress bar), 2 (a line per epoch) or 'auto'")
+    _check_verbose(args, fail)
     if args.precision is not None and (isinstance(args.precision, bool) or str(args.precision) not in PRECISIONS):
         fail("precision", f"{did_you_mean(args.precision, PRECISIONS)}use one of {list(PRECISIONS)}")
-    if args.seed is not None:
-        seed = parse_number(args.seed, int)
-        if seed is None:
-            fail("seed", "pass an integer or None")
-        set_value("seed", seed)
+    _check_seed(args, fail, set_value)
     if args.data_seed is not None:
         data_seed = parse_number(args.data_seed, int)
         if data_seed is None:

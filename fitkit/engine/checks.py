@@ -301,11 +301,19 @@ class _Pending:
     def passed_before(self, outputs: Any) -> bool:
         """Whether a first step on the same data, loss and metrics, with outputs of the same
         structure, shapes and dtypes, passed these checks (a search's earlier trial)."""
-        return self.memo is not None and self.key is not None and (self.key, _signature(outputs)) in self.memo.passed
+        return self.memo is not None and self.key is not None and self._full_key(outputs) in self.memo.passed
 
     def remember(self, outputs: Any) -> None:
         if self.memo is not None and self.key is not None:
-            self.memo.keep_passed((self.key, _signature(outputs)), self.leaves)
+            self.memo.keep_passed(self._full_key(outputs), self.leaves)
+
+    def _full_key(self, outputs: Any) -> tuple:
+        if self._outputs is not outputs:  # (asked by the loss, then by the step, of the same outputs)
+            self._outputs, self._key_with_outputs = outputs, (self.key, _signature(outputs))
+        return self._key_with_outputs
+
+    _outputs: Any = None
+    _key_with_outputs: tuple = ()
 
     def step_stats(self) -> dict[str, float]:
         """The values read from the step's batch (the data's first batch read before, unless

@@ -22,6 +22,7 @@ import contextlib
 import functools
 import inspect
 import io
+import itertools
 import os
 import weakref
 from collections.abc import Callable, Mapping
@@ -152,7 +153,7 @@ class LocalFabric(LocalMembers):
         (its state dict is the user's module's, without `_orig_mod.`, as under Fabric)."""
         if isinstance(module, CompiledModule):
             raise ValueError("A model should be passed only once to the `setup_module` method.")
-        if move_to_device:
+        if move_to_device and not (self.device.type == "cpu" and _on_cpu(module)):  # (`to` walks every tensor)
             module.to(self.device)
         original = _compiled_original(module)
         return module if original is None else CompiledModule(module, original)
@@ -427,3 +428,8 @@ def _as_tensors(data: Any, device: torch.device) -> Any:
         return torch.tensor(value, dtype=dtype, device=device)
 
     return map_leaves(convert, data, lambda v: isinstance(v, (torch.Tensor, np.ndarray, bool, int, float)))
+
+
+def _on_cpu(module: torch.nn.Module) -> bool:
+    """Whether every parameter and buffer of `module` is on the CPU already."""
+    return all(t.device.type == "cpu" for t in itertools.chain(module.parameters(), module.buffers()))
