@@ -5,11 +5,12 @@ the next trial starts, at the cost of the trial's own objects, not of the whole 
         ...
         memory.release(trial_model)                      # after each trial
 
-A trial's training objects refer to each other in cycles, so reference counting alone may leave
-its module and optimizer alive until Python's next full collection, which may come only several
-trials later (on a GPU: several models' weights at once). `release` drops the trial's model and
-then looks (weak references) whether its module or its parameters outlived that: only then does
-it run a collection. That collection is cheap because the objects alive when the search started
+fitkit's own run leaves no reference cycle around the module (`tests/test_search.py`), so
+dropping the trial's model frees it by reference counting; a user's callback or `model_init` may
+still hold it in a cycle, which reference counting alone leaves alive until Python's next full
+collection, maybe several trials later (on a GPU: several models' weights at once). `release`
+drops the trial's model and then looks (weak references) whether its module or its parameters
+outlived that: only then does it run a collection. That collection is cheap because the objects alive when the search started
 (torch, Optuna, the user's data: most of the heap) are moved out of the collector's reach for
 the search (`gc.freeze`) and given back at its end (`gc.unfreeze`); a full collection over such
 a heap costs hundreds of milliseconds, more than a small trial. With Optuna's
