@@ -38,6 +38,7 @@ or initialise them).
 
 from __future__ import annotations
 
+import math
 import numbers
 import warnings
 from typing import Any
@@ -98,10 +99,11 @@ class CheckMemo:
             self.passed.pop(oldest, None)
         self.passed[key] = leaves  # (the data's tensors kept referenced: their addresses stay theirs)
 
-    def first(self, source: DataSource, loss: Any) -> tuple[tuple | None, tuple[Batch, dict[str, float]] | None]:
+    def first(self, source: DataSource, loss: Any,
+              data: tuple | None = None) -> tuple[tuple | None, tuple[Batch, dict[str, float]] | None]:
         """The key of `source`'s first batch read for `loss` (None: not in-memory data), and the
-        (batch, values) kept for it (None: not read yet)."""
-        key = self.key(source, LOSS_KINDS.get((loss if isinstance(loss, str) else _named(loss)) or ""))
+        (batch, values) kept for it (None: not read yet). `data`: `self.data(source)` if read."""
+        key = self.key(source, LOSS_KINDS.get((loss if isinstance(loss, str) else _named(loss)) or ""), data=data)
         if key is None:
             return None, None
         kept = self.firsts.get(key[0])
@@ -113,13 +115,21 @@ class CheckMemo:
                 self.firsts.pop(oldest, None)
             self.firsts[key[0]] = (batch, stats, key[1])
 
-    def key(self, source: DataSource, *parts: Any) -> tuple | None:
+    def key(self, source: DataSource, *parts: Any, data: tuple | None = None) -> tuple | None:
+        data = data if data is not None else self.data(source)
+        if data is None:
+            return None
+        return (*parts, *data[0]), data[1]
+
+    @staticmethod
+    def data(source: DataSource) -> tuple | None:
+        """What identifies in-memory data (None for any other source): its place and its tensors'
+        storage, shape, dtype and version, with the tensors themselves (kept referenced)."""
         if not isinstance(source, TensorSource):
             return None
         leaves = tensors_of((source.x, source.y, source.sample_weight, source.class_weight))
         place = (source.name, source.batch_size, source.offset, source.rank, source.world_size)
-        return (*parts, place, tuple((t.data_ptr(), t.shape, t.stride(), t.dtype, t.device, t._version)
-                                     for t in leaves)), leaves
+        return (place, tuple((t.data_ptr(), t.shape, t.stride(), t.dtype, t.device, t._version) for t in leaves)), leaves
 
     def seen(self, key: tuple | None) -> bool:
         return key is not None and key[0] in self._seen
@@ -140,19 +150,21 @@ def check_data(stepper: Stepper, module: torch.nn.Module, source: DataSource | N
     checked again. Returns the batch it checked (None when it checked none)."""
     if source is None:
         return None
+    data = memo.data(source) if memo is not None else None  # (read once for both keys)
     key = memo.key(source, id(module), id(stepper.loss), tuple(map(id, metrics)), training, with_loss,
-                   stepper.direct) if memo is not None else None
+                   stepper.direct, data=data) if memo is not None else None
     if memo is not None and memo.seen(key):  # (no key: not seen)
         return None
-    batch = _check(stepper, module, source, metrics=metrics, training=training, with_loss=with_loss, memo=memo)
+    batch = _check(stepper, module, source, metrics=metrics, training=training, with_loss=with_loss, memo=memo,
+                   data=data)
     if memo is not None:
         memo.add(key)
     return batch
 
 
 def _check(stepper: Stepper, module: torch.nn.Module, source: DataSource, *, metrics: Any, training: bool,
-           with_loss: bool, memo: CheckMemo | None = None) -> Batch | None:
-    first_key, kept = memo.first(source, stepper.loss if with_loss else None) if memo is not None else (None, None)
+           with_loss: bool, memo: CheckMemo | None = None, data: tuple | None = None) -> Batch | None:
+    first_key, kept = memo.first(source, stepper.loss if with_loss else None, data) if memo is not None else (None, None)
     batch = source.first_batch() if kept is None else kept[0]
     names = _Names(source.name, isinstance(source, TensorSource))
     if batch is None:
@@ -546,7 +558,8 @@ def _check_value(loss: Any, value: Any, pending: _Pending) -> None:
     except ValueError as err:
         raise ValueError(f"`loss`={loss.name!r} on the first batch of `{names.name}`: {err}") from None
     inputs_finite = stats.get("x_finite", True) and stats.get("y_finite", True)
-    if inputs_finite and not bool(torch.isfinite(value.detach())):
+    # one read of the scalar (the same host sync as `bool(torch.isfinite(...))`, without its three kernels)
+    if inputs_finite and not math.isfinite(value.detach().item()):
         warnings.warn(
             f"`loss`={loss.name!r} is {float(value.detach())} on the first batch of `{names.name}`, whose values are finite: "
             "training would only produce NaN; likely fix: check what the loss takes (logits or probabilities, "
