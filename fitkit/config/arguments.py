@@ -285,16 +285,24 @@ class TrainingArguments(metaclass=_TakesOtherNames):
         valid ones, e.g. `eval_strategy="epoch"` for a run with validation data): not checked
         again, as `replace` checks what a user gives."""
         new = object.__new__(type(self))
-        new.__dict__.update({name: self.__dict__[name] for name in _field_names(type(self))}, **values)
+        new.__dict__.update(self._fields_dict(), **values)
         object.__setattr__(new, "_given", frozenset(self.__dict__.get("_given", frozenset()) | set(values)))
         return new
+
+    def _fields_dict(self) -> dict[str, Any]:
+        """The fields' values (a copy of the instance dict less the memo and the given names)."""
+        values = self.__dict__.copy()
+        values.pop("_replaced", None)
+        values.pop("_given", None)
+        fields = _field_names(type(self))
+        return values if len(values) == len(fields) else {name: self.__dict__[name] for name in fields}
 
     def _copy_with(self, changes: dict[str, Any]) -> TrainingArguments:
         """What `dataclasses.replace` gives (`changes` over this one's fields, every field checked
         again), without passing every field through the constructor again: a fit makes a
         changed copy or two, and a search's trials make theirs at every trial."""
         new = object.__new__(type(self))
-        new.__dict__.update({name: self.__dict__[name] for name in _field_names(type(self))}, **changes)
+        new.__dict__.update(self._fields_dict(), **changes)
         if changes.keys() <= ALONE and type(self).__post_init__ is TrainingArguments.__post_init__:
             check_fields(new, list(changes))  # the others were checked when this one was built
         else:

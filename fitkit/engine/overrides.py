@@ -93,7 +93,8 @@ def attribute_trackers(obj: Any) -> list[Any]:
     `obj`, e.g. `self.loss_tracker = keras.metrics.Mean(name="loss")`: Keras 3 tracks them in
     `model.metrics` and resets them without a `metrics` property."""
     return [value for value in vars(obj).values()
-            if all(callable(getattr(value, name, None)) for name in ("update_state", "result", "reset_state"))
+            if callable(getattr(value, "update_state", None)) and callable(getattr(value, "result", None))
+            and callable(getattr(value, "reset_state", None))  # (written out: read for every attribute, every fit)
             and not getattr(value, "kept_by_loop", False) and not isinstance(value, type)]
 
 

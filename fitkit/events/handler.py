@@ -207,6 +207,15 @@ def _listening(callback: Any, event: str) -> tuple[bool, bool]:
     return _class_listening(cls, event)
 
 
+_EVENT_SET = frozenset(EVENTS)
+
+
+@functools.lru_cache(maxsize=1024)
+def _class_events(cls: type) -> tuple[tuple[str, bool], ...]:
+    """(event, from transformers) of each documented event `cls` handles, in `EVENTS` order."""
+    return tuple((event, hf) for event in EVENTS for listens, hf in [_class_listening(cls, event)] if listens)
+
+
 @functools.lru_cache(maxsize=4096)
 def _class_listening(cls: type, event: str) -> tuple[bool, bool]:
     method = getattr(cls, event, None)
@@ -419,6 +428,9 @@ class CallbackHandler(TrainerCallback):
         """The bound methods that handle `event`, cached."""
         found = self._listeners.get(event)
         if found is None:
+            if event in _EVENT_SET and "on_init_end" not in self._listeners:
+                self._fill_documented()  # every documented event's listeners in one pass over the callbacks
+                return self._listeners[event]
             found = []
             for cb in self.callbacks:
                 listens, hf = _listening(cb, event)
@@ -426,6 +438,22 @@ class CallbackHandler(TrainerCallback):
                     found.append(self._hf_wrapped(event, getattr(cb, event)) if hf else getattr(cb, event))
             self._listeners[event] = found
         return found
+
+    def _fill_documented(self) -> None:
+        """The listeners of every documented event (what a run's handler, new at each call, needs
+        first): by each callback's class, decided once per class, unless the instance holds
+        events itself or its class makes attributes on the fly."""
+        table: dict[str, list] = {event: [] for event in EVENTS}
+        for cb in self.callbacks:
+            cls: type = type(cb)
+            if _makes_attributes(cls) or not _EVENT_SET.isdisjoint(getattr(cb, "__dict__", ())):
+                events = tuple((event, hf) for event in EVENTS for listens, hf in [_listening(cb, event)] if listens)
+            else:
+                events = _class_events(cls)
+            for event, hf in events:
+                method = getattr(cb, event)
+                table[event].append(self._hf_wrapped(event, method) if hf else method)
+        self._listeners.update(table)
 
     def _hf_wrapped(self, event: str, method: Any) -> Any:
         """A transformers callback's handler, given HF-shaped `args` and HF-named values
@@ -439,6 +467,7 @@ class CallbackHandler(TrainerCallback):
         """Forget cached listeners (call after changing a callback's methods at run time)."""
         self._listeners = {}
         _class_listening.cache_clear()
+        _class_events.cache_clear()
 
     # -- firing -----------------------------------------------------------------------
     def call_event(self, event: str, args: Any, state: TrainerState, control: TrainerControl,

@@ -56,6 +56,7 @@ def is_default(method: Any) -> bool:
 
 
 @functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=512)
 def keras_class(cls: type) -> bool:
     """True for a subclass of fitkit's `Callback` or of `keras.callbacks.Callback`."""
     return any(k.__name__ == "Callback" and (k.__module__ == "fitkit.callbacks.keras.callback"
@@ -63,6 +64,7 @@ def keras_class(cls: type) -> bool:
                for k in cls.__mro__)
 
 
+@functools.lru_cache(maxsize=512)
 def _trainer_callback(cls: type) -> bool:
     """A subclass of fitkit's or transformers' `TrainerCallback` (HF's event set, by type)."""
     return any(k.__name__ == "TrainerCallback" and (k.__module__.startswith("fitkit.events")
@@ -105,14 +107,21 @@ def keras_named_methods_warning(callback: Any) -> str | None:
     cls: type = type(callback)  # `type`: mypy takes a `type[Any]` for unhashable
     if not _trainer_callback(cls) or keras_class(cls):
         return None
-    bad = [n for n in HF_INSTEAD if callable(getattr(callback, n, None))
-           and not _from_transformers_base(cls, n)]
+    own = getattr(callback, "__dict__", {})
+    bad = _keras_named(cls) if own.keys().isdisjoint(HF_INSTEAD) else [
+        n for n in HF_INSTEAD if callable(getattr(callback, n, None)) and not _from_transformers_base(cls, n)]
     if not bad:
         return None
     return (f"{cls.__name__} is a TrainerCallback, whose methods are HF's events (args, state, control, **kwargs); "
             f"{', '.join(f'{cls.__name__}.{n}' for n in bad)} (Keras' method names) are never called. For Keras' "
             "methods subclass fitkit.callbacks.Callback; for fitkit's events at those moments use "
             + ", ".join(f"{HF_INSTEAD[n]} instead of {n}" for n in bad))
+
+
+@functools.lru_cache(maxsize=512)
+def _keras_named(cls: type) -> list[str]:
+    """The Keras-only method names `cls` defines (not as transformers' base defines them)."""
+    return [n for n in HF_INSTEAD if callable(getattr(cls, n, None)) and not _from_transformers_base(cls, n)]
 
 
 def _from_transformers_base(cls: type, name: str) -> bool:
