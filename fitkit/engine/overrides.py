@@ -92,10 +92,20 @@ def attribute_trackers(obj: Any) -> list[Any]:
     """The Keras metric objects (`update_state`, `result`, `reset_state`) held as attributes of
     `obj`, e.g. `self.loss_tracker = keras.metrics.Mean(name="loss")`: Keras 3 tracks them in
     `model.metrics` and resets them without a `metrics` property."""
-    return [value for value in vars(obj).values()
-            if callable(getattr(value, "update_state", None)) and callable(getattr(value, "result", None))
-            and callable(getattr(value, "reset_state", None))  # (written out: read for every attribute, every fit)
-            and not getattr(value, "kept_by_loop", False) and not isinstance(value, type)]
+    found = []
+    for value in vars(obj).values():
+        cls: type = type(value)  # annotated: mypy does not count `type[Any]` as Hashable for the cache
+        if _tracker_class(cls) and not getattr(value, "kept_by_loop", False):
+            found.append(value)
+    return found
+
+
+@functools.lru_cache(maxsize=512)
+def _tracker_class(cls: type) -> bool:
+    """Whether instances of `cls` are Keras metric objects (read once per class: every attribute of
+    the model is looked at, at every call)."""
+    return not issubclass(cls, type) and all(
+        callable(getattr(cls, name, None)) for name in ("update_state", "result", "reset_state"))
 
 
 def step_values(result: Any, step: str) -> dict[str, Any]:

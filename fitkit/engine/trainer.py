@@ -237,11 +237,11 @@ class Trainer:
         that outlives the call (the handler, its callbacks) calls back into the loop, and the loop
         holds no method of its own: dropped, the loop frees its module and optimizer at once, as
         a search's next trial needs, with no garbage collection."""
+        self.runtime.tools = loop.tools  # (what `Runtime.using` does, in the same block)
         try:
-            with self.runtime.using(loop.tools):
-                yield
+            yield
         finally:
-            loop.tools = None
+            self.runtime.tools = loop.tools = None
             self.handler.set_run(save_checkpoint=None, before_listeners=None)
 
     def _eval_loop(self, state: TrainerState, control: TrainerControl) -> Loop:
