@@ -10,12 +10,12 @@ dropping the trial's model frees it by reference counting; a user's callback or 
 still hold it in a cycle, which reference counting alone leaves alive until Python's next full
 collection, maybe several trials later (on a GPU: several models' weights at once). `release`
 drops the trial's model and then looks (weak references) whether its module or its parameters
-outlived that: only then does it run a collection. That collection is cheap because the objects alive when the search started
-(torch, Optuna, the user's data: most of the heap) are moved out of the collector's reach for
-the search (`gc.freeze`) and given back at its end (`gc.unfreeze`); a full collection over such
-a heap costs hundreds of milliseconds, more than a small trial. With Optuna's
-`gc_after_trial=True` (a full collection after every trial, done by Optuna) nothing is frozen
-and Optuna's collection is the one that runs.
+outlived that: only then does it run a collection. That collection is cheap because the objects
+alive when the search started (torch, Optuna, the user's data: most of the heap) are moved out
+of the collector's reach for the search (`gc.freeze`) and given back at its end
+(`gc.unfreeze`); a full collection over such a heap costs hundreds of milliseconds, more than a
+small trial. With Optuna's `gc_after_trial=True` (a full collection after every trial, done by
+Optuna) nothing is frozen and Optuna's collection is the one that runs.
 """
 
 from __future__ import annotations

@@ -45,8 +45,9 @@ class TrialReporter(TrainerCallback):
         self.metrics: dict[str, float] = {}
         self.pruned = self.preempted = False
         # Optuna's NopPruner never prunes: asking it reads the trial back from the storage for nothing
-        pruner = getattr(getattr(trial, "study", None), "pruner", None)
-        self._may_prune = type(pruner).__name__ != "NopPruner" or type(pruner).__module__.split(".")[0] != "optuna"
+        from optuna.pruners import NopPruner
+
+        self._may_prune = type(getattr(getattr(trial, "study", None), "pruner", None)) is not NopPruner
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         self.metrics.update({k: v for k, v in (logs or {}).items() if isinstance(v, (int, float))})
