@@ -25,6 +25,21 @@ def test_import_fitkit_loads_no_heavy_dependency():
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
+def test_a_run_with_the_multiclass_accuracy_imports_no_torchmetrics():
+    """"accuracy" of a multiclass output is counted by fitkit (`CountedAccuracy`): neither `fit`
+    nor `evaluate` imports torchmetrics (about a second of a process's start) for it."""
+    code = (
+        "import sys, torch, fitkit\n"
+        "m = fitkit.Model(torch.nn.Linear(4, 3)).compile('adam', 'cross_entropy', ['accuracy', 'acc'])\n"
+        "x, y = torch.randn(32, 4), torch.randint(0, 3, (32,))\n"
+        "m.fit(x, y, epochs=2, verbose=0, validation_split=0.25, save_strategy='no')\n"
+        "m.evaluate(x, y, verbose=0)\n"
+        "print(sorted(n for n in ('torchmetrics', 'lightning_fabric') if n in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
 class _SyncCounter:
     """Counts calls that copy a tensor's value to the host (each one is a stall on a GPU).
 

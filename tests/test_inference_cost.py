@@ -87,6 +87,15 @@ def test_counted_accuracy_is_torchmetrics_micro_accuracy_bit_for_bit_and_shares_
     assert ours.count == 0 and float(ours.compute()) == 0.0 and ours.metric_state["tp"].tolist() == [0]
 
 
+def test_the_named_metrics_directions_are_their_torchmetrics_classes():
+    """The directions known without importing torchmetrics are the classes' own."""
+    import importlib
+
+    assert set(metrics_module.HIGHER_IS_BETTER) == set(metrics_module._NAME_CLASSES)
+    for name, (module, cls) in metrics_module._NAME_CLASSES.items():
+        assert getattr(importlib.import_module(module), cls).higher_is_better is metrics_module.HIGHER_IS_BETTER[name]
+
+
 def test_what_is_read_or_saved_mid_epoch_includes_the_held_batches():
     batches = _batches("multiclass")
     metrics = MetricSet(["accuracy"])

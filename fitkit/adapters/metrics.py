@@ -10,7 +10,6 @@ equals one per batch: their batches are held on the device and given to torchmet
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Callable
 from typing import Any
@@ -198,7 +197,9 @@ def _not_keras_value(spec: Any, name: str) -> bool:
 
 
 # The torchmetrics class each metric name becomes (every task's class of a name improves the
-# same way; these are read for `higher_is_better` only): module, class.
+# same way): module, class; and that class's `higher_is_better`, known here so that a run whose
+# metrics need no torchmetrics object (the multiclass "accuracy": `CountedAccuracy`) does not
+# import torchmetrics (about a second) for it. `tests/test_inference_cost.py` checks the two agree.
 _NAME_CLASSES = {
     "accuracy": ("torchmetrics.classification", "BinaryAccuracy"),
     "f1": ("torchmetrics.classification", "BinaryF1Score"),
@@ -209,6 +210,8 @@ _NAME_CLASSES = {
     "mae": ("torchmetrics.regression", "MeanAbsoluteError"),
     "mse": ("torchmetrics.regression", "MeanSquaredError"),
 }
+HIGHER_IS_BETTER = {"accuracy": True, "f1": True, "precision": True, "recall": True, "auroc": True, "top_k": True,
+                    "mae": False, "mse": False}
 
 
 def _higher_is_better(spec: Any) -> bool | None:
@@ -221,20 +224,11 @@ def _higher_is_better(spec: Any) -> bool | None:
     if is_keras_metric(spec):
         return getattr(KERAS_MEANS.get(type(spec).__name__), "higher_is_better", None)
     if isinstance(spec, str):
-        return _named_higher_is_better(_ALIASES.get(spec.lower(), spec.lower()))
+        return HIGHER_IS_BETTER[_ALIASES.get(spec.lower(), spec.lower())]
     if _is_metric(spec):
         better = getattr(spec, "higher_is_better", None)
         return better if isinstance(better, bool) else None
     return None
-
-
-@functools.cache
-def _named_higher_is_better(key: str) -> bool | None:
-    """`higher_is_better` of the torchmetrics class a name builds (read once per name)."""
-    from fitkit.common.quiet_import import quiet_import
-
-    module, cls = _NAME_CLASSES[key]
-    return getattr(getattr(quiet_import(module), cls), "higher_is_better", None)
 
 
 def metric_directions(specs: Any) -> dict[str, str]:
@@ -242,7 +236,7 @@ def metric_directions(specs: Any) -> dict[str, str]:
     returned: `{name: "min" | "max"}` under each metric's name and its `val_` name, plus
     `loss` / `val_loss` ("min"). A metric whose direction nothing tells (a plain callable, a
     torchmetrics metric with `higher_is_better=None`) is left out. Nothing is built and no data
-    is looked at; torchmetrics is imported only for named metrics::
+    is looked at; torchmetrics is not imported::
 
         metric_directions(["accuracy", torchmetrics.MeanAbsoluteError(), my_fn])
         # {"accuracy": "max", "val_accuracy": "max", "mean_absolute_error": "min",
