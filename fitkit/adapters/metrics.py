@@ -196,20 +196,10 @@ def _not_keras_value(spec: Any, name: str) -> bool:
     return name == "cosine_similarity" and getattr(spec, "reduction", "sum") != "mean"
 
 
-# The torchmetrics class each metric name becomes (every task's class of a name improves the
-# same way): module, class; and that class's `higher_is_better`, known here so that a run whose
-# metrics need no torchmetrics object (the multiclass "accuracy": `CountedAccuracy`) does not
-# import torchmetrics (about a second) for it. `tests/test_inference_cost.py` checks the two agree.
-_NAME_CLASSES = {
-    "accuracy": ("torchmetrics.classification", "BinaryAccuracy"),
-    "f1": ("torchmetrics.classification", "BinaryF1Score"),
-    "precision": ("torchmetrics.classification", "BinaryPrecision"),
-    "recall": ("torchmetrics.classification", "BinaryRecall"),
-    "auroc": ("torchmetrics.classification", "BinaryAUROC"),
-    "top_k": ("torchmetrics.classification", "MulticlassAccuracy"),
-    "mae": ("torchmetrics.regression", "MeanAbsoluteError"),
-    "mse": ("torchmetrics.regression", "MeanSquaredError"),
-}
+#: `higher_is_better` of the torchmetrics class each metric name becomes (every task's class of a
+#: name improves the same way), known here so that a run whose metrics need no torchmetrics object
+#: (the multiclass "accuracy": `CountedAccuracy`) does not import torchmetrics (about a second) for
+#: it; `tests/test_inference_cost.py` checks it against the classes.
 HIGHER_IS_BETTER = {"accuracy": True, "f1": True, "precision": True, "recall": True, "auroc": True, "top_k": True,
                     "mae": False, "mse": False}
 

@@ -284,8 +284,7 @@ class TrainingArguments(metaclass=_TakesOtherNames):
         """A copy with fields the engine settled itself (field names, values it chose among the
         valid ones, e.g. `eval_strategy="epoch"` for a run with validation data): not checked
         again, as `replace` checks what a user gives."""
-        new = object.__new__(type(self))
-        new.__dict__.update(self._fields_dict(), **values)
+        new = self._copy_with(values, check=False)
         object.__setattr__(new, "_given", frozenset(self.__dict__.get("_given", frozenset()) | set(values)))
         return new
 
@@ -297,12 +296,15 @@ class TrainingArguments(metaclass=_TakesOtherNames):
         fields = _field_names(type(self))
         return values if len(values) == len(fields) else {name: self.__dict__[name] for name in fields}
 
-    def _copy_with(self, changes: dict[str, Any]) -> TrainingArguments:
+    def _copy_with(self, changes: dict[str, Any], check: bool = True) -> TrainingArguments:
         """What `dataclasses.replace` gives (`changes` over this one's fields, every field checked
         again), without passing every field through the constructor again: a fit makes a
-        changed copy or two, and a search's trials make theirs at every trial."""
+        changed copy or two, and a search's trials make theirs at every trial. `check=False`:
+        `changes` are the engine's own (`settled`), not checked."""
         new = object.__new__(type(self))
         new.__dict__.update(self._fields_dict(), **changes)
+        if not check:
+            return new
         if changes.keys() <= ALONE and type(self).__post_init__ is TrainingArguments.__post_init__:
             check_fields(new, list(changes))  # the others were checked when this one was built
         else:

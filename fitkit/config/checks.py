@@ -67,12 +67,7 @@ ALONE = frozenset({*_INTS, *_FLOATS, "shuffle", "num_train_epochs", "output_dir"
 def check_fields(args: Any, names: Iterable[str]) -> None:
     """`check_and_convert` of `names` alone (all in `ALONE`), for a copy of arguments whose other
     fields were checked already: the same conversions and the same errors."""
-    def fail(name: str, fix: str) -> NoReturn:
-        raise ValueError(f"`{name}`={getattr(args, name)!r} is invalid: {fix}")
-
-    def set_value(name: str, value: Any) -> None:
-        object.__setattr__(args, name, value)
-
+    fail, set_value = _actions(args)
     for name in names:
         if name in _INTS:
             _check_int(args, name, fail, set_value)
@@ -93,13 +88,7 @@ def check_fields(args: Any, names: Iterable[str]) -> None:
 def check_and_convert(args: Any) -> None:
     """Check the type and range of every field; numbers given as text ("1e-3", "3") and paths
     given as `os.PathLike` are converted (the dataclass is frozen: `object.__setattr__`)."""
-
-    def fail(name: str, fix: str) -> NoReturn:
-        raise ValueError(f"`{name}`={getattr(args, name)!r} is invalid: {fix}")
-
-    def set_value(name: str, value: Any) -> None:
-        object.__setattr__(args, name, value)
-
+    fail, set_value = _actions(args)
     for name in _INTS:
         _check_int(args, name, fail, set_value)
     steps = parse_number(args.max_steps, int)
@@ -120,6 +109,18 @@ def check_and_convert(args: Any) -> None:
 
 _Fail = Callable[[str, str], NoReturn]
 _Set = Callable[[str, Any], None]
+
+
+def _actions(args: Any) -> tuple[_Fail, _Set]:
+    """What the checks of `args` call: raise the error naming a field and the fix, and set a
+    converted value (the dataclass is frozen)."""
+    def fail(name: str, fix: str) -> NoReturn:
+        raise ValueError(f"`{name}`={getattr(args, name)!r} is invalid: {fix}")
+
+    def set_value(name: str, value: Any) -> None:
+        object.__setattr__(args, name, value)
+
+    return fail, set_value
 
 
 def _check_int(args: Any, name: str, fail: _Fail, set_value: _Set) -> None:

@@ -95,9 +95,8 @@ class CheckMemo:
         return CheckMemo(self.firsts, self.passed)
 
     def keep_passed(self, key: tuple, leaves: list) -> None:
-        for oldest in list(self.passed)[:1] if len(self.passed) >= 4 * self.SIZE else ():
-            self.passed.pop(oldest, None)
-        self.passed[key] = leaves  # (the data's tensors kept referenced: their addresses stay theirs)
+        # the data's tensors are kept referenced, so their addresses in the key stay theirs
+        _bounded_put(self.passed, key, leaves, 4 * self.SIZE)
 
     def first(self, source: DataSource, loss: Any,
               data: tuple | None = None) -> tuple[tuple | None, tuple[Batch, dict[str, float]] | None]:
@@ -111,9 +110,7 @@ class CheckMemo:
 
     def keep_first(self, key: tuple | None, batch: Batch, stats: dict[str, float]) -> None:
         if key is not None:
-            for oldest in list(self.firsts)[:1] if len(self.firsts) >= self.SIZE else ():  # (a list: trials may run in threads)
-                self.firsts.pop(oldest, None)
-            self.firsts[key[0]] = (batch, stats, key[1])
+            _bounded_put(self.firsts, key[0], (batch, stats, key[1]), self.SIZE)
 
     def key(self, source: DataSource, *parts: Any, data: tuple | None = None) -> tuple | None:
         data = data if data is not None else self.data(source)
@@ -129,16 +126,28 @@ class CheckMemo:
             return None
         leaves = tensors_of((source.x, source.y, source.sample_weight, source.class_weight))
         place = (source.name, source.batch_size, source.offset, source.rank, source.world_size)
-        return (place, tuple((t.data_ptr(), t.shape, t.stride(), t.dtype, t.device, t._version) for t in leaves)), leaves
+        return (place, _identity(leaves)), leaves
 
     def seen(self, key: tuple | None) -> bool:
         return key is not None and key[0] in self._seen
 
     def add(self, key: tuple | None) -> None:
         if key is not None:
-            if len(self._seen) >= self.SIZE:
-                self._seen.pop(next(iter(self._seen)))
-            self._seen[key[0]] = key[1]
+            _bounded_put(self._seen, key[0], key[1], self.SIZE)
+
+
+def _bounded_put(table: dict, key: Any, value: Any, size: int) -> None:
+    """`table[key] = value`, the oldest entry dropped first when `table` holds `size` already (its
+    keys listed first: a search's trials may run in threads)."""
+    for oldest in list(table)[:1] if len(table) >= size else ():
+        table.pop(oldest, None)
+    table[key] = value
+
+
+def _identity(tensors: list[torch.Tensor]) -> tuple:
+    """What tells tensors apart without reading them: storage, shape, strides, dtype, device and
+    version counter (an in-place change is a new version)."""
+    return tuple((t.data_ptr(), t.shape, t.stride(), t.dtype, t.device, t._version) for t in tensors)
 
 
 def check_data(stepper: Stepper, module: torch.nn.Module, source: DataSource | None, *, metrics: Any = (),
@@ -308,7 +317,10 @@ class _Pending:
         self.memo: CheckMemo | None = None  # with `key` (this check but the outputs) and the data's `leaves`
         self.key: tuple | None = None
         self.leaves: list = []
-        self.step_batch: Batch | None = None  # the batch the first step runs on
+        self.step_batch: Batch | None = None  # the batch the first step runs on, and the loss it reads values for
+        self.step_loss: Any = None
+        self._outputs: Any = None  # the outputs `_key_with_outputs` was made for
+        self._key_with_outputs: tuple = ()
 
     def passed_before(self, outputs: Any) -> bool:
         """Whether a first step on the same data, loss and metrics, with outputs of the same
@@ -324,21 +336,16 @@ class _Pending:
             self._outputs, self._key_with_outputs = outputs, (self.key, _signature(outputs))
         return self._key_with_outputs
 
-    _outputs: Any = None
-    _key_with_outputs: tuple = ()
-
     def step_stats(self) -> dict[str, float]:
         """The values read from the step's batch (the data's first batch read before, unless
         the step's is another one: shuffled)."""
         batch = self.step_batch
         if batch is not None and self.stats and not _same_data(batch, self.batch):
-            stats = _read_stats(batch, self._loss)
+            stats = _read_stats(batch, self.step_loss)
             if all(self.stats.get(k, 1.0) for k in ("x_finite", "y_finite")):  # not warned about yet
                 _warn_non_finite(stats, self.names)
             self.batch, self.stats = batch, stats
         return self.stats
-
-    _loss: Any = None  # the loss the step's values are read for (set by the check)
 
 
 def _signature(value: Any) -> Any:
@@ -398,7 +405,7 @@ class FirstStep:
 
     def _checked(self, pending: _Pending, batch: Batch, with_loss: bool) -> tuple[Any, Any]:
         stepper = self.stepper
-        pending.step_batch, pending._loss = batch, stepper.loss if with_loss else None
+        pending.step_batch, pending.step_loss = batch, stepper.loss if with_loss else None
         module, loss_fn = stepper.forward_module, stepper.loss
         own_loss = with_loss and pending.with_loss and loss_fn is None
         stepper.forward_module = _Recorder(module, pending, stepper, own_loss and batch.target is not None)
@@ -591,11 +598,8 @@ def _same_data(a: Batch, b: Batch) -> bool:
         return True
     if (a.target is None) != (b.target is None) or (a.sample_weight is None) != (b.sample_weight is None):
         return False
-    ta = tensors_of((a.inputs, a.target, a.sample_weight))
-    tb = tensors_of((b.inputs, b.target, b.sample_weight))
-    return len(ta) == len(tb) and all(
-        x.data_ptr() == y.data_ptr() and x.shape == y.shape and x.stride() == y.stride() and x.dtype == y.dtype
-        and x.device == y.device and x._version == y._version for x, y in zip(ta, tb))
+    return _identity(tensors_of((a.inputs, a.target, a.sample_weight))) == _identity(
+        tensors_of((b.inputs, b.target, b.sample_weight)))
 
 
 def _same_inputs(a: Any, b: Any) -> bool:

@@ -210,10 +210,16 @@ def _listening(callback: Any, event: str) -> tuple[bool, bool]:
 _EVENT_SET = frozenset(EVENTS)
 
 
+def _listened(listening: Callable[[str], tuple[bool, bool]]) -> tuple[tuple[str, bool], ...]:
+    """(event, from transformers) of each documented event that `listening(event)` says is
+    handled, in `EVENTS` order."""
+    return tuple((event, hf) for event in EVENTS for listens, hf in [listening(event)] if listens)
+
+
 @functools.lru_cache(maxsize=1024)
 def _class_events(cls: type) -> tuple[tuple[str, bool], ...]:
-    """(event, from transformers) of each documented event `cls` handles, in `EVENTS` order."""
-    return tuple((event, hf) for event in EVENTS for listens, hf in [_class_listening(cls, event)] if listens)
+    """`_listened` of a class, decided once per class."""
+    return _listened(functools.partial(_class_listening, cls))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -447,7 +453,7 @@ class CallbackHandler(TrainerCallback):
         for cb in self.callbacks:
             cls: type = type(cb)
             if _makes_attributes(cls) or not _EVENT_SET.isdisjoint(getattr(cb, "__dict__", ())):
-                events = tuple((event, hf) for event in EVENTS for listens, hf in [_listening(cb, event)] if listens)
+                events = _listened(functools.partial(_listening, cb))
             else:
                 events = _class_events(cls)
             for event, hf in events:

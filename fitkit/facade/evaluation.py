@@ -51,7 +51,7 @@ class Evaluation(ModelMembers):
                                                          metric_key_prefix=metric_key_prefix, **data_options))
         start = time.perf_counter()
         metrics, _ = self._evaluate(args, x, y, batch_size, verbose, sample_weight, steps, callbacks)
-        speed = (time.perf_counter() - start, x if steps is None else None, args.eval_batch_size_or(32) if batch_size is None else batch_size)
+        speed = (time.perf_counter() - start, x if steps is None else None, evaluation_batch_size(args, batch_size))
         logged = self.hf_logged(args, metrics, metric_key_prefix, speed, callbacks)  # as HF's trainer.evaluate() logs
         if metric_key_prefix is not None:  # HF's record: the one logged, when it was
             return logged if logged is not None else self.hf_named(metrics, metric_key_prefix, speed)
@@ -61,9 +61,8 @@ class Evaluation(ModelMembers):
                   sample_weight: Any, steps: int | None, callbacks: Sequence[Any] | None,
                   keep: bool = False) -> tuple[dict[str, float], tuple[Any, Any] | None]:
         """One evaluation in this process: its values and, with `keep`, (predictions, label_ids)."""
-        trainer = Trainer(self.runtime, self._module_for(args), self.config, args,
-                          self._handler(callbacks, *evaluation_line_for(verbose)), StepOverrides.of(self, Steps))
-        metrics = trainer.evaluate(x, y, sample_weight=sample_weight, batch_size=args.eval_batch_size_or(32) if batch_size is None else batch_size,
+        trainer = self._evaluation_trainer(args, callbacks, verbose)
+        metrics = trainer.evaluate(x, y, sample_weight=sample_weight, batch_size=evaluation_batch_size(args, batch_size),
                                    state=self.state, control=self.control, steps=steps, keep=keep)
         self.control = trainer.control
         return metrics, trainer.collected
@@ -78,9 +77,19 @@ class Evaluation(ModelMembers):
         if self.runtime.must_spawn(args):
             return self._spawned("predict", args, dict(x=x, batch_size=batch_size, verbose=verbose, steps=steps,
                                                         callbacks=callbacks, **data_options))
-        trainer = Trainer(self.runtime, self._module_for(args), self.config, args,
-                          self._handler(callbacks, *evaluation_line_for(verbose)), StepOverrides.of(self, Steps))
-        out = trainer.predict(x, batch_size=args.eval_batch_size_or(32) if batch_size is None else batch_size, state=self.state,
+        trainer = self._evaluation_trainer(args, callbacks, verbose)
+        out = trainer.predict(x, batch_size=evaluation_batch_size(args, batch_size), state=self.state,
                               control=self.control, steps=steps)
         self.control = trainer.control
         return out
+
+    def _evaluation_trainer(self, args: TrainingArguments, callbacks: Sequence[Any] | None,
+                            verbose: int | str) -> Trainer:
+        """The engine call of one `evaluate` or `predict`: the callbacks given and Keras' line."""
+        return Trainer(self.runtime, self._module_for(args), self.config, args,
+                       self._handler(callbacks, *evaluation_line_for(verbose)), StepOverrides.of(self, Steps))
+
+
+def evaluation_batch_size(args: TrainingArguments, batch_size: int | None) -> int:
+    """`batch_size` as given, else the `per_device_eval_batch_size` in force, else Keras' 32."""
+    return args.eval_batch_size_or(32) if batch_size is None else batch_size

@@ -20,6 +20,7 @@ from fitkit.config.arguments import TrainingArguments
 from fitkit.config.option_merge import CARRIED, for_evaluation
 from fitkit.engine.eval_prediction import PredictionOutput
 from fitkit.events.hf_view import evaluation_record
+from fitkit.facade.evaluation import evaluation_batch_size
 from fitkit.facade.members import ModelMembers
 
 
@@ -95,7 +96,7 @@ class HFMethods(ModelMembers):
                 raise ValueError("`hf_predict` gathers the module's outputs, which an overridden `test_step` does "
                                  "not give: call `predict` (your `predict_step`) and `evaluate` instead")
             collected = kept
-        speed = (time.perf_counter() - start, x, args.eval_batch_size_or(32) if batch_size is None else batch_size)
+        speed = (time.perf_counter() - start, x, evaluation_batch_size(args, batch_size))
         return PredictionOutput(collected[0], collected[1], self.hf_named(metrics, metric_key_prefix, speed, epoch=False))
 
     def hf_collect(self, x: Any, batch_size: int | None = None, verbose: int | str = 0,

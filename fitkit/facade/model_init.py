@@ -10,8 +10,9 @@ for a `Model` call (module level, so it pickles)::
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import inspect
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -61,21 +62,22 @@ def call_model_init(model_init: Callable[..., Any] | None, trial: Any = None, fa
 
 def _parameter_count(model_init: Callable[..., Any]) -> int:
     """How many parameters `model_init` takes (1 when its signature cannot be read): read once per
-    function, as a search calls the same one at every trial."""
+    function, as a search calls the same one at every trial (held weakly: a `model_init` often
+    closes over the data, which the count must not keep alive)."""
     try:
-        return _parameter_count_of(model_init)
-    except TypeError:  # unhashable callable
-        return _read_parameter_count(model_init)
-
-
-def _read_parameter_count(model_init: Callable[..., Any]) -> int:
+        return _COUNTS[model_init]
+    except (KeyError, TypeError):  # (TypeError: not weakly referable)
+        pass
     try:
-        return len(inspect.signature(model_init).parameters)
+        count = len(inspect.signature(model_init).parameters)
     except (TypeError, ValueError):
-        return 1
+        count = 1
+    with contextlib.suppress(TypeError):
+        _COUNTS[model_init] = count
+    return count
 
 
-_parameter_count_of = functools.lru_cache(maxsize=32)(_read_parameter_count)
+_COUNTS: weakref.WeakKeyDictionary[Callable[..., Any], int] = weakref.WeakKeyDictionary()
 
 
 def built_under_seed(model_init: Callable[..., Any], seed: int | None) -> tuple[torch.nn.Module, dict[str, Any]]:

@@ -56,7 +56,6 @@ def is_default(method: Any) -> bool:
 
 
 @functools.lru_cache(maxsize=1024)
-@functools.lru_cache(maxsize=512)
 def keras_class(cls: type) -> bool:
     """True for a subclass of fitkit's `Callback` or of `keras.callbacks.Callback`."""
     return any(k.__name__ == "Callback" and (k.__module__ == "fitkit.callbacks.keras.callback"
@@ -108,8 +107,7 @@ def keras_named_methods_warning(callback: Any) -> str | None:
     if not _trainer_callback(cls) or keras_class(cls):
         return None
     own = getattr(callback, "__dict__", {})
-    bad = _keras_named(cls) if own.keys().isdisjoint(HF_INSTEAD) else [
-        n for n in HF_INSTEAD if callable(getattr(callback, n, None)) and not _from_transformers_base(cls, n)]
+    bad = _class_keras_named(cls) if own.keys().isdisjoint(HF_INSTEAD) else _keras_named(callback, cls)
     if not bad:
         return None
     return (f"{cls.__name__} is a TrainerCallback, whose methods are HF's events (args, state, control, **kwargs); "
@@ -118,10 +116,16 @@ def keras_named_methods_warning(callback: Any) -> str | None:
             + ", ".join(f"{HF_INSTEAD[n]} instead of {n}" for n in bad))
 
 
+def _keras_named(obj: Any, cls: type) -> list[str]:
+    """The Keras-only method names `obj` (an instance of `cls`, or `cls`) has, not as
+    transformers' base defines them."""
+    return [n for n in HF_INSTEAD if callable(getattr(obj, n, None)) and not _from_transformers_base(cls, n)]
+
+
 @functools.lru_cache(maxsize=512)
-def _keras_named(cls: type) -> list[str]:
-    """The Keras-only method names `cls` defines (not as transformers' base defines them)."""
-    return [n for n in HF_INSTEAD if callable(getattr(cls, n, None)) and not _from_transformers_base(cls, n)]
+def _class_keras_named(cls: type) -> list[str]:
+    """`_keras_named` of a class, read once (an instance without such attributes of its own has its class's)."""
+    return _keras_named(cls, cls)
 
 
 def _from_transformers_base(cls: type, name: str) -> bool:
