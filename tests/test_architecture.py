@@ -3,7 +3,9 @@
 - no import cycle among fitkit's modules, counting imports inside functions too, nor among
   its packages (importing `a.b.c` runs `a/__init__` and `a/b/__init__` first);
 - the packages are layers: each imports only its own modules and the packages below it
-  (`LAYERS`), no folder holds more than 16 modules and `fitkit/` itself at most 12;
+  (`LAYERS`); packages on one level (`SIBLINGS`) import neither each other nor anything above;
+- jobs, not counts, shape the modules: no module is over 500 lines; a folder past 16 modules is
+  reported (give it a subpackage), and one past 20 fails; `fitkit/` itself holds at most 12;
 - no module but `fitkit/model.py` touches a private member of `Model`;
 - `fitkit/model.py` stays a facade (at most 300 lines) and no function anywhere in the package
   is longer than 60 lines;
@@ -154,19 +156,30 @@ LAYER_ROLES = {
 }
 LAYERS = list(LAYER_ROLES)
 
+#: Packages that sit on the level of another (the first of its row in `LAYERS`): neither imports the
+#: other, and each imports only what is below that level. New siblings need no cap raised anywhere.
+SIBLINGS: dict[str, str] = {}
+
 
 def _package(name: str) -> str:
     return name if _is_package(name) else name.rsplit(".", 1)[0]
 
 
+def _level(package: str) -> int:
+    """The rank of `package`'s level: siblings share their first package's rank."""
+    return LAYERS.index(SIBLINGS.get(package, package))
+
+
 def test_every_package_is_a_layer():
     assert sorted({_package(n) for n in MODULES}) == sorted(LAYERS)
+    assert set(SIBLINGS) <= set(LAYERS)
 
 
 def _upward(name: str) -> list[str]:
-    here = LAYERS.index(_package(name))
+    """What `name` imports from a level above its own, or from a sibling on its level."""
+    here = _level(_package(name))
     return sorted(t for t in _imports(name, packages=True)
-                  if _package(t) != _package(name) and LAYERS.index(_package(t)) < here)
+                  if _package(t) != _package(name) and _level(_package(t)) <= here)
 
 
 def test_the_layer_check_sees_an_upward_import():
@@ -180,12 +193,34 @@ def test_each_module_imports_only_its_own_package_and_the_layers_below(name):
     assert _upward(name) == [], f"{name} ({_package(name)}) imports layers above it"
 
 
-def test_no_folder_holds_more_than_16_modules_and_fitkit_itself_at_most_12():
+def test_the_sibling_levels_are_checked():
+    assert _level("fitkit.engine.checkpoint") > _level("fitkit.engine")
+    for sibling, first in SIBLINGS.items():
+        assert sibling in LAYERS and first in LAYERS and _level(sibling) == _level(first)
+
+
+def test_folders_past_16_modules_are_reported_and_past_20_fail():
     folders: dict[str, int] = {}
     for path in MODULES.values():
         folders[str(path.parent.relative_to(ROOT))] = folders.get(str(path.parent.relative_to(ROOT)), 0) + 1
-    assert {f: n for f, n in folders.items() if n > 16} == {}
+    crowded = {f: n for f, n in folders.items() if n > 16}
+    if crowded:
+        print(f"folders past 16 modules (give each a subpackage by job): {crowded}")
+    assert {f: n for f, n in folders.items() if n > 20} == {}
     assert folders["fitkit"] <= 12, sorted(p.name for p in PACKAGE.glob("*.py"))
+
+
+#: The grab bags this round splits by job; each leaves this set as it is split (it ends empty).
+SPLITTING: set[str] = {"fitkit.adapters.metrics", "fitkit.engine.checks", "fitkit.events.handler",
+                       "fitkit.engine.data.sources"}
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_no_module_is_over_500_lines(name):
+    lines = MODULES[name].read_text(encoding="utf-8").count("\n")
+    if name in SPLITTING:
+        pytest.xfail(f"{name}: {lines} lines, being split by job")
+    assert lines <= 500, f"{name} has {lines} lines: split it by job, each new module named for what it holds"
 
 
 def _summary(path: pathlib.Path) -> str:

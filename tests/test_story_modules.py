@@ -1,15 +1,19 @@
 """How many fitkit modules a reader follows for one story, measured by running the code: a profile
 (`sys.setprofile`) records the module of every fitkit function called between two moments of a real
-`fit`.
+`fit`. The counts are a report (printed, and kept in `REPORT` for the session's summary), not a cap:
+a test fails only when a story jumps past its recorded count by more than `JUMP` modules, so a module
+split by job costs nothing while a story that suddenly runs through many more modules is caught.
 
 - one `save_strategy="epoch"` save, from the epoch's end (`on_epoch_end`, before `DefaultFlowCallback` asks
-  for the save) to `on_save`: at most 8 (on a run that does not log: the epoch-end log is its own story; so
-  are each stateful callback's `state()`, which the save asks for, and another callback's own `on_epoch_end`
+  for the save) to `on_save` (on a run that does not log: the epoch-end log is its own story; so are each
+  stateful callback's `state()`, which the save asks for, and another callback's own `on_epoch_end`
   record: `History`'s here);
-- a Keras-style callback's `on_epoch_end` is reached from the loop through at most 3 (the loop, the
-  handler, the adapter: the fitkit frames on the stack when it runs);
-- one training step, from `on_step_begin` to `on_step_end`: at most 7 (the optimizer's own `step` is its story,
-  as torch's is).
+- a Keras-style callback's `on_epoch_end`, reached from the loop (the fitkit frames on the stack when it
+  runs: the loop, the handler, the adapter);
+- one training step, from `on_step_begin` to `on_step_end` (the optimizer's own `step` is its story, as
+  torch's is).
+
+`python tests/test_story_modules.py` prints the report.
 """
 
 from __future__ import annotations
@@ -21,6 +25,19 @@ from helpers import mlp
 
 from fitkit import Model, TrainerCallback
 from fitkit.callbacks import Callback, Order
+
+#: The counts recorded when the report was made (the stories as the code tells them now).
+RECORDED = {"epoch-end save": 8, "keras on_epoch_end": 3, "training step": 7}
+#: How far past its recorded count a story may go before the test fails: a jump, not a split.
+JUMP = 2
+REPORT: dict[str, list[str]] = {}
+
+
+def _report(story: str, modules: list[str]) -> None:
+    REPORT[story] = modules
+    print(f"{story}: {len(modules)} modules (recorded {RECORDED[story]}): {' '.join(modules)}")
+    assert len(modules) <= RECORDED[story] + JUMP, (
+        f"the {story} story jumped from {RECORDED[story]} to {len(modules)} modules: {' '.join(modules)}")
 
 
 def _inside_state(frame) -> str | None:
@@ -85,7 +102,7 @@ def _fit(tmp_path, *callbacks, **options):
         sys.setprofile(None)
 
 
-def test_an_epoch_end_save_runs_through_at_most_8_modules(tmp_path):
+def test_an_epoch_end_save_story_is_reported(tmp_path):
     found = {}
 
     class Probe(TrainerCallback):
@@ -104,10 +121,10 @@ def test_an_epoch_end_save_runs_through_at_most_8_modules(tmp_path):
     modules = [m for m in found["modules"] if m != __name__]
     assert "fitkit.engine.checkpoint.checkpointer" in modules  # the checker sees the save
     assert Probe.profile.exported == {"fitkit.callbacks.history"}  # its record and its saved rows
-    assert len(modules) <= 8, " ".join(modules)
+    _report("epoch-end save", modules)
 
 
-def test_a_keras_style_on_epoch_end_is_reached_through_at_most_3_modules(tmp_path):
+def test_a_keras_style_on_epoch_end_story_is_reported(tmp_path):
     found = {}
 
     class KerasStyle(Callback):
@@ -126,10 +143,10 @@ def test_a_keras_style_on_epoch_end_is_reached_through_at_most_3_modules(tmp_pat
 
     _fit(tmp_path, KerasStyle())
     assert found["stack"][-1] == "fitkit.engine.loop"
-    assert len(found["stack"]) <= 3, found["stack"]
+    _report("keras on_epoch_end", found["stack"])
 
 
-def test_one_training_step_runs_through_at_most_7_modules(tmp_path):
+def test_one_training_step_story_is_reported(tmp_path):
     found = {}
 
     class Probe(TrainerCallback):
@@ -146,4 +163,13 @@ def test_one_training_step_runs_through_at_most_7_modules(tmp_path):
     _fit(tmp_path, Probe())
     modules = [m for m in found["modules"] if m != __name__]
     assert "fitkit.engine.step" in modules
-    assert len(modules) <= 7, " ".join(modules)
+    _report("training step", modules)
+
+
+if __name__ == "__main__":  # print the report
+    import tempfile
+
+    import pytest
+
+    with tempfile.TemporaryDirectory():
+        raise SystemExit(pytest.main([__file__, "-q", "-s", "-p", "no:cacheprovider"]))
