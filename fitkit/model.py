@@ -67,6 +67,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Evaluation, Saving, HFMethods, H
         self.last_checkpoint: str | None = None
         self._runtime = Runtime()
         self._trial: dict[str, Any] | None = None  # {"trial_name", "trial_params"} for a search trial
+        self._stop_training = False  # Keras' flag between calls (`stop_training`)
 
     # -- what the model holds -------------------------------------------------------------------
     @property
@@ -96,13 +97,17 @@ class Model(CallbackOwner, Steps, KerasMethods, Evaluation, Saving, HFMethods, H
 
     @property
     def stop_training(self) -> bool:
-        """Keras' flag: set it to True (from a callback) to end `fit` after the current step."""
-        return bool(self._module is not None and self._module.__dict__.get("stop_training"))
+        """Keras' flag: set it to True (from a callback) to end `fit` after the current step; it
+        stays set after the run and is cleared when the next `fit` starts, as in Keras."""
+        call = self._runtime.call
+        return self._stop_training if call is None else call.stop_requested
 
     @stop_training.setter
     def stop_training(self, value: bool) -> None:
-        self.module  # noqa: B018 - built from model_init when needed
-        self._module.__dict__["stop_training"] = bool(value)
+        self._stop_training = bool(value)
+        call = self._runtime.call
+        if call is not None:  # the call under way reads the request after each step
+            call.request_stop(value)
 
     # -- compile ------------------------------------------------------------------------------
     def compile(self, optimizer: Any = "adam", loss: Any = None, metrics: Sequence[Any] | None = None,
@@ -179,6 +184,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Evaluation, Saving, HFMethods, H
                         validation_split=validation_split, class_weight=class_weight, trial=self._trial,
                         initial_epoch=initial_epoch, start_rng=start_rng)
         finally:
+            self._stop_training = trainer.context.stop_requested
             if trainer.state is not None:  # the run got as far as planning: it is the last run now
                 self.state, self.history, self.control = trainer.state, history, trainer.control
                 if trainer.checkpointer is not None and trainer.checkpointer.last:

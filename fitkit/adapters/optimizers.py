@@ -18,6 +18,7 @@ import torch
 
 from fitkit.adapters import keras_optimizers
 from fitkit.common.options import did_you_mean
+from fitkit.common.wrappers import torch_optimizer
 
 #: name -> (class, Keras default learning rate): each class computes Keras 3's update
 #: (`fitkit.adapters.keras_optimizers`; Nadam is torch's NAdam with Keras' momentum schedule;
@@ -217,7 +218,7 @@ def implementation(optimizer: Any) -> str:
     """Which implementation `optimizer` (torch's, or Fabric's wrapper around it) runs:
     "fused", "foreach" or "for-loop" (torch's loop over tensors); "its own" for an optimizer
     without those options."""
-    inner = getattr(optimizer, "optimizer", optimizer)
+    inner = torch_optimizer(optimizer)
     group = inner.param_groups[0] if getattr(inner, "param_groups", None) else {}
     if group.get("fused"):
         return "fused"
@@ -231,7 +232,7 @@ def implementation(optimizer: Any) -> str:
 
 def describe(optimizer: Any) -> str:
     """`Adam (fused)`: the class and its implementation, for `summary()` and logs."""
-    inner = getattr(optimizer, "optimizer", optimizer)
+    inner = torch_optimizer(optimizer)
     return f"{type(inner).__name__} ({implementation(inner)})"
 
 
@@ -291,7 +292,7 @@ def build_scheduler(
 
 def _own_scheduler(scheduler: Any, optimizer: torch.optim.Optimizer) -> Any:
     """A scheduler object the user built: it must drive the optimizer the run steps."""
-    inner = getattr(scheduler.optimizer, "optimizer", scheduler.optimizer)
+    inner = torch_optimizer(scheduler.optimizer)
     if inner is not optimizer:
         raise ValueError(
             f"`lr_scheduler` is a {type(scheduler).__name__} built on another optimizer than the one this run steps: "

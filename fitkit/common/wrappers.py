@@ -1,4 +1,4 @@
-"""The user's module inside the wrappers Fabric, DDP and `torch.compile` put around it."""
+"""The user's module and optimizer inside the wrappers Fabric, DDP and `torch.compile` put around them."""
 
 from __future__ import annotations
 
@@ -14,3 +14,17 @@ def unwrapped(module: Any) -> Any:
     attr = _WRAPPERS.get(type(module).__name__)
     inner = getattr(module, attr, None) if attr else None
     return unwrapped(inner) if isinstance(inner, torch.nn.Module) else module
+
+
+def torch_optimizer(optimizer: Any) -> Any:
+    """The `torch.optim.Optimizer` inside Fabric's optimizer wrapper (or the view a custom step
+    sees), which is what a scheduler, a checkpoint or a state dict needs; anything else as is::
+
+        torch_optimizer(fabric.setup_optimizers(torch.optim.SGD(params, lr=0.1)))   # the SGD
+    """
+    while not isinstance(optimizer, torch.optim.Optimizer):
+        inner = getattr(optimizer, "optimizer", None)
+        if inner is None or inner is optimizer:
+            return optimizer
+        optimizer = inner
+    return optimizer

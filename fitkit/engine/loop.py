@@ -21,7 +21,6 @@ import torch
 from fitkit.adapters.metrics import MetricSet
 from fitkit.adapters.optimizers import is_plateau
 from fitkit.common.wrappers import unwrapped
-from fitkit.config.arguments import TrainingArguments
 from fitkit.engine.batch_logs import RunningLogs, epoch_values
 from fitkit.engine.best_model import BestModel
 from fitkit.engine.checkpoint.checkpointer import Checkpointer, LoopSnapshot
@@ -31,29 +30,34 @@ from fitkit.engine.data.sources import DataSource
 from fitkit.engine.inference import Inference
 from fitkit.engine.overrides import StepMeans, StepOverrides, StepTools
 from fitkit.engine.preemption import Preemption
+from fitkit.engine.run_context import RunContext
 from fitkit.engine.run_metrics import RunMetrics
 from fitkit.engine.running_loss import EpochLoss
 from fitkit.engine.step import Stepper
 from fitkit.events.handler import CallbackHandler
-from fitkit.events.hf_view import evaluation_record, hf_values
 from fitkit.events.state import StopTraining, TrainerControl, TrainerState
 
 logger = logging.getLogger("fitkit")
 
 
 class Loop(Inference, BestModel):
-    """Train / evaluate / predict over one `Stepper`, firing events on `handler`.
+    """Train / evaluate / predict over one `Stepper`, firing events on `handler`, for the call
+    whose `context` (`RunContext`: settled arguments, the face's policy, the stop request, the step
+    tools) it is given. What differs between a Keras run and a Trainer run is `context.policy`'s.
 
     `directions` maps logged names to "min"/"max" (from the metric objects) for tracking the
     best model; `checkpointer` is None outside `fit` (nothing is saved then). `overrides` are a
     `Model` subclass's own steps; `tools` is then what they use (see `fitkit.engine.overrides`).
     """
 
-    def __init__(self, stepper: Stepper, handler: CallbackHandler, args: TrainingArguments, state: TrainerState,
+    def __init__(self, stepper: Stepper, handler: CallbackHandler, context: RunContext, state: TrainerState,
                  control: TrainerControl, *, metrics: list, scheduler: Any = None,
                  checkpointer: Checkpointer | None = None, directions: dict[str, str] | None = None,
                  overrides: StepOverrides | None = None, epoch_length: int | None = None) -> None:
         self.stepper, self.fabric = stepper, stepper.fabric
+        args = context.args
+        assert args is not None  # a loop runs a call with arguments
+        self.context, self.policy = context, context.policy
         self.handler, self.args, self.state, self.control = handler, args, state, control
         self.metric_specs = metrics
         self.scheduler, self.checkpointer = scheduler, checkpointer
@@ -65,11 +69,10 @@ class Loop(Inference, BestModel):
         self.train_metrics = MetricSet(metrics)
         self.val_metrics = MetricSet(metrics, prefix="val_")
         self.train_metrics.device = self.val_metrics.device = self.fabric.device
-        self.loss = EpochLoss(self.fabric, per_step=args.hf_trainer)
-        # HF's Trainer log (`hf_trainer`): the last step's gradient norm, a device tensor read only when logged
+        self.loss = EpochLoss(self.fabric, per_step=self.policy.per_step_loss)
+        # the last step's gradient norm when the policy measures it: a device tensor read only when logged
         self.grad_norm: torch.Tensor | None = None
-        self._logged_step = -1  # the step of the last training log: a step is logged once (HF)
-        self.flos: tuple[str, int] | None = None  # HF's FLOPs count: (the main input's key, 6 x parameters)
+        self.flos: tuple[str, int] | None = None  # the policy's FLOPs count: (the main input's key, factor)
         self.local_flos = 0  # this process's count since the last `store_flos`
         sigterm = args.save_on_sigterm if args.save_on_sigterm is not None else args.save_strategy != "no"
         self.preemption = Preemption(self.fabric, enabled=sigterm)  # acts only while `train` runs
@@ -84,11 +87,10 @@ class Loop(Inference, BestModel):
         if self.overrides:
             self.tools = StepTools(stepper, self.call_event, self._apply_gradients)
             self.tools.metrics = self.train_metrics  # what `Model.compute_metrics` updates in training
+        context.tools = self.tools
         self._carry = self._carried_events()
-        self.first_epoch = 0  # Keras' initial_epoch
-        self._module_dict: dict = {}  # the user's module's attributes: Keras' `stop_training` is set there
         # Keras' batch-end logs, read only when a Keras-style callback asks (fitkit.engine.batch_logs)
-        self.running_logs = RunningLogs(self)
+        self.running_logs = context.running_logs = RunningLogs(self)
         self.epoch_validation: dict[str, float] | None = None  # the epoch's last evaluation (Keras' epoch logs)
 
     # -- training -----------------------------------------------------------------------------
@@ -107,7 +109,7 @@ class Loop(Inference, BestModel):
             assert self.checkpointer is not None  # a resume comes from the fit's checkpointer
             self.checkpointer.restore_callbacks(resume, self.control)
         first_step = state.global_step
-        self.flos = flos_count(unwrapped(self.stepper.module)) if args.hf_trainer else None
+        self.flos = self.policy.flos(unwrapped(self.stepper.module))
         figures = RunMetrics(self.fabric.device, memory=not args.skip_memory_metrics)
         try:
             with self.preemption.watching(), stopping(train):  # a prefetch thread ends with the run
@@ -120,11 +122,12 @@ class Loop(Inference, BestModel):
         if self.checkpointer is not None:
             self.control = self.checkpointer.wait_committed(self.control)  # the last background write committed
             self.checkpointer.load_best()
+            self.policy.retain(self.checkpointer, args)
         self._closing_log(figures, first_step)
         self.control = cb.on_train_end(args, state, self.control, preempted=self.preemption.preempted)
 
     def _epochs(self, train: DataSource, resume: LoopSnapshot | None) -> None:
-        start = resume.epoch if resume else self.first_epoch
+        start = resume.epoch if resume else self.context.first_epoch
         self._stop_requested(reset=True)
         for epoch in range(start, self.state.num_train_epochs):
             self._run_epoch(epoch, train, resume if resume and epoch == start else None)
@@ -132,16 +135,19 @@ class Loop(Inference, BestModel):
                 break
 
     def _stop_requested(self, reset: bool = False) -> bool:
-        """Keras' `stop_training`: True when a callback set it on the module (or through the
-        `Model`); it is cleared when training starts, as Keras does."""
-        flags = self._module_dict
+        """Keras' `stop_training`: True when it was asked for through the `Model` (the context's
+        request) or set by a callback on the module it receives; both are cleared when training
+        starts, as Keras does."""
+        module = self.handler.model
+        # read from the instance's own attributes: a module without the flag costs no __getattr__ miss
+        on_module = module is not None and vars(module).get("stop_training", False)
         if reset:
-            module = self.handler.model
-            flags = self._module_dict = module.__dict__ if module is not None else {}
-            if flags.get("stop_training"):
-                flags["stop_training"] = False
+            self.context.request_stop(False)
+            if on_module:
+                module.stop_training = False  # the user's own flag, cleared as Keras clears it
             return False
-        if flags.get("stop_training"):
+        if on_module or self.context.stop_requested:
+            self.context.request_stop(True)
             self.control.should_training_stop = True
             return True
         return False
@@ -224,8 +230,9 @@ class Loop(Inference, BestModel):
         args, state, cb, stepper = self.args, self.state, self.handler, self.stepper
         if self.checkpointer is not None and self.checkpointer.writer.copying is not None:
             self.checkpointer.wait_copied()  # an asynchronous save still copying these weights
-        norm = stepper.clip(args.max_grad_norm, measure=args.hf_trainer)
-        if args.hf_trainer:  # kept on the device; read only at a logging step
+        measure = self.policy.measures_grad_norm
+        norm = stepper.clip(args.max_grad_norm, measure=measure)
+        if measure:  # kept on the device; read only at a logging step
             self.grad_norm = norm
         self.control = cb.on_pre_optimizer_step(args, state, self.control)
         stepper.step()
@@ -347,11 +354,7 @@ class Loop(Inference, BestModel):
             started = time.perf_counter()
             metrics = self.evaluate(self.val, prefix="val_", steps=self.args.validation_steps)
             self.epoch_validation = dict(metrics)
-            if args.hf_trainer:  # HF's record: `eval_` names and the speed (`on_evaluate` keeps fitkit's `val_`)
-                self.log(evaluation_record(hf_values(metrics) or {}, "eval", time.perf_counter() - started,
-                                           *self.evaluated))
-            else:
-                self.log(dict(metrics))
+            self.log(self.policy.evaluation_record(metrics, time.perf_counter() - started, self.evaluated))
             self.control = cb.on_evaluate(args, state, self.control, metrics)
             if self._track_best(metrics) and args.save_strategy == "best":  # after on_evaluate, as HF
                 self.control.should_save = True
@@ -365,14 +368,13 @@ class Loop(Inference, BestModel):
         self.control.should_save = False
 
     def _log_training(self, epoch_end: bool) -> None:
-        trainer = self.args.hf_trainer
-        if trainer:  # HF's Trainer: the same record at a step and at an epoch end, and a step logged once
-            if self.state.global_step <= self._logged_step:
-                return
-            self._logged_step = self.state.global_step
-        elif epoch_end:  # the epoch's values (`logging_strategy="epoch"`), put together once per epoch
-            self.log(self.running_logs.epoch())
-            return
+        record = self.policy.training_record(self, epoch_end)
+        if record is not None:
+            self.log(record)
+
+    def step_record(self) -> dict[str, float]:
+        """The training values since the last log: the loss mean (one host read), the gradient
+        norm, an overridden step's means, the learning rate."""
         logs: dict[str, float] = {}
         mean = self.loss.mean_since_log()  # one host read per logging step
         if mean is not None:
@@ -382,7 +384,7 @@ class Loop(Inference, BestModel):
         if self.step_means:
             logs.update(self.step_means.since_log())
         logs["learning_rate"] = self.logged_learning_rate()
-        self.log(logs)
+        return logs
 
     def logged_learning_rate(self) -> float:
         """The learning rate a training log records: the rate the last step used (HF)."""
@@ -392,16 +394,7 @@ class Loop(Inference, BestModel):
     def log(self, logs: dict[str, float]) -> None:
         state = self.state
         if state.epoch is not None:
-            logs["epoch"] = state.epoch if self.args.hf_trainer else round(state.epoch, 4)
+            logs["epoch"] = self.policy.epoch(state.epoch)
         state.log_history.append({**logs, "step": state.global_step})
         self.control = self.handler.on_log(self.args, state, self.control, logs)
 
-
-def flos_count(module: Any) -> tuple[str, int] | None:
-    """What HF's Trainer counts as a step's floating-point operations: 6 x the parameters outside
-    embeddings x the elements of the main input (`main_input_name`), for a module with
-    `num_parameters` (a `transformers.PreTrainedModel`); None for any other module."""
-    count = getattr(module, "num_parameters", None)
-    if not callable(count):
-        return None
-    return getattr(module, "main_input_name", "input_ids"), 6 * int(count(exclude_embeddings=True))

@@ -107,7 +107,8 @@ def train(runtime: Any, module: torch.nn.Module, config: Any, args: Any, overrid
             stepper.clip(args.max_grad_norm)
             stepper.step()
 
-        with runtime.using(StepTools(stepper, _no_event, apply)) as tools, tools.micro_batch(1, True):
+        tools = StepTools(stepper, _no_event, apply)
+        with runtime.using(tools), tools.micro_batch(1, True):
             values = step_values(overrides.train_step(as_data(batch)), "train_step")
         return {name: float(value) for name, value in values.items()}
     loss, out = stepper.forward_backward(batch, 1, last=True)

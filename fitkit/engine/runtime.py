@@ -25,6 +25,8 @@ from fitkit.config.jit_compile import jit_kwargs
 from fitkit.engine.checks import CheckMemo
 from fitkit.engine.data.sampling import BlockSampler
 from fitkit.engine.data.sources import DataSource, LoaderSource, TensorSource, evaluation_shard
+from fitkit.engine.policy import KerasPolicy
+from fitkit.engine.run_context import RunContext
 
 _DEVICE_KEYS = ("accelerator", "devices", "strategy", "precision", "num_nodes")
 
@@ -49,23 +51,47 @@ class Runtime:
         self.example: Any = None  # the first in-memory training input (summary's shapes)
         self.in_child = False  # inside a process a spawn strategy started
         self.checked = CheckMemo()  # in-memory data whose first batch was checked already
-        self.tools: Any = None  # during a call with overridden steps: their `StepTools`
         self.batch_stepper: Any = None  # the Stepper `train_on_batch` and its kin keep (engine/on_batch.py)
+        self._call: RunContext | None = None  # the call under way (`running`); nothing of it outlives the call
+
+    @property
+    def call(self) -> RunContext | None:
+        """The context of the call under way (None between calls): what the `Model` reaches
+        while a call runs (`stop_training`, an overridden step's `module`, `optimizer`)."""
+        return self._call
+
+    @property
+    def tools(self) -> Any:
+        """The step tools of the call under way (`StepTools`), None without overridden steps or
+        between calls."""
+        return None if self._call is None else self._call.tools
 
     @contextlib.contextmanager
-    def using(self, tools: Any) -> Iterator[Any]:
-        """`tools` (a `StepTools`, or None) as the step tools of the call under way, for the block:
-        an overridden step reaches them through the model (`Model.module`, `Model.optimizer`,
-        `backward`, `call_event`). Cleared at the end, also on an error::
+    def running(self, context: RunContext) -> Iterator[RunContext]:
+        """`context` as the call under way, for the block; cleared at the end, also on an error::
 
-            with runtime.using(loop.tools):
+            with runtime.running(context):
                 loop.train(train, val, resume)
         """
-        self.tools = tools
+        self._call = context
         try:
-            yield tools
+            yield context
         finally:
-            self.tools = None
+            self._call = None
+
+    def using(self, tools: Any) -> contextlib.AbstractContextManager[RunContext]:
+        """A call of one batch (`train_on_batch` and its kin) whose step tools are `tools`."""
+        return self.running(RunContext(None, KerasPolicy(), tools=tools))
+
+    def keep(self, *, scheduler: Any, example: Any = None) -> None:
+        """What a fit leaves for later calls: its learning-rate scheduler (for `Model.save`) and
+        the first training input seen (`summary()`'s shapes), the latter only once::
+
+            runtime.keep(scheduler=scheduler, example=batch.inputs)
+        """
+        self.scheduler = scheduler
+        if self.example is None:
+            self.example = example
 
     # -- Fabric, module, optimizer ------------------------------------------------------------
     def launch(self, args: TrainingArguments) -> Any:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fitkit.adapters.losses import Loss
+from fitkit.common.wrappers import torch_optimizer
 from fitkit.engine.data.batch import Batch
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ class Stepper:
             inner = optimizer
         if not any(p.requires_grad for p in module.parameters()):  # Keras trains it: loss reported, nothing updated
             self._backward = frozen_backward()
-            inner = getattr(inner, "optimizer", inner)  # torch's own step: a no-op without gradients, no grad scaler
+            inner = torch_optimizer(inner)  # torch's own step: a no-op without gradients, no grad scaler
         self._inner_optimizer = inner
         self.zero_grad: Callable[[], None] = grad_clearer(inner, self.direct) if optimizer is not None else _nothing
 

@@ -23,6 +23,7 @@ import torch
 from fitkit.adapters.metrics import metric_directions
 from fitkit.adapters.optimizers import build_scheduler
 from fitkit.common.schedule import epoch_batches, interval_steps, plan, steps_per_epoch
+from fitkit.common.wrappers import torch_optimizer
 from fitkit.config.arguments import TrainingArguments
 from fitkit.config.compile_config import CompileConfig
 from fitkit.config.hf_arguments import prepare_module, run_optimizer
@@ -38,6 +39,8 @@ from fitkit.engine.devices.fabric import release_at_exit
 from fitkit.engine.devices.host_allocator import keep_freed_memory
 from fitkit.engine.loop import Loop
 from fitkit.engine.overrides import StepOverrides
+from fitkit.engine.policy import policy_for
+from fitkit.engine.run_context import RunContext
 from fitkit.engine.runtime import Runtime
 from fitkit.engine.step import Stepper
 from fitkit.events.handler import CallbackHandler
@@ -65,6 +68,7 @@ class Trainer:
         self.control = TrainerControl()
         self.checkpointer: Checkpointer | None = None
         self.collected: tuple[Any, Any] | None = None  # evaluate(keep=True): (predictions, label_ids)
+        self.context = RunContext(args, policy_for(args))  # the call's: made anew once its arguments are settled
 
     # -- fit ------------------------------------------------------------------------------------
     def fit(self, x: Any, y: Any = None, *, sample_weight: Any = None, validation_data: Any = None,
@@ -95,17 +99,17 @@ class Trainer:
         state = self.state = self._new_state(batches, fabric, trial, initial_epoch)
         # Built over the torch optimizer that is stepped (not Fabric's wrapper), so torch sees
         # each step and does not warn that the scheduler stepped first.
-        scheduler = build_scheduler(args.lr_scheduler, getattr(optimizer, "optimizer", optimizer), state.max_steps or 1,
+        scheduler = build_scheduler(args.lr_scheduler, torch_optimizer(optimizer), state.max_steps or 1,
                                     args.warmup_steps or math.ceil(args.warmup_ratio * state.max_steps))
-        self.runtime.scheduler = scheduler  # the last fit's, for `Model.save`
+        self.runtime.keep(scheduler=scheduler)  # the last fit's, for `Model.save`
+        self.context = RunContext(args, policy_for(args), first_epoch=initial_epoch)
         loop = self._fit_loop(config, state, wrapped, optimizer, scheduler, train, val, batches)
-        loop.first_epoch = initial_epoch
         # The first batches against the module, loss and metrics: before any step or file.
-        memo, own = self.runtime.checked, self.overrides
+        memo, own, first = self.runtime.checked, self.overrides, None
         if own.train_step is None:  # an overridden step decides what a batch is
             first = check_data(loop.stepper, self.module, train, metrics=config.logged_metrics, training=True, memo=memo)
-            if self.runtime.example is None and first is not None:  # data from a loader: summary()'s shapes
-                self.runtime.example = first.inputs
+        if first is not None:  # data from a loader: summary()'s shapes
+            self.runtime.keep(scheduler=scheduler, example=first.inputs)
         if own.test_step is None:
             check_data(loop.stepper, self.module, val, metrics=config.logged_metrics, memo=memo)
         checkpointer = loop.checkpointer
@@ -135,7 +139,7 @@ class Trainer:
         self.checkpointer = Checkpointer(fabric, self.args, state, handler, module=wrapped, optimizer=optimizer,
                                          scheduler=scheduler, defer_copy=self.overrides.train_step is None)
         stepper = Stepper(fabric, wrapped, optimizer, config.loss_fn, self.overrides.compute_loss)
-        loop = Loop(stepper, handler, self.args, state, self.control, metrics=config.logged_metrics,
+        loop = Loop(stepper, handler, self.context, state, self.control, metrics=config.logged_metrics,
                     scheduler=scheduler, checkpointer=self.checkpointer, directions=directions,
                     overrides=self.overrides, epoch_length=batches)
         handler.set_run(model=self.module, optimizer=optimizer, lr_scheduler=scheduler,
@@ -237,11 +241,11 @@ class Trainer:
         that outlives the call (the handler, its callbacks) calls back into the loop, and the loop
         holds no method of its own: dropped, the loop frees its module and optimizer at once, as
         a search's next trial needs, with no garbage collection."""
-        self.runtime.tools = loop.tools  # (what `Runtime.using` does, in the same block)
         try:
-            yield
+            with self.runtime.running(loop.context):
+                yield
         finally:
-            self.runtime.tools = loop.tools = None
+            loop.tools = loop.context.tools = None
             self.handler.set_run(save_checkpoint=None, before_listeners=None)
 
     def _eval_loop(self, state: TrainerState, control: TrainerControl) -> Loop:
@@ -251,7 +255,8 @@ class Trainer:
         state.is_local_process_zero = fabric.local_rank == 0
         loss_fn, metrics = (self.config.loss_fn, self.config.logged_metrics) if self.config else (None, [])
         stepper = Stepper(fabric, wrapped, self.runtime.optimizer, loss_fn, self.overrides.compute_loss)
-        loop = Loop(stepper, self.handler, self.args, state, control, metrics=metrics, overrides=self.overrides)
+        self.context = RunContext(self.args, policy_for(self.args))
+        loop = Loop(stepper, self.handler, self.context, state, control, metrics=metrics, overrides=self.overrides)
         self.handler.set_run(model=self.module, running_logs=loop.running_logs)
         return loop
 

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from fitkit.common.options import error_line
+from fitkit.common.wrappers import torch_optimizer
 from fitkit.engine.checkpoint import writing
 from fitkit.engine.checkpoint.async_save import BackgroundWriter, HostCopy, PendingCopy
 from fitkit.engine.checkpoint.elastic import full_payload
@@ -119,7 +120,7 @@ class BackgroundCheckpointWriter(WriterBase):
         if not self._defer_copy or self.fabric.device.type != "cpu" \
                 or "FSDP" in strategy_name(self.fabric):
             return None
-        optimizer = getattr(self.optimizer, "optimizer", self.optimizer)  # under Fabric's wrapper
+        optimizer = torch_optimizer(self.optimizer)
         tensors = [*self.module.parameters(), *(v for values in getattr(optimizer, "state", {}).values()
                                                 for v in values.values() if isinstance(v, torch.Tensor))]
         found = set()

@@ -428,16 +428,19 @@ class Checkpointer:
     # -- the best model ------------------------------------------------------------------------------
     def load_best(self) -> None:
         """With `load_best_model_at_end`, put the best checkpoint's weights back into the module
-        (verified first). Under `hf_trainer` with `save_total_limit=1`, only the best checkpoint
-        stays once training ends, as HF's Trainer leaves it."""
+        (verified first)."""
         best = self.state.best_model_checkpoint
         if self.args.load_best_model_at_end and best and self._on_zero(lambda: hf_trainer.is_trainer_checkpoint(best)):
             hf_trainer.load_weights(self.module, best)  # recorded by the Trainer before this run resumed
         elif self.args.load_best_model_at_end and best:
             path = self._on_zero(lambda: verified(best))
             load_checkpoint(self.fabric, path, module=self.module, optimizer=None)
-        if self.args.hf_trainer and self.args.save_total_limit == 1 and best and self.fabric.is_global_zero:
-            # HF's Trainer: a limit of one keeps the best checkpoint alone once training ends
+
+    def keep_only_best(self) -> None:
+        """Remove every checkpoint of `output_dir` but the best (the Trainer's retention at the end
+        under `save_total_limit=1`: `fitkit.engine.policy.TrainerPolicy.retain`)."""
+        best = self.state.best_model_checkpoint
+        if best and self.fabric.is_global_zero:
             for path in list_checkpoints(self.args.output_dir):
                 if os.path.abspath(path) != os.path.abspath(best):
                     shutil.rmtree(path, ignore_errors=True)

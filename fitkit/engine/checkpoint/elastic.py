@@ -30,6 +30,8 @@ from typing import Any, cast
 
 import torch
 
+from fitkit.common.wrappers import torch_optimizer
+
 #: Fabric writes the non-tensor part of a DCP checkpoint (scheduler, RNG, loop) to this file.
 DCP_EXTRA = "meta.pt"
 
@@ -37,7 +39,7 @@ DCP_EXTRA = "meta.pt"
 def load_state(fabric: Any, path: str, *, module: torch.nn.Module, optimizer: Any, strict: bool) -> dict[str, Any]:
     """Restore `module` (and `optimizer`, unless None) in place from the `state.pt` at `path`;
     return the rest of the saved payload. `module` and `optimizer` are Fabric's wrappers."""
-    net, opt = _inner_module(module), getattr(optimizer, "optimizer", optimizer)
+    net, opt = _inner_module(module), torch_optimizer(optimizer)
     if os.path.isdir(path):
         return _load_shards(path, net, opt, strict)
     if _is_sharded(net):
@@ -68,7 +70,7 @@ def full_payload(fabric: Any, module: torch.nn.Module, optimizer: Any, scheduler
     global-zero process to write (the other processes get `{}`). A sharded (FSDP) module's full
     tensors are gathered on the global-zero process, in host memory: a collective, so every
     process calls it. The tensors may be the live ones: copy them before the next step."""
-    net, opt = _inner_module(module), getattr(optimizer, "optimizer", optimizer)
+    net, opt = _inner_module(module), torch_optimizer(optimizer)
     if _is_sharded(net):
         model, optim = _gathered(net, opt)
     else:

@@ -24,7 +24,7 @@ from typing import Any
 
 from fitkit.common.options import error_line
 from fitkit.common.schedule import steps_per_epoch
-from fitkit.common.wrappers import unwrapped
+from fitkit.common.wrappers import torch_optimizer, unwrapped
 from fitkit.engine.checkpoint.layout import CHECKPOINT_NAME, MANIFEST, STATE_FILE, WEIGHTS, CheckpointError
 from fitkit.engine.checkpoint.loading import _state_differences
 from fitkit.events.state import TrainerState
@@ -152,7 +152,7 @@ def load_optimizer(optimizer: Any, path: str) -> None:
     `transformers.TrainingArguments`, or `exclude_from_weight_decay="hf"`), else CheckpointError."""
     import torch
 
-    inner = getattr(optimizer, "optimizer", optimizer)
+    inner = torch_optimizer(optimizer)
     saved = torch.load(os.path.join(path, OPTIMIZER_FILE), map_location="cpu", weights_only=True)
     sizes = [len(g.get("params", ())) for g in saved.get("param_groups", [])]
     mine = [len(g["params"]) for g in inner.param_groups]

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fitkit.common.io import atomic_torch_save
+from fitkit.common.wrappers import torch_optimizer
 
 if TYPE_CHECKING:
     from fitkit.config.compile_config import CompileConfig
@@ -30,7 +31,7 @@ def write_model_file(path: str, module: torch.nn.Module, config: CompileConfig |
 
 def _state_of(obj: Any) -> dict | None:
     """CPU copies of `obj.state_dict()` (the torch optimizer inside Fabric's wrapper), or None."""
-    obj = getattr(obj, "optimizer", obj) if obj is not None and not hasattr(obj, "last_epoch") else obj
+    obj = torch_optimizer(obj) if obj is not None and not hasattr(obj, "last_epoch") else obj
     if obj is None or not hasattr(obj, "state_dict"):
         return None
     from fitkit.common.tensors import to_cpu

@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from fitkit.adapters.optimizers import implementation
-from fitkit.common.wrappers import unwrapped
+from fitkit.common.wrappers import torch_optimizer, unwrapped
 from fitkit.engine.checkpoint import run_lock
 from fitkit.engine.checkpoint.hf_export import export_pretrained, is_pretrained
 from fitkit.engine.checkpoint.layout import (
@@ -68,7 +68,7 @@ def optimizer_class(optimizer: Any) -> str | None:
     """The class name of the torch optimizer inside Fabric's wrapper (None without one)."""
     if optimizer is None:
         return None
-    return type(getattr(optimizer, "optimizer", optimizer)).__name__
+    return type(torch_optimizer(optimizer)).__name__
 
 
 @dataclasses.dataclass(frozen=True)
