@@ -118,46 +118,49 @@ def step_values(result: Any, step: str) -> dict[str, Any]:
     return result
 
 
-class DeferredOptimizer:
-    """The optimizer an overridden `train_step` sees as `self.optimizer`.
+class DeferredStep:
+    """The optimizer step an overridden `train_step` asks for through `model.optimizer`.
 
     `step()` runs the loop's optimizer step (clipping, `on_pre_optimizer_step`, the step,
     `on_optimizer_step`, the scheduler) at the last micro-batch of a gradient-accumulation
     cycle and does nothing before it; `zero_grad()` does nothing while a cycle's gradients are
-    still being accumulated. Everything else is the optimizer's own."""
+    still being accumulated. `last` and `pending` are the cycle's state, set by `StepTools`::
 
-    def __init__(self, optimizer: Any, step: Callable[[], None], clear: Callable[[], None]):
-        self.__dict__.update(_optimizer=optimizer, _step=step, _clear=clear, _last=True, _pending=False)
+        deferred = DeferredStep(loop_step, stepper.zero_grad)
+        deferred.step()        # steps only when `deferred.last`
+    """
+
+    __slots__ = ("_clear", "_step", "last", "pending")
+
+    def __init__(self, step: Callable[[], None], clear: Callable[[], None]):
+        self._step, self._clear = step, clear
+        self.last = True  # the micro-batch under way ends its accumulation cycle
+        self.pending = False  # gradients were accumulated since the last step
 
     def step(self, closure: Any = None) -> None:
         if closure is not None:
             raise ValueError("an overridden `train_step` computes its loss itself: call `self.optimizer.step()` "
                              "without a closure")
-        if self._last:
+        if self.last:
             self._step()
-            self.__dict__["_pending"] = False
+            self.pending = False
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if not self._pending:
+        if not self.pending:
             self._clear()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._optimizer, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._optimizer, name, value)
 
 
 class StepTools:
-    """The live pieces of one call for overridden steps: `backward(loss)`, `optimizer`,
-    `module` and `call_event(name, **kwargs)`. Set on the `Runtime` while the call runs."""
+    """The live pieces of one call for overridden steps: `backward(loss)`, the deferred optimizer
+    step (`deferred`, which `model.optimizer` runs), `module` and `call_event(name, **kwargs)`.
+    Held by the call's `RunContext` while the call runs."""
 
     def __init__(self, stepper: Any, call_event: Callable[..., None], optimizer_step: Callable[[], None] | None):
         self.stepper = stepper
         self.module = stepper.forward_module  # the module that syncs gradients under DDP / FSDP
         self.call_event = call_event
         self.cycle = 1
-        self.optimizer = None
+        self.deferred: DeferredStep | None = None
         self.metrics: Any = None  # the phase's compiled `MetricSet` (set by the loop); None: one per call
         self.last_loss: torch.Tensor | None = None  # the step's `compute_loss` value, for `compute_metrics`
         self.reported = False  # `compute_metrics` updated `metrics` in this step
@@ -167,7 +170,7 @@ class StepTools:
         self.step_loss_weight: float | None = None
         self.updated = False  # ... in some step since the loop last cleared this
         if stepper.optimizer is not None and optimizer_step is not None:
-            self.optimizer = DeferredOptimizer(stepper.optimizer, optimizer_step, stepper.zero_grad)
+            self.deferred = DeferredStep(optimizer_step, stepper.zero_grad)
 
     def compiled_metrics(self, specs: list) -> Any:
         """The `MetricSet` `compute_metrics` updates: the loop's for this phase, else one kept
@@ -193,16 +196,16 @@ class StepTools:
     def backward(self, loss: torch.Tensor) -> None:
         """Fabric's backward (mixed precision, DDP, FSDP, DeepSpeed), scaled for accumulation."""
         self.stepper.backward(loss / self.cycle if self.cycle > 1 else loss)
-        if self.optimizer is not None:
-            self.optimizer.__dict__["_pending"] = True
+        if self.deferred is not None:
+            self.deferred.pending = True
 
     @contextlib.contextmanager
     def micro_batch(self, cycle: int, last: bool) -> Iterator[None]:
         """One micro-batch of an accumulation cycle of `cycle`: gradients are synced between
         processes and the optimizer steps only at the `last` one."""
         self.cycle = cycle
-        if self.optimizer is not None:
-            self.optimizer.__dict__["_last"] = last
+        if self.deferred is not None:
+            self.deferred.last = last
         with self.stepper.no_sync(cycle, last):
             yield
 

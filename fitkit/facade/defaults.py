@@ -6,10 +6,10 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from typing import Any
 
+from fitkit.common.terminal import resolved_verbose
 from fitkit.events.handler import TrainerCallback
 
 
@@ -25,9 +25,7 @@ def display_for(args: Any, given: Sequence[Any]) -> list[TrainerCallback]:
     Trainer's `PrinterCallback` does, unless a `PrinterCallback` is there already."""
     from fitkit.callbacks.display.progress import ProgressBar
 
-    verbose = args.verbose
-    if verbose == "auto":
-        verbose = 1 if sys.stdout.isatty() or in_notebook() else 2
+    verbose = resolved_verbose(args.verbose)
     if verbose == 0 and getattr(args, "hf_trainer", False):
         from fitkit.callbacks.display.printer import PrinterCallback
 
@@ -46,8 +44,3 @@ def reporters_for(args: Any, given: Sequence[Any]) -> list[TrainerCallback]:
     present = {cb if isinstance(cb, type) else type(cb) for cb in given}
     return [cb for cb in callbacks_for(args.report_to) if type(cb) not in present]
 
-
-def in_notebook() -> bool:
-    """True inside a Jupyter kernel, where a rich bar renders although stdout is not a tty."""
-    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
-    return type(shell).__name__ == "ZMQInteractiveShell"

@@ -80,6 +80,22 @@ class OptimizerView:
         object.__setattr__(self, "_optimizer", optimizer)
         object.__setattr__(self, "_runtime", runtime)
 
+    def step(self, closure: Any = None) -> Any:
+        """The optimizer's step; inside an overridden `train_step`, the loop's deferred step
+        (clipping, the optimizer events, the scheduler, at the end of an accumulation cycle)."""
+        tools = self._runtime.tools
+        if tools is not None and tools.deferred is not None:
+            return tools.deferred.step(closure)
+        return self._optimizer.step(closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """The optimizer's `zero_grad`; inside an overridden `train_step`, nothing while an
+        accumulation cycle's gradients are still being gathered."""
+        tools = self._runtime.tools
+        if tools is not None and tools.deferred is not None:
+            return tools.deferred.zero_grad(set_to_none)
+        return self._optimizer.zero_grad(set_to_none=set_to_none)
+
     @property
     def learning_rate(self) -> float:
         groups = self._optimizer.param_groups
@@ -186,8 +202,7 @@ class KerasMethods(ModelMembers):
         `step()` also clips, fires the optimizer events and steps the scheduler, at the end of a
         gradient-accumulation cycle."""
         runtime = self.runtime
-        tools = runtime.tools
-        optimizer = tools.optimizer if tools is not None and tools.optimizer is not None else runtime.optimizer
+        optimizer = runtime.optimizer
         if optimizer is None:
             return None if self.config is None else PendingOptimizer(self)  # Keras builds it at compile
         view = self.__dict__.get("_optimizer_view")

@@ -15,6 +15,7 @@ from typing import Any
 
 from fitkit.common.logs import NOT_VALUES
 from fitkit.common.schedule import steps_in_epoch, steps_per_epoch
+from fitkit.common.terminal import stdout_is_tty
 from fitkit.events.handler import Order, TrainerCallback
 
 
@@ -156,11 +157,7 @@ def _live_console() -> Any:
     console = Console()
     if console.is_jupyter:
         return console
-    try:
-        tty = sys.stdout.isatty()
-    except (AttributeError, ValueError):  # no isatty, or a closed stream
-        tty = False
-    if tty and console.is_terminal and not console.is_dumb_terminal:
+    if stdout_is_tty() and console.is_terminal and not console.is_dumb_terminal:
         return console
     return None
 

@@ -35,6 +35,7 @@ from typing import Any
 
 from fitkit.callbacks.keras.keras_own import CHANGES_LEARNING_RATE, keras_callback_name
 from fitkit.callbacks.keras.names import KERAS_NAMES, is_default, keras_methods
+from fitkit.common.terminal import resolved_verbose
 from fitkit.events.handler import TrainerCallback
 from fitkit.events.state import Order, TrainerControl, TrainerState
 
@@ -244,13 +245,7 @@ def _transformers_default(callback: Any, name: str, method: Any) -> bool:
 
 
 def _verbose(args: Any) -> int:
-    verbose = getattr(args, "verbose", 1)
-    if verbose == "auto":
-        try:
-            return 1 if sys.stdout.isatty() else 2
-        except (AttributeError, ValueError):
-            return 2
-    return int(verbose)
+    return resolved_verbose(getattr(args, "verbose", 1))
 
 
 def predict_logs(outputs: Any) -> dict[str, Any]:
