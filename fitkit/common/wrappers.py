@@ -22,9 +22,8 @@ def torch_optimizer(optimizer: Any) -> Any:
 
         torch_optimizer(fabric.setup_optimizers(torch.optim.SGD(params, lr=0.1)))   # the SGD
     """
-    while not isinstance(optimizer, torch.optim.Optimizer):
+    while True:  # Fabric's wrapper is itself of a subclass of the optimizer's class: look inside first
         inner = getattr(optimizer, "optimizer", None)
-        if inner is None or inner is optimizer:
+        if inner is None or inner is optimizer or not hasattr(inner, "param_groups"):
             return optimizer
         optimizer = inner
-    return optimizer
