@@ -11,9 +11,20 @@ values are put together only when `on_epoch_summary` has listeners::
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
+
+
+class EvalSums(NamedTuple):
+    """An evaluation's running sums after a batch, as the evaluation loop hands them over: the
+    loss sum (None without a loss), the samples counted, the metric set and an overridden
+    `test_step`'s means (None when unused)."""
+
+    total: Any
+    samples: int
+    metrics: Any
+    means: Any
 
 
 class RunningLogs:
@@ -24,8 +35,7 @@ class RunningLogs:
         # Weak: callbacks keep these logs after the run, and a strong reference back would put
         # the loop (its module and optimizer) in a reference cycle that only a collection frees.
         self._loop = weakref.ref(loop)
-        #: Set by the evaluation loop at each batch: (loss sum, sample count, metrics, step means).
-        self.eval_sums: tuple[Any, int, Any, Any] | None = None
+        self.eval_sums: EvalSums | None = None  # set by the evaluation loop (`evaluated_batch`)
         self._memo: tuple[str, Any, dict[str, float]] | None = None  # (phase, batch key, logs)
         self._epoch: tuple[tuple[int, float | None], dict[str, float]] | None = None
 
@@ -35,6 +45,10 @@ class RunningLogs:
         if loop is None:
             raise RuntimeError("these running logs belong to a run that has ended: read them while it runs")
         return loop
+
+    def evaluated_batch(self, sums: EvalSums) -> None:
+        """The evaluation under way after one more batch (what `read("test")` reads)."""
+        self.eval_sums = sums
 
     def epoch(self) -> dict[str, float]:
         """The training values of the epoch that just ended, over every process: the loss and

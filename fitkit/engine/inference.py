@@ -14,6 +14,7 @@ import torch
 from fitkit.adapters.metrics import MetricSet
 from fitkit.common.tensors import map_tensors, to_cpu
 from fitkit.common.wrappers import unwrapped
+from fitkit.engine.batch_logs import EvalSums
 from fitkit.engine.data.batch import Batch, as_data
 from fitkit.engine.data.prefetch import stopping
 from fitkit.engine.data.sources import DataSource
@@ -87,7 +88,7 @@ class Inference:
                 if collector is not None:
                     collector.add(out, batch.target, self._generated(batch))
                 if steps_end:  # what a Keras-style batch-end method reads, and the event
-                    self.running_logs.eval_sums = (total if with_loss else None, count, metrics, None)
+                    self.running_logs.evaluated_batch(EvalSums(total if with_loss else None, count, metrics, None))
                     self._prediction_step(batch, out, loss, carry)
         if fabric.world_size > 1:
             total = fabric.all_reduce(total, reduce_op="sum")
@@ -129,7 +130,7 @@ class Inference:
                 values = tools.values(test_step(as_data(batch)), "test_step")
                 means.add(values, batch.size, tools.step_loss_weight)
                 count += batch.size
-                self.running_logs.eval_sums = (None, count, None, means)
+                self.running_logs.evaluated_batch(EvalSums(None, count, None, means))
                 self._prediction_step(batch, None, values.get("loss"), carry)
         if self.fabric.world_size > 1:
             count = int(self.fabric.all_reduce(torch.tensor(count, device=self.fabric.device), reduce_op="sum"))

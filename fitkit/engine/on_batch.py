@@ -75,7 +75,7 @@ def _stepper(runtime: Any, module: torch.nn.Module, config: Any, args: Any, over
     optimizer = runtime.optimizer_for(config.optimizer, args) if train else runtime.optimizer
     stepper = Stepper(runtime.fabric, wrapped, optimizer, loss_fn, overrides.compute_loss)
     stepper.key_module, stepper.key_args = module, args
-    runtime.batch_stepper = stepper
+    runtime.keep_batch_stepper(stepper)
     return stepper
 
 

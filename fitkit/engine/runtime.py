@@ -83,6 +83,14 @@ class Runtime:
         """A call of one batch (`train_on_batch` and its kin) whose step tools are `tools`."""
         return self.running(RunContext(None, KerasPolicy(), tools=tools))
 
+    def restore_optimizer_from(self, state: dict | None) -> None:
+        """`Model.load`: the next optimizer built starts from this saved state (None: fresh)."""
+        self.restore_optimizer = state
+
+    def keep_batch_stepper(self, stepper: Any) -> None:
+        """The `Stepper` that `train_on_batch` and its kin reuse while nothing it was built on changes."""
+        self.batch_stepper = stepper
+
     def keep(self, *, scheduler: Any, example: Any = None) -> None:
         """What a fit leaves for later calls: its learning-rate scheduler (for `Model.save`) and
         the first training input seen (`summary()`'s shapes), the latter only once::

@@ -58,7 +58,7 @@ class Saving(ModelMembers):
         if config is not None:
             model.compile(config.optimizer, config.loss, config.metrics, **config.options)
             # the optimizer is built at the first fit; it starts from the saved state then
-            model.runtime.restore_optimizer = payload.get("optimizer")
+            model.runtime.restore_optimizer_from(payload.get("optimizer"))
         model.saved_scheduler_state = payload.get("scheduler")
         return model
 
