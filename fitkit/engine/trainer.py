@@ -94,7 +94,8 @@ class Trainer:
         if class_weight is not None:
             assert isinstance(train, (TensorSource, LoaderSource))  # the sources `adapt` makes
             train.class_weight = class_weight_table(class_weight, fabric.device)
-        args = self.args = _with_evaluation(self.args, val)
+        args = _with_evaluation(self.args, val)
+        self.context = RunContext(args, policy_for(args), first_epoch=initial_epoch)
         batches = epoch_batches(len(train) if train.has_len() else None, args.steps_per_epoch)  # per epoch
         state = self.state = self._new_state(batches, fabric, trial, initial_epoch)
         # Built over the torch optimizer that is stepped (not Fabric's wrapper), so torch sees
@@ -102,7 +103,6 @@ class Trainer:
         scheduler = build_scheduler(args.lr_scheduler, torch_optimizer(optimizer), state.max_steps or 1,
                                     args.warmup_steps or math.ceil(args.warmup_ratio * state.max_steps))
         self.runtime.keep(scheduler=scheduler)  # the last fit's, for `Model.save`
-        self.context = RunContext(args, policy_for(args), first_epoch=initial_epoch)
         loop = self._fit_loop(config, state, wrapped, optimizer, scheduler, train, val, batches)
         # The first batches against the module, loss and metrics: before any step or file.
         memo, own, first = self.runtime.checked, self.overrides, None
@@ -136,7 +136,9 @@ class Trainer:
         fabric, handler = self.runtime.fabric, self.handler
         directions = metric_directions(config.metrics)
         self.control = TrainerControl()
-        self.checkpointer = Checkpointer(fabric, self.args, state, handler, module=wrapped, optimizer=optimizer,
+        args = self.context.args
+        assert args is not None  # a fit's context has its settled arguments
+        self.checkpointer = Checkpointer(fabric, args, state, handler, module=wrapped, optimizer=optimizer,
                                          scheduler=scheduler, defer_copy=self.overrides.train_step is None)
         stepper = Stepper(fabric, wrapped, optimizer, config.loss_fn, self.overrides.compute_loss)
         loop = Loop(stepper, handler, self.context, state, self.control, metrics=config.logged_metrics,
@@ -147,10 +149,10 @@ class Trainer:
                         eval_dataloader=eval_loader(val),  # sized for in-memory data too
                         metric_directions=directions, save_checkpoint=loop.checkpoint,
                         steps_per_epoch=None if batches is None else steps_per_epoch(
-                            batches, self.args.gradient_accumulation_steps),
+                            batches, args.gradient_accumulation_steps),
                         running_logs=loop.running_logs,
                         # an asynchronous save's copy of the weights is waited for before any callback runs
-                        before_listeners=self.checkpointer.wait_copied if self.args.save_async else None)
+                        before_listeners=self.checkpointer.wait_copied if args.save_async else None)
         return loop
 
     def _sources(self, x: Any, y: Any, sample_weight: Any, validation_data: Any,
@@ -186,7 +188,8 @@ class Trainer:
 
     def _new_state(self, batches: int | None, fabric: Any, trial: dict | None, initial_epoch: int = 0) -> TrainerState:
         """The plan of a run over epochs of `batches` micro-batches (None: unknown)."""
-        args = self.args
+        args = self.context.args
+        assert args is not None  # a fit's context has its settled arguments
         epochs, max_steps = plan(batches, epochs=args.num_train_epochs, max_steps=args.max_steps,
                                  accumulation=args.gradient_accumulation_steps)
         state = TrainerState(
