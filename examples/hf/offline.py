@@ -1,6 +1,6 @@
 """What the ported Hugging Face example scripts would download, made in-process so that they run
 offline: the raw datasets (`load_dataset`), a word-level tokenizer (`AutoTokenizer`) and the
-corpus metrics (`evaluate.load("seqeval")`, `evaluate.load("sacrebleu")`).
+corpus metrics (`evaluate.load("seqeval")`, `evaluate.load("sacrebleu")`, `evaluate.load("rouge")`).
 `load_dataset("swag")` lays out a multiple-choice set as the Hub's `swag` ("regular") does.
 
     from offline import load_dataset, make_tokenizer, corpus_bleu
@@ -39,9 +39,10 @@ def _sentence(rng: random.Random) -> tuple[list[str], list[int]]:
 
 
 def load_dataset(task: str, scale: int = 1) -> datasets.DatasetDict:
-    """The raw splits of `task`: "ner" (`tokens`, `ner_tags`), "text" (`text`) or "translation"
-    (`translation`: {"src": ..., "tgt": ...}), as the Hub's datasets lay them out; `scale` times
-    the usual number of rows (benchmarks)."""
+    """The raw splits of `task`: "ner" (`tokens`, `ner_tags`), "text" (`text`), "translation"
+    (`translation`: {"src": ..., "tgt": ...}), "summarization" (`document`, `summary`: its first
+    three words, the lead baseline) or "swag", as the Hub's datasets lay them out;
+    `scale` times the usual number of rows (benchmarks)."""
     splits = {}
     for split, (n, seed) in SPLITS.items():
         rng = random.Random(seed)
@@ -53,10 +54,13 @@ def load_dataset(task: str, scale: int = 1) -> datasets.DatasetDict:
         elif task == "translation":
             splits[split] = {"translation": [{"src": " ".join(w), "tgt": " ".join(TARGET[x] for x in w)}
                                              for w, _ in rows]}
+        elif task == "summarization":
+            splits[split] = {"document": [" ".join(w) for w, _ in rows],
+                             "summary": [" ".join(w[:3]) for w, _ in rows]}
         elif task == "swag":
             splits[split] = _swag(rows, rng)
         else:
-            raise ValueError(f"task={task!r}: use 'ner', 'text', 'translation' or 'swag'")
+            raise ValueError(f"task={task!r}: use 'ner', 'text', 'translation', 'summarization' or 'swag'")
     return datasets.DatasetDict({k: datasets.Dataset.from_dict(v) for k, v in splits.items()})
 
 
@@ -129,3 +133,33 @@ def entity_scores(predictions: list[list[str]], references: list[list[str]]) -> 
     f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
     return {"overall_precision": precision, "overall_recall": recall, "overall_f1": f1,
             "overall_accuracy": sum(p == r for p, r in pairs) / max(len(pairs), 1)}
+
+
+def _lcs(a: list[str], b: list[str]) -> int:
+    """The length of the longest common subsequence of two word lists."""
+    row = [0] * (len(b) + 1)
+    for x in a:
+        diagonal, row[0] = 0, 0
+        for j, y in enumerate(b, 1):
+            diagonal, row[j] = row[j], diagonal + 1 if x == y else max(row[j], row[j - 1])
+    return row[-1]
+
+
+def rouge_scores(predictions: list[str], references: list[str]) -> dict[str, float]:
+    """ROUGE-1, ROUGE-2 and ROUGE-L F-measures averaged over the pairs (what `evaluate`'s "rouge"
+    returns with whitespace tokens and no stemming), in [0, 1]."""
+    def f_measure(hits: int, predicted: int, actual: int) -> float:
+        if not hits:
+            return 0.0
+        precision, recall = hits / predicted, hits / actual
+        return 2 * precision * recall / (precision + recall)
+
+    totals = {"rouge1": 0.0, "rouge2": 0.0, "rougeL": 0.0}
+    for pred, ref in zip(predictions, references):
+        p, r = pred.split(), ref.split()
+        for n, key in ((1, "rouge1"), (2, "rouge2")):
+            p_grams = collections.Counter(tuple(p[i:i + n]) for i in range(len(p) - n + 1))
+            r_grams = collections.Counter(tuple(r[i:i + n]) for i in range(len(r) - n + 1))
+            totals[key] += f_measure(sum((p_grams & r_grams).values()), max(len(p) - n + 1, 0), max(len(r) - n + 1, 0))
+        totals["rougeL"] += f_measure(_lcs(p, r), len(p), len(r))
+    return {key: value / max(len(predictions), 1) for key, value in totals.items()}
