@@ -14,7 +14,7 @@ from helpers import Script, mlp
 from helpers import blobs as data
 
 from fitkit import Model, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
-from fitkit.adapters.metrics import metric_directions
+from fitkit.adapters.metric_specs import metric_directions
 from fitkit.callbacks import (
     CallbackHandler,
     CSVLogger,

@@ -301,3 +301,48 @@ def test_instance_attribute_handlers_are_listeners_and_removable_by_class():
     handler.on_log(None, TrainerState(), TrainerControl(), {"loss": 1.0})
     assert got == [{"loss": 1.0}]
     assert handler.pop_callback(LambdaCallback) is cb and handler.listeners("on_log") == []
+
+
+def test_fitkits_own_events_are_the_handlers_methods_with_the_keywords_declared(blobs, monkeypatch):
+    """fitkit's own events (`MOMENTS`) are fired through the handler's methods of their names, each
+    with the keyword arguments `fitkit.events.state` lists; a run where nobody listens to
+    `on_epoch_summary` never builds its `logs`."""
+    from fitkit.engine import loop as loop_module
+    from fitkit.events.state import MOMENTS
+
+    seen, fired, built = {}, [], []
+
+    def recorder(event):
+        def method(self, args, state, control, **kwargs):
+            seen.setdefault(event, []).append(kwargs)
+        return method
+
+    def spy(event):
+        real = getattr(CallbackHandler, event)
+
+        def method(self, *args, **kwargs):
+            fired.append(event)
+            return real(self, *args, **kwargs)
+        return method
+
+    for event in MOMENTS:
+        monkeypatch.setattr(CallbackHandler, event, spy(event))  # raises when the handler has no such method
+    real_values = loop_module.epoch_values
+    monkeypatch.setattr(loop_module, "epoch_values", lambda loop: built.append(1) or real_values(loop))
+    x, y = blobs
+    model = Model(mlp()).compile("adam", "cross_entropy", metrics=["accuracy"])
+    model.fit(x, y, epochs=2, batch_size=32, verbose=0)
+    assert built == []  # no listener: the epoch's values are not built
+
+    Moments = type("Moments", (TrainerCallback,), {event: recorder(event) for event in MOMENTS})
+    model.fit(x, y, epochs=2, batch_size=32, verbose=0, validation_data=(x, y), callbacks=[Moments()])
+    model.evaluate(x, y, verbose=0, callbacks=[Moments()])
+    model.predict(x, verbose=0, callbacks=[Moments()])
+    assert set(fired) == set(MOMENTS) and len(built) == 2
+    common = {"model", "optimizer", "lr_scheduler", "train_dataloader", "eval_dataloader", "save_checkpoint"}
+    extra = {event: {frozenset(set(kw) - common) for kw in calls} for event, calls in seen.items()}
+    assert extra == {"on_evaluate_begin": {frozenset({"running_logs"})}, "on_prediction_step_begin": {frozenset()},
+                     "on_predict_begin": {frozenset()}, "on_epoch_summary": {frozenset({"epoch", "logs"})}}
+    summaries = seen["on_epoch_summary"]
+    assert [kw["epoch"] for kw in summaries] == [0, 1]
+    assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(summaries[-1]["logs"])

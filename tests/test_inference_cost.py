@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fitkit import Model, TrainerCallback
-from fitkit.adapters import metrics as metrics_module
+from fitkit.adapters import held_batches, metric_specs
 from fitkit.adapters.metrics import MetricSet
 from fitkit.events.handler import CallbackHandler
 
@@ -48,7 +48,7 @@ def test_block_updates_give_the_per_batch_values_bit_for_bit(kind, monkeypatch):
     held = blocks.compute()
     assert all(item[1]._update_count == 1 for item in blocks._items)  # one update for the six batches
 
-    monkeypatch.setattr(metrics_module, "HELD_BYTES", -1)  # given at every batch: the per-batch updates
+    monkeypatch.setattr(held_batches, "HELD_BYTES", -1)  # given at every batch: the per-batch updates
     each = MetricSet(NAMES[kind], "val_")
     for preds, target in batches:
         each.update(preds, target)
@@ -102,9 +102,9 @@ def test_the_named_metrics_directions_are_their_torchmetrics_classes():
                "precision": classification.BinaryPrecision, "recall": classification.BinaryRecall,
                "auroc": classification.BinaryAUROC, "top_k": classification.MulticlassAccuracy,
                "mae": regression.MeanAbsoluteError, "mse": regression.MeanSquaredError}
-    assert set(metrics_module.HIGHER_IS_BETTER) == set(classes)
+    assert set(metric_specs.HIGHER_IS_BETTER) == set(classes)
     for name, cls in classes.items():
-        assert cls.higher_is_better is metrics_module.HIGHER_IS_BETTER[name]
+        assert cls.higher_is_better is metric_specs.HIGHER_IS_BETTER[name]
 
 
 def test_what_is_read_or_saved_mid_epoch_includes_the_held_batches():

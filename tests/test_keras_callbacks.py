@@ -375,6 +375,40 @@ def test_the_handler_knows_nothing_of_keras_and_a_callback_without_overrides_cos
     assert not KerasAdapter(EpochOnly()).takes_batch
 
 
+def test_one_rule_tells_a_base_class_empty_hook_everywhere():
+    """fitkit's `no_op`, Keras' `utils.default` and transformers' own hooks are a base class's empty
+    methods by one rule (`is_base_default`), which the handler, the Keras names and the adapter share:
+    no other module of fitkit reads the markers."""
+    import pathlib
+
+    import transformers
+
+    import fitkit
+    from fitkit.events.base_defaults import is_base_default
+
+    keras = keras_or_skip()
+
+    class Own(TrainerCallback):
+        def on_log(self, args, state, control, **kwargs):
+            pass
+
+    class Marked:  # a marker's attribute set to something else than True is no marker
+        def on_log(self, *args):
+            pass
+
+    Marked.on_log._is_default = "yes"
+    assert is_base_default(TrainerCallback().on_log) and is_base_default(Callback().on_epoch_end)
+    assert is_base_default(keras.callbacks.Callback().on_epoch_end)
+    assert is_base_default(transformers.TrainerCallback().on_log)
+    assert is_base_default(transformers.TrainerCallback.on_step_end)  # a function read on the class
+    assert not is_base_default(Own().on_log) and not is_base_default(Marked().on_log)
+    package = pathlib.Path(fitkit.__file__).parent
+    markers = ("__fitkit_no_op__", '"_is_default"', 'getattr(hf, "TrainerCallback"')  # how each is read
+    readers = sorted(str(p.relative_to(package)) for p in package.rglob("*.py")
+                     if any(m in p.read_text(encoding="utf-8") for m in markers))
+    assert readers == ["events/base_defaults.py"]
+
+
 # -- cost -----------------------------------------------------------------------------------------------------------------
 def test_running_averages_cost_one_host_read_per_batch_and_nothing_otherwise(monkeypatch):
     from test_core_lean import _SyncCounter

@@ -13,7 +13,7 @@ from keras_real import keras_weights, real_keras, twin_dense
 
 from fitkit import Model
 from fitkit.adapters.keras_metrics import KERAS_MEANS, KERAS_REFUSED
-from fitkit.adapters.metrics import _ALIASES, NAMES, check_metrics
+from fitkit.adapters.metric_specs import ALIASES, NAMES, check_metrics
 
 N, BATCH = 32, 8
 NOT_METRICS = {"get", "serialize", "deserialize"}  # keras.metrics' lookup helpers
@@ -35,7 +35,7 @@ def test_every_keras_metric_name_and_class_is_covered():
     names = _keras_names(keras)
     placed = set(KERAS_MEANS) | set(KERAS_REFUSED) | FITKIT_NAMES
     assert names - placed == set(), "Keras names fitkit neither computes nor refuses"
-    assert {n.lower() for n in FITKIT_NAMES} <= {*NAMES, *_ALIASES, "auc"}
+    assert {n.lower() for n in FITKIT_NAMES} <= {*NAMES, *ALIASES, "auc"}
     for name in sorted(names & set(KERAS_REFUSED)):
         with pytest.raises(ValueError, match=r"keras\.metrics\.|fitkit|torchmetrics|custom `train_step`") as raised:
             check_metrics([name])  # what compile(metrics=[name]) runs
@@ -359,7 +359,8 @@ def test_weighted_metrics_survive_save_and_load(tmp_path):
 def test_keras_metric_states_resume_exactly():
     """A checkpoint taken mid-epoch holds the running sums of Keras' metrics (names and objects)."""
     keras = real_keras()
-    from fitkit.adapters.metrics import MetricSet, weighted_metrics
+    from fitkit.adapters.metric_specs import weighted_metrics
+    from fitkit.adapters.metrics import MetricSet
 
     x, y, w = _data("binary")
     specs = check_metrics(["mape", keras.metrics.AUC(name="auc_object")])

@@ -16,7 +16,7 @@ from fitkit.events.builtin import CALLBACK_CLASSES
 _EXPORTS = {
     **CALLBACK_CLASSES,
     "Order": "fitkit.events.state",
-    "no_op": "fitkit.events.handler",
+    "no_op": "fitkit.events.base_defaults",
     "Stateful": "fitkit.events.state",
     "StopTraining": "fitkit.events.state",
     "TrainerControl": "fitkit.events.state",

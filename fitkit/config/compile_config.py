@@ -16,7 +16,7 @@ from typing import Any
 
 from fitkit.adapters.keras_metrics import Weighted
 from fitkit.adapters.losses import build_loss
-from fitkit.adapters.metrics import check_metrics, weighted_metrics
+from fitkit.adapters.metric_specs import check_metrics, weighted_metrics
 from fitkit.adapters.optimizers import check_optimizer
 from fitkit.adapters.outputs import LossParts, OutputMetric
 from fitkit.common.options import FIT_DEFAULTS, check_output_dir

@@ -47,7 +47,7 @@ import torch
 
 from fitkit.adapters.keras_metrics import Weighted, is_keras_metric
 from fitkit.adapters.losses import LOSS_KINDS, Loss, keras_order, sparse_targets
-from fitkit.adapters.metrics import metric_name
+from fitkit.adapters.metric_specs import metric_name
 from fitkit.adapters.outputs import (
     LossParts,
     OutputLosses,

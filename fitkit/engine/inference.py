@@ -48,8 +48,6 @@ class Inference:
         running_logs: RunningLogs
         _carry: dict[str, bool]
 
-        def call_event(self, event: str, **kwargs: Any) -> None: ...
-
     collected: tuple[Any, Any] | None = None  # (predictions, label_ids) of the last `evaluate(keep=True)`
     evaluated: tuple[int, int] = (0, 0)  # (samples over all processes, batches of this process) of the last `evaluate`
 
@@ -65,13 +63,13 @@ class Inference:
         collector = PredictionCollector.of(self.args, keep)  # HF's compute_metrics, when set
         total = torch.zeros((), device=fabric.device, dtype=torch.float64)
         count, batches, with_loss, measured = 0, 0, False, bool(metrics)
-        self.call_event("on_evaluate_begin", running_logs=self.running_logs)
+        self.control = self.handler.on_evaluate_begin(self.args, self.state, self.control, running_logs=self.running_logs)
         listens = self.handler.has_listeners  # an event nobody hears is not fired per batch
         begins, steps_end = listens("on_prediction_step_begin"), listens("on_prediction_step")
         with stepper.inference(fast=True) as mode, stopping(source):
             for batch in first(source.batches(0), steps):
                 if begins:
-                    self.call_event("on_prediction_step_begin")
+                    self.control = self.handler.on_prediction_step_begin(self.args, self.state, self.control)
                 try:
                     loss, out = stepper.forward(batch)
                 except Exception as err:  # noqa: BLE001 - a forward that needs autograd: again under no_grad
@@ -123,10 +121,10 @@ class Inference:
         metrics, trained = self.val_metrics if prefix else MetricSet(self.metric_specs), tools.metrics
         metrics.reset()
         tools.metrics, tools.updated, count = metrics, False, 0  # what `compute_metrics` updates
-        self.call_event("on_evaluate_begin", running_logs=self.running_logs)
+        self.control = self.handler.on_evaluate_begin(self.args, self.state, self.control, running_logs=self.running_logs)
         with self.stepper.inference(), stopping(source):
             for batch in first(source.batches(0), steps):
-                self.call_event("on_prediction_step_begin")
+                self.control = self.handler.on_prediction_step_begin(self.args, self.state, self.control)
                 values = tools.values(test_step(as_data(batch)), "test_step")
                 means.add(values, batch.size, tools.step_loss_weight)
                 count += batch.size
@@ -155,13 +153,13 @@ class Inference:
         stepper, own_step = self.stepper, self.overrides.predict_step
         carry = self._carry["on_prediction_step"]
         outputs = BatchJoiner("outputs", self.args.eval_accumulation_steps)
-        self.call_event("on_predict_begin")
+        self.control = self.handler.on_predict_begin(self.args, self.state, self.control)
         listens = self.handler.has_listeners  # an event nobody hears is not fired per batch
         begins, steps_end = listens("on_prediction_step_begin"), listens("on_prediction_step")
         with stepper.inference(fast=own_step is None) as mode, stopping(source):  # the user's step: no_grad
             for batch in first(source.batches(0), steps):
                 if begins:
-                    self.call_event("on_prediction_step_begin")
+                    self.control = self.handler.on_prediction_step_begin(self.args, self.state, self.control)
                 if own_step is None:
                     try:
                         _, out = stepper.forward(batch, with_loss=False)

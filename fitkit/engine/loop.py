@@ -308,7 +308,8 @@ class Loop(Inference, BestModel):
         """`on_epoch_summary` (Keras' `on_epoch_end` moment): after the epoch's validation, with
         the epoch's values; built only when some callback listens."""
         if self.handler.has_listeners("on_epoch_summary"):
-            self.call_event("on_epoch_summary", epoch=epoch, logs=epoch_values(self))
+            self.control = self.handler.on_epoch_summary(self.args, self.state, self.control, epoch=epoch,
+                                                         logs=epoch_values(self))
         self.epoch_validation = None
 
     def _closing_log(self, figures: RunMetrics, first_step: int) -> None:

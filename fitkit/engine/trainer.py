@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from fitkit.adapters.metrics import metric_directions
+from fitkit.adapters.metric_specs import metric_directions
 from fitkit.adapters.optimizers import build_scheduler
 from fitkit.common.schedule import epoch_batches, interval_steps, plan, steps_per_epoch
 from fitkit.common.wrappers import torch_optimizer

@@ -1,17 +1,15 @@
-"""The callback system: the `TrainerCallback` base, its argument checks, and `CallbackHandler`,
-which fires the events. The shared data (`TrainerState`, `TrainerControl`, `Order`,
-`Stateful`, `StopTraining`, `EVENTS`) is in `fitkit.events.state` and importable from here.
+"""`CallbackHandler`: the callbacks of a run, in order, and the events fired on them.
 
-These follow the documented Hugging Face `TrainerCallback` event set, so a callback written
-for `transformers.Trainer` that only touches `args`, `state`, `control` and the documented
-keyword arguments runs unchanged::
+The engine fires each event through it (`handler.on_log(args, state, control, logs=...)`, or
+`call_event(name, ...)` for a custom one); it calls only the callbacks that really handle the
+event (`fitkit.events.listening`). The base class `TrainerCallback` (`fitkit.events.callback`)
+and the shared data (`TrainerState`, `TrainerControl`, `Order`, `Stateful`, `StopTraining`,
+`EVENTS`, `MOMENTS`; `fitkit.events.state`) are importable from here::
 
-    from fitkit import TrainerCallback
+    from fitkit.events.handler import CallbackHandler, TrainerCallback
 
-    class PrintLoss(TrainerCallback):
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if state.is_world_process_zero:
-                print(state.global_step, logs)
+    handler = CallbackHandler([DefaultFlowCallback(), PrintLoss()])
+    control = handler.on_log(args, state, control, logs={"loss": 0.25})
 """
 
 from __future__ import annotations
@@ -23,226 +21,18 @@ import logging
 import sys
 import warnings
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import Any
 
-from fitkit.common.options import closest
-from fitkit.events.hf_view import HFView, class_from_transformers, from_transformers
-from fitkit.events.state import EVENTS, Order, Stateful, StopTraining, TrainerControl, TrainerState
+from fitkit.events.callback import TrainerCallback
+from fitkit.events.callback_checks import as_callback
+from fitkit.events.hf_view import HFView
+from fitkit.events.listening import EVENT_SET, class_events, forget, listened, listening, makes_attributes
+from fitkit.events.state import EVENTS, MOMENTS, Order, Stateful, StopTraining, TrainerControl, TrainerState
 
-__all__ = ["EVENTS", "CallbackHandler", "Order", "Stateful", "StopTraining", "TrainerCallback", "TrainerControl",
-           "TrainerState", "as_callback", "callback_list", "no_op"]
+__all__ = ["EVENTS", "MOMENTS", "CallbackHandler", "Order", "Stateful", "StopTraining", "TrainerCallback",
+           "TrainerControl", "TrainerState"]
 
 logger = logging.getLogger("fitkit")
-
-
-#: The attribute `no_op` sets on a hook.
-NO_OP = "__fitkit_no_op__"
-
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def no_op(method: _F) -> _F:
-    """Declare a hook the empty default of its base class: the handler never calls it, so an
-    event no callback really handles costs nothing. The base classes' hooks carry it; a class
-    of one's own whose subclasses override some of its hooks may mark its defaults too::
-
-        class Base(TrainerCallback):
-            @no_op
-            def on_log(self, args, state, control, logs=None, **kwargs):
-                ...  # the subclasses that log override it
-    """
-    setattr(method, NO_OP, True)
-    return method
-
-
-class TrainerCallback:
-    """Base class: override any of the events; each is called as
-    `event(args, state, control, **kwargs)` and may return a `TrainerControl`.
-
-    `order` (default `Order.USER`, 0) lets a callback ask to run later than others; equal
-    orders keep list order. `DefaultFlowCallback` always runs first. See `Order` for the
-    values the built-in callbacks use, and `Stateful` for keeping state in checkpoints.
-
-    Example::
-
-        class MyCallback(TrainerCallback):
-            def on_train_begin(self, args, state, control, **kwargs):
-                print("Starting training")
-
-        Model(net).compile("adam", "mse").fit(x, y, callbacks=[MyCallback()])
-
-    Class attributes the engine and the handler read (the defaults suit a user callback):
-    `order`; `takes_batch` (False: its step events ignore `batch`, `outputs` and `loss`, so
-    the loop need not build them); `changes_learning_rate` (True: it sets the optimizer's rate,
-    so `History` records it per epoch); `drives_flow` (True: it sets the log / evaluate / save
-    switches on schedule, as `DefaultFlowCallback` does).
-    """
-
-    order: int = Order.USER
-    takes_batch: bool = True
-    changes_learning_rate: bool = False
-    drives_flow: bool = False
-
-    def close_run(self) -> None:
-        """Called when `fit` exits, however it exits (also after an exception or a
-        KeyboardInterrupt): release what the callback holds open, e.g. a live display."""
-
-    @no_op
-    def on_init_end(
-        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
-    ) -> TrainerControl | None:
-        """Called once when the model is compiled."""
-
-    @no_op
-    def on_train_begin(
-        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
-    ) -> TrainerControl | None:
-        """Called at the beginning of training; `metric_directions` maps each logged value
-        whose direction is known to "min" or "max", `callbacks` is the run's callbacks in order."""
-
-    @no_op
-    def on_train_end(
-        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
-    ) -> TrainerControl | None:
-        """Called at the end of training (also when training was stopped early)."""
-
-    @no_op
-    def on_epoch_begin(
-        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
-    ) -> TrainerControl | None:
-        """Called at the beginning of an epoch."""
-
-    @no_op
-    def on_epoch_end(
-        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
-    ) -> TrainerControl | None:
-        """Called at the end of an epoch."""
-
-    @no_op
-    def on_step_begin(
-        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
-    ) -> TrainerControl | None:
-        """Called at the first micro-batch of each optimizer step."""
-
-    @no_op
-    def on_substep_end(
-        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
-    ) -> TrainerControl | None:
-        """Called after each micro-batch but the last of a gradient-accumulation cycle."""
-
-    @no_op
-    def on_pre_optimizer_step(
-        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
-    ) -> TrainerControl | None:
-        """Called after gradient clipping, before `optimizer.step()`."""
-
-    @no_op
-    def on_optimizer_step(
-        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
-    ) -> TrainerControl | None:
-        """Called after `optimizer.step()`, before the scheduler steps and gradients are zeroed."""
-
-    @no_op
-    def on_step_end(
-        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
-    ) -> TrainerControl | None:
-        """Called at the end of each optimizer step."""
-
-    @no_op
-    def on_evaluate(
-        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
-    ) -> TrainerControl | None:
-        """Called after an evaluation; `metrics` holds its values."""
-
-    @no_op
-    def on_predict(
-        self, args: Any, state: TrainerState, control: TrainerControl, metrics: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> TrainerControl | None:
-        """Called after `predict`."""
-
-    @no_op
-    def on_save(
-        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
-    ) -> TrainerControl | None:
-        """Called after a checkpoint is saved."""
-
-    @no_op
-    def on_log(
-        self, args: Any, state: TrainerState, control: TrainerControl, logs: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> TrainerControl | None:
-        """Called after logging; `logs` holds the values logged."""
-
-    @no_op
-    def on_prediction_step(
-        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
-    ) -> TrainerControl | None:
-        """Called after each evaluation or prediction batch."""
-
-
-def _is_default(handler: Any) -> bool:
-    """True for a base class's empty hook: one marked `no_op` (fitkit's `TrainerCallback` marks
-    its own), or transformers' own `TrainerCallback` hook. Calling it
-    would do nothing, so the handler skips it; a callback that does not override an event is
-    skipped by the same test."""
-    func = getattr(handler, "__func__", handler)
-    if getattr(func, NO_OP, False):
-        return True
-    hf = sys.modules.get("transformers.trainer_callback")  # loaded when such a callback exists
-    base = getattr(getattr(hf, "TrainerCallback", None), getattr(func, "__name__", ""), None)
-    return base is not None and func is base
-
-
-def _listening(callback: Any, event: str) -> tuple[bool, bool]:
-    """Whether `callback` handles `event`, and whether that handler comes from transformers.
-    Decided by the class (remembered: a handler runs once per fit for each event) unless the
-    instance holds the event itself or the class makes attributes on the fly."""
-    cls: type = type(callback)  # `type`: mypy takes a `type[Any]` for unhashable
-    if event in getattr(callback, "__dict__", ()) or _makes_attributes(cls):
-        if event not in EVENTS and not _really_defined(callback, event):
-            return False, False  # a custom event reaches only a method really written, not one made on the fly
-        method = getattr(callback, event, None)
-        return callable(method) and not _is_default(method), from_transformers(callback, event)
-    return _class_listening(cls, event)
-
-
-_EVENT_SET = frozenset(EVENTS)
-
-
-def _listened(listening: Callable[[str], tuple[bool, bool]]) -> tuple[tuple[str, bool], ...]:
-    """(event, from transformers) of each documented event that `listening(event)` says is
-    handled, in `EVENTS` order."""
-    return tuple((event, hf) for event in EVENTS for listens, hf in [listening(event)] if listens)
-
-
-@functools.lru_cache(maxsize=1024)
-def _class_events(cls: type) -> tuple[tuple[str, bool], ...]:
-    """`_listened` of a class, decided once per class."""
-    return _listened(functools.partial(_class_listening, cls))
-
-
-@functools.lru_cache(maxsize=4096)
-def _class_listening(cls: type, event: str) -> tuple[bool, bool]:
-    method = getattr(cls, event, None)
-    listens = callable(method) and not _is_default(method)
-    return listens, class_from_transformers(cls, event)
-
-
-def _really_defined(callback: Any, name: str) -> bool:
-    return name in getattr(callback, "__dict__", ()) or any(name in k.__dict__ for k in type(callback).__mro__)
-
-
-@functools.lru_cache(maxsize=1024)
-def _makes_attributes(cls: type) -> bool:
-    return cls.__getattribute__ is not object.__getattribute__ or hasattr(cls, "__getattr__")
-
-
-def _defines_an_event(obj: Any) -> bool:
-    """Whether `obj` has an event method: one of the documented events, or any other `on_*` method
-    (a custom event's, or one an adapter of the layers above calls, such as Keras' `on_train_batch_end`)."""
-    return any(callable(getattr(obj, event, None)) for event in EVENTS) or any(
-        name.startswith("on_") and callable(getattr(obj, name, None)) for name in dir(obj))
 
 
 def callback_class(callback: Any) -> type:
@@ -253,7 +43,7 @@ def callback_class(callback: Any) -> type:
     return type(wrapped if wrapped is not None else callback)
 
 
-def _drives_flow(callback: Any) -> bool:
+def drives_flow(callback: Any) -> bool:
     """Whether `callback` sets the log / evaluate / save switches on schedule: one that says
     `drives_flow = True` (`DefaultFlowCallback`), or transformers' own flow callback."""
     if getattr(callback, "drives_flow", False) is True:
@@ -262,79 +52,14 @@ def _drives_flow(callback: Any) -> bool:
     return hf is not None and isinstance(callback, getattr(hf, "DefaultFlowCallback", ()))
 
 
-def _known_callback_names() -> list[str]:
-    """The callback classes fitkit ships (its public ones, and any other imported so far), for
-    suggestions."""
-    from fitkit.events.builtin import CALLBACK_CLASSES
-
-    found, todo = list(CALLBACK_CLASSES), list(TrainerCallback.__subclasses__())
-    while todo:
-        cls = todo.pop()
-        todo.extend(cls.__subclasses__())
-        if cls.__module__.startswith(("fitkit.callbacks", "fitkit.integrations")) and not cls.__name__.startswith("_"):
-            found.append(cls.__name__)
-    return sorted(set(found))
-
-
-def _not_a_callback(obj: Any, where: str) -> str:
-    if isinstance(obj, str):
-        match = closest(obj, _known_callback_names())
-        hint = f"did you mean {match}()? " if match else ""
-        return (f"{hint}`{where}`={obj!r} is a string, not a callback: pass a callback object, e.g. "
-                "fitkit.callbacks.EarlyStopping(monitor='val_loss') (tracker names go to `report_to`)")
-    if callable(obj) and not isinstance(obj, type):
-        name = getattr(obj, "__name__", type(obj).__name__)
-        return (f"`{where}` is the function {name}, not a callback: wrap it in a LambdaCallback, e.g. "
-                f"LambdaCallback(on_epoch_end={name if name.isidentifier() else 'fn'}) from fitkit.callbacks, "
-                "or subclass fitkit.TrainerCallback")
-    shown = obj.__name__ if isinstance(obj, type) else f"{obj!r} ({type(obj).__name__})"
-    return (f"`{where}`={shown} is not a callback: pass an instance of a fitkit.TrainerCallback subclass (or such a "
-            f"class), or an object with event methods such as on_epoch_end(args, state, control, **kwargs)")
-
-
-def as_callback(callback: Any, where: str = "callback", build: bool = True) -> Any:
-    """`callback` as a callback object: an instance of `TrainerCallback` (or of any class with
-    one of the documented event methods, such as transformers' callbacks) is returned as is; such
-    a class is built with no argument (`build=False`: checked, returned unbuilt). Anything else
-    raises `TypeError` naming `where` and the fix."""
-    if isinstance(callback, type):
-        if not (issubclass(callback, TrainerCallback) or _defines_an_event(callback)):
-            raise TypeError(_not_a_callback(callback, where))
-        try:
-            inspect.signature(callback).bind()
-        except TypeError:
-            raise TypeError(f"`{where}` is the class {callback.__name__}, whose constructor needs arguments: pass an "
-                            f"instance instead, e.g. {callback.__name__}(...)") from None
-        except ValueError:  # no signature to read: let the call decide
-            pass
-        return callback() if build else callback
-    if isinstance(callback, TrainerCallback) or _defines_an_event(callback):
-        return callback
-    raise TypeError(_not_a_callback(callback, where))
-
-
-def callback_list(callbacks: Any, argument: str = "callbacks", build: bool = True) -> list:
-    """The `callbacks` argument of fit / evaluate / predict checked: None or a list (or tuple) of
-    callbacks (instances or classes; classes are built). A single callback, or any item that is
-    not one, raises `TypeError` naming `callbacks` or `callbacks[i]` and the fix."""
-    if callbacks is None:
-        return []
-    if not isinstance(callbacks, (list, tuple)):
-        one = not isinstance(callbacks, str) and _defines_an_event(callbacks)
-        name = callbacks.__name__ if isinstance(callbacks, type) else type(callbacks).__name__
-        fix = f"pass it in a list: {argument}=[{name}{'' if isinstance(callbacks, type) else '(...)'}]" if one else (
-            f"pass a list of callback objects, e.g. {argument}=[EarlyStopping(), CSVLogger('log.csv')]")
-        raise TypeError(f"`{argument}` must be a list of callbacks; got {name}: {fix}")
-    return [as_callback(cb, f"{argument}[{i}]", build) for i, cb in enumerate(callbacks)]
-
-
 class CallbackHandler(TrainerCallback):
     """Holds the callbacks of a run and fires events on them, in order.
 
     For each event it keeps the list of callbacks that really override it, so an event no
-    callback listens to costs one dictionary look-up; an override whose body is empty
-    (`pass`, `...`, a docstring) is not called either. `call_event` also fires custom events:
-    every callback with a method of that name receives it.
+    callback listens to costs one dictionary look-up; a base class's empty hook
+    (`fitkit.events.base_defaults.is_base_default`) is never called, and any override is.
+    Besides HF's events it fires fitkit's own (`MOMENTS`) by name, and `call_event` fires custom
+    events: every callback with a method of that name receives it.
 
     `metric_directions` maps logged names (`"val_loss"`, `"accuracy"`, `"val_mae"`, ...) to
     `"min"` or `"max"`, from the compiled metrics' own `higher_is_better`; the engine sets it
@@ -373,7 +98,7 @@ class CallbackHandler(TrainerCallback):
         #: checkpoint's copy of the weights (when one is under way), which a callback could
         #: otherwise change mid-copy.
         self.before_listeners: Callable[[], None] | None = None
-        if not any(_drives_flow(cb) for cb in self.callbacks):
+        if not any(drives_flow(cb) for cb in self.callbacks):
             logger.warning("a run will not log, evaluate or save on schedule without a DefaultFlowCallback among its "
                            "callbacks: add one with handler.add_callback(DefaultFlowCallback). The callbacks are:\n%s",
                            self.callback_list)
@@ -434,12 +159,12 @@ class CallbackHandler(TrainerCallback):
         """The bound methods that handle `event`, cached."""
         found = self._listeners.get(event)
         if found is None:
-            if event in _EVENT_SET and "on_init_end" not in self._listeners:
+            if event in EVENT_SET and "on_init_end" not in self._listeners:
                 self._fill_documented()  # every documented event's listeners in one pass over the callbacks
                 return self._listeners[event]
             found = []
             for cb in self.callbacks:
-                listens, hf = _listening(cb, event)
+                listens, hf = listening(cb, event)
                 if listens:
                     found.append(self._hf_wrapped(event, getattr(cb, event)) if hf else getattr(cb, event))
             self._listeners[event] = found
@@ -452,10 +177,10 @@ class CallbackHandler(TrainerCallback):
         table: dict[str, list] = {event: [] for event in EVENTS}
         for cb in self.callbacks:
             cls: type = type(cb)
-            if _makes_attributes(cls) or not _EVENT_SET.isdisjoint(getattr(cb, "__dict__", ())):
-                events = _listened(functools.partial(_listening, cb))
+            if makes_attributes(cls) or not EVENT_SET.isdisjoint(getattr(cb, "__dict__", ())):
+                events = listened(functools.partial(listening, cb))
             else:
-                events = _class_events(cls)
+                events = class_events(cls)
             for event, hf in events:
                 method = getattr(cb, event)
                 table[event].append(self._hf_wrapped(event, method) if hf else method)
@@ -472,8 +197,7 @@ class CallbackHandler(TrainerCallback):
     def invalidate(self) -> None:
         """Forget cached listeners (call after changing a callback's methods at run time)."""
         self._listeners = {}
-        _class_listening.cache_clear()
-        _class_events.cache_clear()
+        forget()
 
     # -- firing -----------------------------------------------------------------------
     def call_event(self, event: str, args: Any, state: TrainerState, control: TrainerControl,
@@ -686,3 +410,27 @@ class CallbackHandler(TrainerCallback):
         self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> TrainerControl:
         return self.call_event("on_prediction_step", args, state, control, **kwargs)
+
+    # fitkit's own events (`MOMENTS`, with the keyword arguments `fitkit.events.state` lists for each).
+    # Fired through `call_event`: a callback handles one by defining the method of its name.
+    def on_evaluate_begin(
+        self, args: Any, state: TrainerState, control: TrainerControl, running_logs: Any = None, **kwargs: Any
+    ) -> TrainerControl:
+        return self.call_event("on_evaluate_begin", args, state, control, running_logs=running_logs, **kwargs)
+
+    def on_prediction_step_begin(
+        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
+        return self.call_event("on_prediction_step_begin", args, state, control, **kwargs)
+
+    def on_predict_begin(
+        self, args: Any, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> TrainerControl:
+        return self.call_event("on_predict_begin", args, state, control, **kwargs)
+
+    def on_epoch_summary(
+        self, args: Any, state: TrainerState, control: TrainerControl, epoch: int | None = None,
+        logs: dict[str, Any] | None = None, **kwargs: Any
+    ) -> TrainerControl:
+        """Build `logs` only where `has_listeners("on_epoch_summary")`: nobody else reads them."""
+        return self.call_event("on_epoch_summary", args, state, control, epoch=epoch, logs=logs, **kwargs)

@@ -2,8 +2,8 @@
 
 `TrainerState` (where the run is), `TrainerControl` (the switches callbacks flip),
 `StopTraining`, the `Stateful` protocol for state kept in checkpoints, the `Order` of
-callbacks and the names of the documented events. The engine imports these (and the
-handler in `fitkit.events.handler`), never a concrete callback::
+callbacks, the names of the documented events (`EVENTS`) and of fitkit's own (`MOMENTS`). The
+engine imports these (and the handler in `fitkit.events.handler`), never a concrete callback::
 
     from fitkit.events.state import TrainerControl, TrainerState
 
@@ -36,6 +36,21 @@ EVENTS: tuple[str, ...] = (
     "on_prediction_step",
     "on_predict",
 )
+
+#: fitkit's own events: moments the documented set has no event for (Keras' `on_test_begin`,
+#: `on_test_batch_begin`, `on_predict_begin`, and its `on_epoch_end` after the epoch's validation).
+#: The loop fires them through `CallbackHandler`'s methods of the same names; a callback handles
+#: one by defining that method, `event(args, state, control, **kwargs)`. The keyword arguments
+#: each carries, besides the ones of every event (`model`, `optimizer`, `lr_scheduler`,
+#: `train_dataloader`, `eval_dataloader`, `save_checkpoint`):
+#:
+#: | event | when | keyword arguments |
+#: | --- | --- | --- |
+#: | `on_evaluate_begin` | before an evaluation's first batch | `running_logs` (the loop's running averages) |
+#: | `on_prediction_step_begin` | before each evaluation or prediction batch | none |
+#: | `on_predict_begin` | before `predict`'s first batch | none |
+#: | `on_epoch_summary` | after the epoch's `on_epoch_end`, its log, evaluation and save | `epoch` (0-based), `logs` (the epoch's values, validation included) |
+MOMENTS: tuple[str, ...] = ("on_evaluate_begin", "on_prediction_step_begin", "on_predict_begin", "on_epoch_summary")
 
 
 class Order:

@@ -18,7 +18,8 @@ from fitkit.callbacks.keras.adapter import KerasAdapter
 from fitkit.callbacks.keras.callback import Callback
 from fitkit.callbacks.keras.keras_own import refuse_unsupported
 from fitkit.callbacks.keras.names import is_keras_style, keras_named_methods_warning
-from fitkit.events.handler import CallbackHandler, TrainerCallback, callback_list
+from fitkit.events.callback_checks import callback_list
+from fitkit.events.handler import CallbackHandler, TrainerCallback
 
 
 class CallbackOwner:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fitkit.adapters.keras_metrics import Weighted
-from fitkit.adapters.metrics import metric_name
+from fitkit.adapters.metric_specs import metric_name
 from fitkit.adapters.outputs import OutputMetric
 from fitkit.callbacks._monitor import set_learning_rates
 from fitkit.engine import on_batch

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from fitkit.common.options import did_you_mean
-from fitkit.events.handler import callback_list
+from fitkit.events.callback_checks import callback_list
 from fitkit.search.claims import on_stale
 from fitkit.search.objective import fit_option_names
 from fitkit.search.storage import StorageOptions, _retrying_open, open_storage

@@ -29,13 +29,13 @@ names (`on_log`, `on_step_end`, custom events) are HF's: passed on as `(args, st
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from typing import Any
 
 from fitkit.callbacks.keras.keras_own import CHANGES_LEARNING_RATE, keras_callback_name
-from fitkit.callbacks.keras.names import KERAS_NAMES, is_default, keras_methods
+from fitkit.callbacks.keras.names import KERAS_NAMES, keras_methods
 from fitkit.common.terminal import resolved_verbose
+from fitkit.events.base_defaults import is_base_default
 from fitkit.events.handler import TrainerCallback
 from fitkit.events.state import Order, TrainerControl, TrainerState
 
@@ -87,7 +87,7 @@ class KerasAdapter(TrainerCallback):
         self.running_logs: Any = None
         for name in ("state", "load_state", "close_run"):  # checkpointed state, the end of a run: the callback's
             method = getattr(callback, name, None)
-            if callable(method) and not (name == "close_run" and is_default(method)):
+            if callable(method) and not (name == "close_run" and is_base_default(method)):
                 setattr(self, name, method)
         for event, method in self.hf.items():
             if event not in _OWN_EVENTS:
@@ -233,15 +233,9 @@ def _hf_methods(callback: Any, keras: dict[str, Callable[..., Any]]) -> dict[str
         if not name.startswith("on_") or name in keras or (not declared and name in KERAS_NAMES):
             continue
         method = getattr(callback, name, None)
-        if callable(method) and not is_default(method) and not _transformers_default(callback, name, method):
+        if callable(method) and not is_base_default(method):
             found[name] = method
     return found
-
-
-def _transformers_default(callback: Any, name: str, method: Any) -> bool:
-    hf = sys.modules.get("transformers.trainer_callback")
-    base = getattr(getattr(hf, "TrainerCallback", None), name, None)
-    return base is not None and getattr(method, "__func__", None) is base
 
 
 def _verbose(args: Any) -> int:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fitkit.events.handler import no_op
+from fitkit.events.base_defaults import no_op
 from fitkit.events.state import Order
 
 

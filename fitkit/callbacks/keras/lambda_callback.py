@@ -7,9 +7,10 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from fitkit.callbacks.keras.names import EVENT_OF, KERAS_NAMES, KERAS_ONLY_NAMES, MOMENTS
+from fitkit.callbacks.keras.names import EVENT_OF, KERAS_NAMES, KERAS_ONLY_NAMES
 from fitkit.common.options import closest, did_you_mean
-from fitkit.events.handler import EVENTS, TrainerCallback
+from fitkit.events.handler import TrainerCallback
+from fitkit.events.state import EVENTS, MOMENTS
 
 #: What an HF-style function given under a Keras-only name should be given as.
 KERAS_EVENTS: dict[str, str] = {name: EVENT_OF[name] for name in KERAS_ONLY_NAMES if name not in MOMENTS}

@@ -1,6 +1,6 @@
 """Keras 3's callback method names, and which of them a callback object really has: decided by its
-type and by the markers its base classes put on their empty methods (fitkit's `no_op`, Keras'
-`utils.default`), never by reading signatures::
+type and by the rule that tells a base class's empty method (`fitkit.events.base_defaults`:
+fitkit's `no_op`, Keras' `utils.default`, transformers' own hooks), never by reading signatures::
 
     keras_methods(cb)      # {"on_epoch_end": cb.on_epoch_end, ...}: what `KerasAdapter` calls
     is_keras_style(cb)     # True for fitkit's `Callback`, `keras.callbacks.Callback`, or an object
@@ -12,9 +12,10 @@ keras is never imported here: a `keras.callbacks.Callback` is recognised by its 
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Callable
 from typing import Any
+
+from fitkit.events.base_defaults import is_base_default
 
 #: Keras' methods whose names are also `TrainerCallback` events (with other arguments).
 SHARED_NAMES: tuple[str, ...] = ("on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end")
@@ -27,7 +28,8 @@ KERAS_ONLY_NAMES: tuple[str, ...] = (
 KERAS_NAMES: tuple[str, ...] = SHARED_NAMES + KERAS_ONLY_NAMES
 #: Keras' aliases: the base `on_train_batch_*` calls `on_batch_*`.
 ALIASES: dict[str, str] = {"on_train_batch_begin": "on_batch_begin", "on_train_batch_end": "on_batch_end"}
-#: The fitkit event each Keras method is called from (the custom events are the loop's own moments).
+#: The fitkit event each Keras method is called from (the ones HF's set lacks are fitkit's own,
+#: `fitkit.events.state.MOMENTS`).
 EVENT_OF: dict[str, str] = {
     "on_train_begin": "on_train_begin", "on_train_end": "on_train_end",
     "on_epoch_begin": "on_epoch_begin", "on_epoch_end": "on_epoch_summary",
@@ -38,22 +40,9 @@ EVENT_OF: dict[str, str] = {
     "on_predict_begin": "on_predict_begin", "on_predict_end": "on_predict",
     "on_predict_batch_begin": "on_prediction_step_begin", "on_predict_batch_end": "on_prediction_step",
 }
-#: The events the loop fires for moments HF has none (Keras' test / predict begins, each evaluation or
-#: prediction batch's start, the epoch's end after its validation).
-MOMENTS: tuple[str, ...] = ("on_evaluate_begin", "on_prediction_step_begin", "on_predict_begin", "on_epoch_summary")
 #: The HF event to use instead of a Keras-only name, for a `TrainerCallback` that defines one.
 HF_INSTEAD: dict[str, str] = {name: event for name, event in EVENT_OF.items()
                               if name in KERAS_ONLY_NAMES and name != event}
-
-_NO_OP = "__fitkit_no_op__"  # fitkit.events.handler.NO_OP
-_KERAS_DEFAULT = "_is_default"  # keras.src.utils.python_utils.default
-
-
-def is_default(method: Any) -> bool:
-    """True for a base class's empty method: marked by fitkit's `no_op` or Keras' `utils.default`."""
-    func = getattr(method, "__func__", method)
-    return bool(getattr(func, _NO_OP, False) or getattr(func, _KERAS_DEFAULT, False))
-
 
 @functools.lru_cache(maxsize=1024)
 def keras_class(cls: type) -> bool:
@@ -91,7 +80,7 @@ def keras_methods(callback: Any) -> dict[str, Callable[..., Any]]:
     found: dict[str, Callable[..., Any]] = dict(declared) if declared else {}
     for name in KERAS_NAMES if not declared else ():
         method = getattr(callback, name, None)
-        if callable(method) and not is_default(method):
+        if callable(method) and not is_base_default(method):
             found[name] = method
     for name, alias in ALIASES.items():
         if alias in found and name not in found:  # the base's `name` calls the alias, when there is one
@@ -118,8 +107,8 @@ def keras_named_methods_warning(callback: Any) -> str | None:
 
 def _keras_named(obj: Any, cls: type) -> list[str]:
     """The Keras-only method names `obj` (an instance of `cls`, or `cls`) has, not as
-    transformers' base defines them."""
-    return [n for n in HF_INSTEAD if callable(getattr(obj, n, None)) and not _from_transformers_base(cls, n)]
+    a base class's empty default (`is_base_default`)."""
+    return [n for n in HF_INSTEAD if callable(getattr(obj, n, None)) and not is_base_default(getattr(cls, n, None))]
 
 
 @functools.lru_cache(maxsize=512)
@@ -127,8 +116,3 @@ def _class_keras_named(cls: type) -> list[str]:
     """`_keras_named` of a class, read once (an instance without such attributes of its own has its class's)."""
     return _keras_named(cls, cls)
 
-
-def _from_transformers_base(cls: type, name: str) -> bool:
-    hf = sys.modules.get("transformers.trainer_callback")
-    base = getattr(getattr(hf, "TrainerCallback", None), name, None)
-    return base is not None and getattr(cls, name, None) is base
