@@ -14,9 +14,34 @@ from fitkit import TrainerCallback
 from fitkit.events.handler import EVENTS
 
 
-def mlp(d_in=8, d_out=3, hidden=16, seed=0):
+def mlp(d_in=8, d_out=3, hidden=16, seed=0, dropout=None):
+    """`Linear-ReLU-Linear` initialised from torch's global generator seeded with `seed`; with
+    `dropout`, a `Dropout(dropout)` before the last layer (it draws nothing when built)::
+
+        net = mlp(4, 2, hidden=32, seed=1, dropout=0.2)
+    """
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(d_in, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, d_out))
+    layers = [torch.nn.Linear(d_in, hidden), torch.nn.ReLU()]
+    if dropout is not None:
+        layers.append(torch.nn.Dropout(dropout))
+    return torch.nn.Sequential(*layers, torch.nn.Linear(hidden, d_out))
+
+
+def seeded_classes(n, d, classes, seed=0, *, global_rng=False):
+    """`n` samples of `d` standard normal features, then `n` labels drawn uniformly from
+    `range(classes)`, both from a generator of their own seeded with `seed`::
+
+        x, y = seeded_classes(96, 6, 3, seed=1)
+
+    With `global_rng`, torch's global generator is reseeded and drawn from instead (for tests whose
+    later draws continue from it).
+    """
+    if global_rng:
+        torch.manual_seed(seed)
+        g = None
+    else:
+        g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, d, generator=g), torch.randint(0, classes, (n,), generator=g)
 
 
 def blobs(n=32, seed=0):

@@ -8,8 +8,7 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
-from helpers import mlp
+from helpers import mlp, seeded_classes
 
 from fitkit import Model, TrainerCallback
 from fitkit.callbacks import EarlyStopping, EarlyStoppingCallback, ModelCheckpoint, ReduceLROnPlateau
@@ -30,14 +29,9 @@ def _scripted(name):
     return compute_metrics
 
 
-def _data():
-    torch.manual_seed(0)
-    return torch.randn(32, 4), torch.randint(0, 2, (32,))
-
-
 @pytest.mark.parametrize("name", ["error", "wer"])
 def test_names_like_an_error_are_lower_is_better_everywhere(tmp_path, name):
-    x, y = _data()
+    x, y = seeded_classes(32, 4, 2, global_rng=True)
     assert direction(f"val_{name}") == direction(f"eval_{name}") == direction(name) == "min"
 
     seen = {}
@@ -63,7 +57,7 @@ def test_names_like_an_error_are_lower_is_better_everywhere(tmp_path, name):
 
 
 def test_hf_early_stopping_and_plateau_follow_the_same_rule(tmp_path):
-    x, y = _data()
+    x, y = seeded_classes(32, 4, 2, global_rng=True)
     cut = ReduceLROnPlateau(monitor="val_error", patience=0, factor=0.5)
     hf_stop = EarlyStoppingCallback(early_stopping_patience=1)
     model = Model(mlp(4, 2)).compile("sgd", "cross_entropy", learning_rate=0.1, compute_metrics=_scripted("error"))
@@ -77,7 +71,7 @@ def test_hf_early_stopping_and_plateau_follow_the_same_rule(tmp_path):
 
 
 def test_names_like_a_score_are_higher_is_better_everywhere(tmp_path):
-    x, y = _data()
+    x, y = seeded_classes(32, 4, 2, global_rng=True)
     assert direction("val_bleu") == direction("eval_bleu") == "max" and greater_is_better("eval_bleu")
     best_only = ModelCheckpoint(str(tmp_path / "mc-{epoch}.pt"), monitor="val_bleu", save_best_only=True)
     model = Model(mlp(4, 2)).compile("sgd", "cross_entropy", compute_metrics=_scripted("bleu"))

@@ -6,6 +6,7 @@ dtypes and devices, the files `save` writes, what the loggers receive, the error
 
 import contextlib
 import dataclasses
+import functools
 import io
 import os
 import random
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 from fitkit import Model
-from tests.helpers import blobs
+from tests.helpers import blobs, mlp
 
 lightning_fabric = pytest.importorskip("lightning_fabric")
 
@@ -43,9 +44,7 @@ class Recorder:
         self.calls.append((metrics, step))
 
 
-def _net(seed=0):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+_net = functools.partial(mlp, 3, 2, 4)
 
 
 def _loss(fabric, module):

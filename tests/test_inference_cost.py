@@ -5,6 +5,7 @@ autograd; named metrics are reused from one call to the next."""
 
 import pytest
 import torch
+from helpers import mlp, seeded_classes
 
 from fitkit import Model, TrainerCallback
 from fitkit.adapters import held_batches, metric_specs
@@ -130,11 +131,8 @@ def test_what_is_read_or_saved_mid_epoch_includes_the_held_batches():
 
 @pytest.fixture(scope="module")
 def model_and_data():
-    torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-    g = torch.Generator().manual_seed(1)
-    x, y = torch.randn(100, 6, generator=g), torch.randint(0, 4, (100,), generator=g)
-    return Model(net).compile("adam", "cross_entropy", ["accuracy"]), x, y
+    x, y = seeded_classes(100, 6, 4, seed=1)
+    return Model(mlp(6, 4)).compile("adam", "cross_entropy", ["accuracy"]), x, y
 
 
 def test_evaluate_gives_the_per_batch_sums(model_and_data):
@@ -349,8 +347,7 @@ class _Counted(torch.utils.data.Dataset):
     """Samples that count their reads; with `noise`, each read draws from torch's generator."""
 
     def __init__(self, n=40, noise=False):
-        g = torch.Generator().manual_seed(5)
-        self.x, self.y = torch.randn(n, 4, generator=g), torch.randint(0, 3, (n,), generator=g)
+        self.x, self.y = seeded_classes(n, 4, 3, seed=5)
         self.noise, self.reads = noise, [0] * n
 
     def __len__(self):

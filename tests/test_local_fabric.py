@@ -15,7 +15,7 @@ import torch
 
 from fitkit import Model, TrainerCallback, TrainingArguments
 from fitkit.engine.devices.local import LocalFabric, LocalOptimizer, local_device
-from tests.helpers import blobs
+from tests.helpers import blobs, mlp
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -23,10 +23,9 @@ FIT = textwrap.dedent("""
     import json, sys
     import torch
     from fitkit import Model
-    from tests.helpers import blobs
+    from tests.helpers import blobs, mlp
 
-    torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(16, 3))
+    net = mlp(dropout=0.1)
     x, y = blobs(64)
     model = Model(net).compile("adam", "cross_entropy", learning_rate=1e-2)
     model.fit(x, y, validation_split=0.25, epochs=3, batch_size=8, seed=5, verbose=0, max_grad_norm=1.0,
@@ -57,8 +56,7 @@ def _fit(strategy="auto", **options):
         from lightning_fabric.strategies import SingleDeviceStrategy
 
         strategy = SingleDeviceStrategy(device=torch.device("cpu"))
-    torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(16, 3))
+    net = mlp(dropout=0.1)
     x, y = blobs(64)
     model = Model(net).compile("adam", "cross_entropy", learning_rate=1e-2, strategy=strategy)
     model.fit(x, y, validation_split=0.25, epochs=3, batch_size=8, seed=5, verbose=0, max_grad_norm=1.0, **options)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from fitkit import Model, TrainerCallback
-from tests.helpers import blobs
+from tests.helpers import blobs, mlp
 
 STEPS_PER_EPOCH = 15  # 60 samples, batch 4
 
@@ -26,14 +26,9 @@ class SigtermAt(TrainerCallback):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _net(seed):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(16, 3))
-
-
 def _fit(out, strategy, epochs, *, init_seed=1, resume=False, sigterm_at=None):
     x, y = blobs(80, seed=0)
-    model = Model(_net(init_seed)).compile("adam", "cross_entropy", learning_rate=1e-2)
+    model = Model(mlp(seed=init_seed, dropout=0.2)).compile("adam", "cross_entropy", learning_rate=1e-2)
     options = {"save_strategy": strategy, "save_on_sigterm": True}
     if strategy == "steps":
         options["save_steps"] = 7

@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from helpers import Crash, Pairs, blobs, training_records
+from helpers import Crash, Pairs, blobs, mlp, training_records
 
 from fitkit import Model, TrainerCallback, TrainingArguments
 from fitkit.engine.checkpoint import listing
@@ -24,11 +24,6 @@ from fitkit.engine.data.prefetch import MIN_READ_S, MIN_STEP_S
 assert 8 * 0.0002 > MIN_READ_S  # the batches of `Seen` are worth reading ahead
 
 THREAD = "fitkit-prefetch"
-
-
-def _net(seed=0):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Dropout(0.3), torch.nn.Linear(32, 3))
 
 
 class Seen(torch.utils.data.Dataset):
@@ -80,7 +75,8 @@ def _alive() -> list[str]:
 
 
 def _fit(data, prefetch, callbacks=(), model=None, **options):
-    model = model or Model(_net()).compile("adam", "cross_entropy", ["accuracy"], learning_rate=1e-2)
+    model = model or Model(mlp(hidden=32, dropout=0.3)).compile("adam", "cross_entropy", ["accuracy"],
+                                                                learning_rate=1e-2)
     options = {"epochs": 2, "batch_size": 8, "seed": 3, "verbose": 0, "logging_strategy": "steps",
                "logging_steps": 1, **options}
     model.fit(data, prefetch=prefetch, callbacks=list(callbacks), **options)
@@ -221,8 +217,8 @@ def test_no_thread_outlives_an_error_in_a_step_while_its_traceback_is_kept():
 
 def _resumable(out, seed=0, callbacks=(), **options):
     x, y = blobs(96)
-    model = Model(_net(seed)).compile("adam", "cross_entropy", ["accuracy"], learning_rate=1e-2,
-                                      gradient_accumulation_steps=2)
+    model = Model(mlp(hidden=32, seed=seed, dropout=0.3)).compile("adam", "cross_entropy", ["accuracy"],
+                                                                  learning_rate=1e-2, gradient_accumulation_steps=2)
     return _fit(Seen(x, y), True, callbacks, model=model, epochs=3, output_dir=str(out), save_strategy="steps",
                 save_steps=4, seed=7, validation_data=Seen(x[:20], y[:20]), **options)
 
@@ -243,7 +239,7 @@ def test_prefetch_must_be_a_bool():
         TrainingArguments(prefetch="yes")
     x, y = blobs(16)
     with pytest.raises(ValueError, match="prefetch"):
-        Model(_net()).compile("adam", "cross_entropy").fit(Pairs(x, y), prefetch="yes", verbose=0)
+        Model(mlp(hidden=32, dropout=0.3)).compile("adam", "cross_entropy").fit(Pairs(x, y), prefetch="yes", verbose=0)
     assert TrainingArguments().prefetch is True and TrainingArguments(prefetch=False).prefetch is False
 
 

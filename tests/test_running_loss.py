@@ -3,7 +3,7 @@ regrouping them, and a run resumed mid-epoch sums its losses as the uninterrupte
 
 import pytest
 import torch
-from helpers import Crash, CrashAt, training_records
+from helpers import Crash, CrashAt, mlp, seeded_classes, training_records
 
 from fitkit import Model, TrainerCallback
 from fitkit.engine import running_loss
@@ -19,11 +19,8 @@ def _small_folds(monkeypatch):
 
 
 def _fit(out, init_seed=0, callbacks=(), **options):
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(196, 8, generator=g), torch.randint(0, 3, (196,), generator=g)
-    torch.manual_seed(init_seed)
-    net = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(32, 3))
-    model = Model(net).compile("adam", "cross_entropy", learning_rate=1e-2)
+    x, y = seeded_classes(196, 8, 3)
+    model = Model(mlp(hidden=32, seed=init_seed, dropout=0.2)).compile("adam", "cross_entropy", learning_rate=1e-2)
     model.fit(x, y, batch_size=8, epochs=2, seed=5, verbose=0, output_dir=str(out), logging_strategy="steps",
               logging_steps=5, callbacks=list(callbacks), **options)
     return model

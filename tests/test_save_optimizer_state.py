@@ -1,20 +1,16 @@
 """`Model.save` keeps the optimizer state: one more epoch after `Model.load` equals one more
 epoch in the original process, bit for bit on CPU; `save_weights` stays weights only."""
 
+import functools
+
 import pytest
 import torch
+from helpers import mlp, seeded_classes
 
 from fitkit import Model
 
-
-def _net():
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
-
-
-def _data():
-    g = torch.Generator().manual_seed(1)
-    return torch.randn(96, 6, generator=g), torch.randint(0, 3, (96,), generator=g)
+_net = functools.partial(mlp, 6, 3)
+_data = functools.partial(seeded_classes, 96, 6, 3, seed=1)
 
 
 @pytest.mark.parametrize("optimizer, options", [("adam", {}), ("rmsprop", {}),

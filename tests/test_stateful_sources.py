@@ -10,18 +10,13 @@ import time
 
 import pytest
 import torch
-from helpers import Crash, CrashAt, reserved_port
+from helpers import Crash, CrashAt, mlp, reserved_port, seeded_classes
 from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
 from fitkit import Model, TrainerCallback
 from fitkit.engine.checkpoint import layout, listing
 
 N, BATCH = 40, 4  # 10 batches an epoch, 2 epochs: 20 steps
-
-
-def _data():
-    g = torch.Generator().manual_seed(0)
-    return torch.randn(N, 4, generator=g), torch.randint(0, 2, (N,), generator=g)
 
 
 def _order(epoch):
@@ -33,7 +28,7 @@ class Recording:
     batch read to check the data before training is left out)."""
 
     def __init__(self):
-        self.x, self.y = _data()
+        self.x, self.y = seeded_classes(N, 4, 2)
         self.reads: list[int] = []
         self.recording = False
 
@@ -137,8 +132,7 @@ class _Record(TrainerCallback):
 
 
 def _fit(out, make, seed=0, callbacks=(), **options):
-    torch.manual_seed(seed)
-    net = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(16, 2))
+    net = mlp(4, 2, seed=seed, dropout=0.2)
     source = make()
     data = StatefulLoader(source) if isinstance(source, Items) else source
     record = _Record(source)

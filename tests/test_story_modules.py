@@ -21,7 +21,7 @@ from __future__ import annotations
 import sys
 
 import torch
-from helpers import mlp
+from helpers import mlp, seeded_classes
 
 from fitkit import Model, TrainerCallback
 from fitkit.callbacks import Callback, Order
@@ -90,8 +90,7 @@ class _Profile:
 
 
 def _fit(tmp_path, *callbacks, **options):
-    torch.manual_seed(0)
-    x, y = torch.randn(64, 8), torch.randint(0, 3, (64,))
+    x, y = seeded_classes(64, 8, 3, global_rng=True)
     model = Model(mlp()).compile("adam", "cross_entropy")
     profile = callbacks[0].profile
     sys.setprofile(profile)
