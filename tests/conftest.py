@@ -13,6 +13,36 @@ os.environ.setdefault("COMET_DISABLE_AUTO_LOGGING", "1")
 os.environ.setdefault("COMET_OFFLINE_DIRECTORY", tempfile.mkdtemp(prefix="fitkit-comet-"))
 torch.set_num_threads(1)
 
+# The suite checks CPU behaviour unless a test is marked `cuda`: on a machine with a GPU,
+# `accelerator="auto"` (fitkit's default) still resolves to the CPU (FITKIT_ACCELERATOR, read by
+# fitkit.config.devices.auto_accelerator), and so do the peers the tests compare with: Keras on
+# torch (read at its import) and the HF Trainer (Accelerate). Set here, before any test or
+# module-scoped fixture builds a model, and inherited by the scripts the tests start
+# (tests/scripts/). A test marked `cuda` runs with the variables lifted, and only where CUDA is.
+CPU_PINS = {"FITKIT_ACCELERATOR": "cpu", "KERAS_TORCH_DEVICE": "cpu", "ACCELERATE_USE_CPU": "true"}
+for _name, _value in CPU_PINS.items():
+    os.environ[_name] = _value
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `cuda` are skipped where torch sees no CUDA GPU."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (marked `cuda`); torch.cuda.is_available() is False here")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _device_pins(request, monkeypatch):
+    """A test marked `cuda` lets `accelerator="auto"` and the peers take the GPU (the pins lifted
+    for its duration); every other test runs with the CPU pins of `CPU_PINS`."""
+    if request.node.get_closest_marker("cuda") is not None:
+        for name in CPU_PINS:
+            monkeypatch.delenv(name, raising=False)
+    yield
+
 
 @pytest.fixture
 def blobs():
