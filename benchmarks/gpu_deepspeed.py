@@ -24,7 +24,7 @@ def _deepspeed(ctx: Ctx) -> Any:
     ctx.need_cuda("DeepSpeed")
     try:
         import deepspeed
-    except Exception as err:  # noqa: BLE001 - any import failure (missing, or its ops' set-up) is a skip reason
+    except Exception as err:  # any import failure (missing, or its ops' set-up) is a skip reason
         raise Skip(f"deepspeed is not importable here ({type(err).__name__}: {err}); carry its wheel "
                    "(benchmarks/gpu_wheels.sh)") from err
     return deepspeed
