@@ -102,8 +102,9 @@ def amp(ctx: Ctx, precision: str) -> dict[str, Any]:
         recorded.append(loss.detach())  # a device tensor: no host read per step
         return loss
 
-    model = Model(net).compile("adamw", loss_fn, learning_rate=1e-3, weight_decay=0.01, accelerator=ctx.device.type,
-                               devices=1, precision=precision)
+    # a torch AdamW the user builds is left as given (fitkit's "adamw" name follows Keras' epsilon)
+    model = Model(net).compile(lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01, fused=True),
+                               loss_fn, accelerator=ctx.device.type, devices=1, precision=precision)
     model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
     fitkit_opt = inner(model.runtime.optimizer)
     hp = {k: fitkit_opt.defaults[k] for k in ("lr", "betas", "eps", "weight_decay", "amsgrad")}
