@@ -88,10 +88,10 @@ def test_plain_after():
 
 
 def _inner_run(tmp_path, fake_gpu: bool) -> str:
-    """Run the inner tests above under a copy of tests/conftest.py (a visible GPU faked or not)."""
+    """Run the inner tests above under a copy of tests/conftest.py, torch seeing a GPU or not."""
     with open(os.path.join(ROOT, "tests", "conftest.py")) as f:
         conftest = f.read()
-    fake = "import torch\ntorch.cuda.is_available = lambda: True\n" if fake_gpu else ""
+    fake = f"import torch\ntorch.cuda.is_available = lambda: {fake_gpu}\n"  # either way, GPU machine or not
     (tmp_path / "conftest.py").write_text(fake + conftest)
     (tmp_path / "test_inner.py").write_text(textwrap.dedent(_INNER_TESTS))
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    cuda: needs CUDA\n")

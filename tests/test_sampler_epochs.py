@@ -4,6 +4,7 @@ epoch's number, on fitkit's own one-device path and through Lightning Fabric's l
 the first batch before training calls none."""
 
 import lightning_fabric
+import pytest
 import torch
 from helpers import Pairs, blobs, mlp
 
@@ -58,4 +59,15 @@ def test_a_fit_on_a_dataloader_calls_set_epoch_once_per_epoch():
     sampler = EpochLog(24)
     loader = torch.utils.data.DataLoader(Pairs(x, y), batch_size=8, sampler=sampler)
     Model(mlp()).compile("sgd", "cross_entropy").fit(loader, epochs=3, verbose=0)
+    assert sampler.calls == [0, 1, 2]
+
+
+@pytest.mark.cuda
+def test_a_fit_on_a_gpu_calls_set_epoch_once_per_epoch():
+    """The case seen on a GPU: a one-device run reads its DataLoader through Fabric's wrapper."""
+    x, y = blobs(24)
+    sampler = EpochLog(24)
+    loader = torch.utils.data.DataLoader(Pairs(x, y), batch_size=8, sampler=sampler)
+    model = Model(mlp()).compile("sgd", "cross_entropy", accelerator="cuda", devices=1)
+    model.fit(loader, epochs=3, verbose=0)
     assert sampler.calls == [0, 1, 2]
