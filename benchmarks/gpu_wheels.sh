@@ -22,7 +22,7 @@ mkdir -p "$DEST"
 # fitkit's own (lightning-fabric, optuna and optuna's), Keras 3 for the Keras test files, and
 # DeepSpeed's pure-Python needs (pydantic's core is compiled: a cp312 manylinux wheel)
 PACKAGES=(lightning-fabric optuna alembic sqlalchemy mako colorlog keras namex optree hjson pydantic pydantic-core
-          annotated-types typing-inspection)
+          annotated-types typing-inspection typing-extensions)
 DEEPSPEED_VERSION=${DEEPSPEED_VERSION:-0.19.8}
 
 pinned() {  # NAME==VERSION when NAME is installed here, else NAME
