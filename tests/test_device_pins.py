@@ -82,6 +82,10 @@ def test_plain():
 def test_on_gpu():
     assert not any(k in os.environ for k in PINNED)
 
+@pytest.mark.parametrize("accelerator", ["cuda"])
+def test_a_parameter_named_cuda_is_no_marker(accelerator):
+    assert os.environ.get("FITKIT_ACCELERATOR") == "cpu"
+
 def test_plain_after():
     assert os.environ.get("FITKIT_ACCELERATOR") == "cpu"  # lifted for the cuda test only
 '''
@@ -103,7 +107,7 @@ def _inner_run(tmp_path, fake_gpu: bool) -> str:
 
 def test_the_conftest_pins_plain_tests_lifts_them_for_cuda_tests_and_skips_those_without_cuda(tmp_path):
     without = _inner_run(tmp_path, fake_gpu=False)
-    assert "2 passed, 1 skipped" in without, without
+    assert "3 passed, 1 skipped" in without, without
     assert "needs a CUDA GPU (marked `cuda`)" in without, without
     with_gpu = _inner_run(tmp_path, fake_gpu=True)
-    assert "3 passed" in with_gpu, with_gpu
+    assert "4 passed" in with_gpu, with_gpu
