@@ -31,6 +31,7 @@ The GPU machine has no network: fitkit's missing pure-Python dependencies travel
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -141,9 +142,13 @@ def run_item(name: str, ctx: Ctx) -> dict[str, Any]:
         record = {"status": "fail", "error": f"{type(err).__name__}: {err}",
                   "traceback": traceback.format_exc().splitlines()[-25:]}
     record["seconds"] = round(time.perf_counter() - start, 2)
+    gc.collect()
     if ctx.device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
+        try:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        except Exception as err:  # noqa: BLE001 - a broken CUDA context is recorded; the next items say more
+            record["after"] = f"{type(err).__name__}: {err}"
     return record
 
 
