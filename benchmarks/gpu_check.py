@@ -187,8 +187,34 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         counts[record["status"]] = counts.get(record["status"], 0) + 1
     report["counts"] = counts
     _write(out, report)
+    for line in headline(report):
+        print(f"[gpu_check] {line}", flush=True)
     print(f"[gpu_check] {counts} in {report['total_seconds']} s -> {out}", flush=True)
     return report
+
+
+#: The figures each item's headline shows (keys of its record), after its status.
+HEADLINE = {
+    "environment": ("torch", "gpu", "fitkit_runs"),
+    "amp_bf16": ("weights", "losses"), "amp_fp16": ("weights", "losses"),
+    "async_save": ("blocked_fraction", "blocked_ms_sync", "blocked_ms_async", "resume"),
+    "jit_compile": ("eager_fit_s", "compiled_fit_s_with_compile", "losses"),
+    "speed_gpt2": ("ratio_vs_hand", "ms_per_step", "tflops_per_s", "mfu_fitkit", "errors"),
+    "pytest_gpu": ("summary",),
+    "deepspeed_stage_1": ("resume_vs_uninterrupted",), "deepspeed_stage_2": ("resume_vs_uninterrupted",),
+    "deepspeed_stage_3": ("resume_vs_uninterrupted",),
+    "deepspeed_zero3_model_init": ("fabric_init_module", "fitkit_model_init"),
+}
+
+
+def headline(report: dict[str, Any]) -> list[str]:
+    """One line per item: its status, reason or error, and its main figures (for a log's tail)."""
+    lines = []
+    for name, record in report["items"].items():
+        figures = {k: record[k] for k in HEADLINE.get(name, ()) if k in record}
+        why = record.get("reason") or record.get("error") or ""
+        lines.append(f"{name}: {record['status']} {why} {json.dumps(figures, default=str)}".replace("  ", " "))
+    return lines
 
 
 def _write(path: str, report: dict[str, Any]) -> None:
