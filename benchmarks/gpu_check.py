@@ -87,13 +87,17 @@ def environment(ctx: Ctx) -> dict[str, Any]:
 
 def pytest_gpu(ctx: Ctx) -> dict[str, Any]:
     """The device-aware suite's GPU part, in a subprocess (its summary line and exit status)."""
-    files = list(GPU_TEST_FILES)
-    try:
-        import keras  # noqa: F401
-        files += KERAS_TEST_FILES
-    except ImportError:
-        pass
-    workers = max(1, min(8, (os.cpu_count() or 2) // 2))
+    if ctx.suite == "all":  # the whole suite; a file whose imports are missing here is reported, not fatal
+        files = ["tests", "--continue-on-collection-errors"]
+        workers = max(1, (os.cpu_count() or 2) - 2)
+    else:
+        files = list(GPU_TEST_FILES)
+        try:
+            import keras  # noqa: F401
+            files += KERAS_TEST_FILES
+        except ImportError:
+            pass
+        workers = max(1, min(8, (os.cpu_count() or 2) // 2))
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs", "-n", str(workers),
                "--dist", "loadscope", *files]
     if ctx.dry:
@@ -103,14 +107,23 @@ def pytest_gpu(ctx: Ctx) -> dict[str, Any]:
     torch.cuda.empty_cache()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")])}
     start = time.perf_counter()
-    proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=ctx.pytest_timeout)
-    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    try:
+        proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=ctx.pytest_timeout)
+        output, returncode = proc.stdout + proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as err:  # what it printed so far still says where it was
+        output = "".join(_text(part) for part in (err.stdout, err.stderr))
+        returncode = f"timed out after {ctx.pytest_timeout} s"
+    lines = output.strip().splitlines()
     summary = next((line for line in reversed(lines) if " in " in line and ("passed" in line or "failed" in line)),
                    lines[-1] if lines else "")
     failures = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
-    return {"status": "pass" if proc.returncode == 0 else "fail", "returncode": proc.returncode,
+    return {"status": "pass" if returncode == 0 else "fail", "returncode": returncode, "tail": lines[-40:],
             "summary": summary, "failures": failures[:60], "files": files, "seconds": time.perf_counter() - start,
             "skipped_lines": [line for line in lines if line.startswith("SKIPPED")][:40]}
+
+
+def _text(part: str | bytes | None) -> str:
+    return part.decode(errors="replace") if isinstance(part, bytes) else (part or "")
 
 
 ITEMS: dict[str, Callable[[Ctx], dict[str, Any]]] = {
@@ -165,10 +178,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--only", nargs="*", default=None, choices=list(ITEMS), help="run these items only")
     parser.add_argument("--skip", nargs="*", default=(), choices=list(ITEMS), help="leave these items out")
     parser.add_argument("--pytest-timeout", type=float, default=240.0, help="seconds for the pytest item")
+    parser.add_argument("--suite", choices=("devices", "all"), default="devices",
+                        help="the pytest item's tests: the files that touch devices (default), or all of tests/")
     opts = parser.parse_args(argv)
     cuda = torch.cuda.is_available() and not opts.cpu_dry_run
     ctx = Ctx(device=torch.device("cuda", 0) if cuda else torch.device("cpu"), dry=opts.cpu_dry_run,
-              pytest_timeout=opts.pytest_timeout)
+              pytest_timeout=opts.pytest_timeout, suite=opts.suite)
     out = opts.out or default_out()
     names = [n for n in (opts.only or ITEMS) if n not in opts.skip]
     report: dict[str, Any] = {"check": "fitkit GPU check (benchmarks/gpu_check.py)", "argv": sys.argv[1:],

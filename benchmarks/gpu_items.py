@@ -31,6 +31,7 @@ class Ctx:
     device: torch.device
     dry: bool = False
     pytest_timeout: float = 240.0
+    suite: str = "devices"  # the pytest item's tests: "devices" (the files that touch devices) or "all"
 
     @property
     def cuda(self) -> bool:
