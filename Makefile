@@ -6,7 +6,7 @@ STAMP := $(VENV)/.fitkit-installed
 
 DOCS_STAMP := $(VENV)/.fitkit-docs-installed
 
-.PHONY: demo test lint stress bench docs lowest clean
+.PHONY: demo test lint stress bench docs lowest clean gpu-check gpu-wheels
 
 # Creates .venv when missing and installs fitkit with the extra $(1) (torch pinned by
 # constraints.txt), then touches the target stamp; each extra has its own stamp.
@@ -77,6 +77,24 @@ $(LOWEST_STAMP): pyproject.toml constraints-lowest.txt
 
 lowest: $(LOWEST_STAMP)
 	$(LOWEST_PY) -m pytest -q
+
+# gpu-check: the prepared GPU check (benchmarks/gpu_check.py; docs/scaling.md "GPU"), on a machine with
+# one CUDA GPU whose Python has torch, lightning, transformers and accelerate: the wheels carried in
+# .whl/ (`make gpu-wheels`, here) are installed into $(GPU_SITE) first; the figures go to one JSON
+# file, $(GPU_OUT). `make gpu-check GPU_ARGS=--cpu-dry-run` takes every item's path, tiny, on a CPU.
+GPU_PY ?= python3
+GPU_SITE ?= /tmp/fitkit-site
+GPU_OUT ?= $(if $(OUT),$(OUT),.)/gpu_check.json
+GPU_ARGS ?=
+
+gpu-check:
+	if ls .whl/*.whl >/dev/null 2>&1; then $(GPU_PY) -m pip install -q --no-index --no-deps --no-compile \
+		--no-cache-dir --upgrade --target $(GPU_SITE) .whl/*.whl; fi
+	PYTHONPATH=$(GPU_SITE):$(CURDIR) DS_ACCELERATOR=cuda PYTHONUNBUFFERED=1 $(GPU_PY) benchmarks/gpu_check.py \
+		--out $(GPU_OUT) $(GPU_ARGS)
+
+gpu-wheels:
+	PYTHON=$(PY) bash benchmarks/gpu_wheels.sh
 
 clean:
 	rm -rf $(VENV) $(LOWEST_VENV) fitkit.egg-info .pytest_cache site

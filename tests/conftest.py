@@ -1,3 +1,5 @@
+import functools
+import importlib.util
 import os
 import sys
 import tempfile
@@ -12,6 +14,68 @@ os.environ.setdefault("PYTHONHASHSEED", "0")
 os.environ.setdefault("COMET_DISABLE_AUTO_LOGGING", "1")
 os.environ.setdefault("COMET_OFFLINE_DIRECTORY", tempfile.mkdtemp(prefix="fitkit-comet-"))
 torch.set_num_threads(1)
+
+# The suite checks CPU behaviour unless a test is marked `cuda`: on a machine with a GPU,
+# `accelerator="auto"` (fitkit's default) still resolves to the CPU (FITKIT_ACCELERATOR, read by
+# fitkit.config.devices.auto_accelerator), and so do the peers the tests compare with: Keras on
+# torch (read at its import) and the HF Trainer (Accelerate; see `_hf_trainer_pin`). Set here, before any test or
+# module-scoped fixture builds a model, and inherited by the scripts the tests start
+# (tests/scripts/). A test marked `cuda` runs with the variables lifted, and only where CUDA is.
+CPU_PINS = {"FITKIT_ACCELERATOR": "cpu", "KERAS_TORCH_DEVICE": "cpu", "ACCELERATE_USE_CPU": "true"}
+for _name, _value in CPU_PINS.items():
+    os.environ[_name] = _value
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `cuda` are skipped where torch sees no CUDA GPU."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (marked `cuda`); torch.cuda.is_available() is False here")
+    for item in items:
+        if item.get_closest_marker("cuda") is not None:  # the marker, not a parameter named "cuda"
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _hf_trainer_pin():
+    """transformers' `TrainingArguments` puts a one-process Trainer on cuda:0 whenever CUDA is
+    visible unless `use_cpu=True` (that path does not read ACCELERATE_USE_CPU): on a machine with a
+    GPU, its device resolves to the CPU while ACCELERATE_USE_CPU is set (a `cuda` test lifts it).
+    Session-wide, so module-scoped fixtures' Trainers are pinned too; nothing to do without CUDA."""
+    if not torch.cuda.is_available() or importlib.util.find_spec("transformers") is None:
+        yield
+        return
+    from transformers import TrainingArguments
+
+    original = TrainingArguments.__dict__.get("_setup_devices")
+    if not isinstance(original, functools.cached_property):
+        yield
+        return
+
+    def setup_devices(self):
+        if os.environ.get("ACCELERATE_USE_CPU") != CPU_PINS["ACCELERATE_USE_CPU"] or self.use_cpu:
+            return original.func(self)
+        self.use_cpu = True  # the Trainer's own CPU path, touching no GPU; the field reads as given after
+        try:
+            return original.func(self)
+        finally:
+            self.use_cpu = False
+
+    pinned = functools.cached_property(setup_devices)
+    pinned.__set_name__(TrainingArguments, "_setup_devices")
+    TrainingArguments._setup_devices = pinned
+    yield
+    TrainingArguments._setup_devices = original
+
+
+@pytest.fixture(autouse=True)
+def _device_pins(request, monkeypatch):
+    """A test marked `cuda` lets `accelerator="auto"` and the peers take the GPU (the pins lifted
+    for its duration); every other test runs with the CPU pins of `CPU_PINS`."""
+    if request.node.get_closest_marker("cuda") is not None:
+        for name in CPU_PINS:
+            monkeypatch.delenv(name, raising=False)
+    yield
 
 
 @pytest.fixture

@@ -433,7 +433,7 @@ def _plain(value):
     return ("object", type(value).__name__)
 
 
-@pytest.fixture(scope="module", params=["cpu", *(["cuda"] if torch.cuda.is_available() else [])])
+@pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 def fabrics(request):
     """`model.fabric` after a one-device fit, and Lightning's Fabric on the same one device
     (the CPU; a CUDA GPU too where there is one)."""

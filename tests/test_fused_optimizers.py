@@ -50,7 +50,7 @@ def test_each_name_builds_the_fastest_implementation_on_cpu(name, expected):
     assert f"Optimizer: {type(built).__name__} ({expected})" in model.summary()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU on this machine")
+@pytest.mark.cuda
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_each_name_builds_the_fastest_implementation_on_cuda(name):
     x, y = _data()

@@ -230,7 +230,7 @@ def test_host_reads_with_terminate_on_nan_on_cpu_are_one_per_step(monkeypatch):
     assert without < with_it <= without + steps, (without, with_it)  # a CPU value read per step, nothing more
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.cuda
 def test_on_a_gpu_no_device_value_is_read_per_step(monkeypatch):
     reads = []
     for name in ("item", "__float__", "__bool__", "tolist", "cpu", "numpy"):

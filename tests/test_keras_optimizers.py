@@ -156,7 +156,7 @@ def test_weight_decay_given_to_adam_decays_the_weights_as_keras():
         torch.testing.assert_close(mine.detach() - before, theirs - before, rtol=2e-3, atol=1e-7)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU on this machine")
+@pytest.mark.cuda
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
 def test_cuda_fast_paths_step_as_the_cpu_classes(name):
     """On CUDA each name runs its fused / foreach kernels; they step as the CPU class does (which

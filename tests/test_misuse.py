@@ -491,6 +491,8 @@ def _messages(err: BaseException) -> str:
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
 def test_misuse(row: Row, tmp_path):
+    if row.id == "accelerator-cuda" and torch.cuda.is_available():
+        pytest.skip("CUDA is present here: accelerator='cuda' is legitimate")
     ctx = Ctx(tmp_path)
     if row.setup is not None:
         row.setup(ctx)

@@ -338,7 +338,6 @@ def test_a_gpu_accelerator_without_cuda_fails_at_compile(accelerator):
         Model(mlp()).compile("adam", "mse", accelerator=accelerator)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is present here")
 def test_cpu_runs_refuse_gpu_only_device_values(tmp_path):
     with pytest.raises(ValueError, match=r"`devices`=-1 means every GPU, and this run is on CPU"):
         Model(mlp()).compile("adam", "mse", devices=-1)

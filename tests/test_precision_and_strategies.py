@@ -37,15 +37,13 @@ def test_16_mixed_on_cpu_becomes_bf16_mixed_with_a_warning():
 
 @pytest.mark.parametrize("strategy", ["deepspeed", "deepspeed_stage_2", "deepspeed_stage_3_offload", {"train_batch_size": 8}])
 def test_deepspeed_on_cpu_says_it_needs_cuda_and_what_to_use(strategy):
-    if torch.cuda.is_available():
-        pytest.skip("CUDA present: DeepSpeed is allowed")
     x, y = _blobs()
     model = Model(mlp()).compile("adam", "cross_entropy", strategy=strategy, accelerator="cpu")
     with pytest.raises(ValueError, match=r"DeepSpeed runs only on CUDA GPUs.*strategy='ddp'.*strategy='fsdp'"):
         model.fit(x, y, verbose=0)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="DeepSpeed needs a CUDA GPU")
+@pytest.mark.cuda
 def test_deepspeed_trains_on_gpu():  # pragma: no cover - runs where CUDA is present
     pytest.importorskip("deepspeed")
     x, y = _blobs()

@@ -11,6 +11,11 @@ from fitkit.common.options import unknown_name
 from fitkit.config.arguments import TrainingArguments
 
 ACCELERATORS = ("auto", "cpu", "cuda", "gpu", "mps", "tpu")
+#: The environment variable that says what `accelerator="auto"` (the default) resolves to: "cpu" keeps
+#: such runs on the CPU on a machine with a GPU (the test suite sets it), "cuda" asks for the GPU.
+#: Unset: a CUDA GPU when one is available, else the CPU. An explicit `accelerator=` is never changed.
+AUTO_ACCELERATOR_VARIABLE = "FITKIT_ACCELERATOR"
+_AUTO_CHOICES = ("cpu", "cuda", "gpu")
 STRATEGY_NAMES = (
     "auto", "single_device", "dp", "ddp", "ddp_spawn", "ddp_fork", "ddp_notebook",
     "ddp_find_unused_parameters_true", "fsdp", "deepspeed", "deepspeed_stage_1",
@@ -39,6 +44,27 @@ def check_devices(args: TrainingArguments) -> None:
     _check_device_count(args.devices, accelerator)
 
 
+def auto_accelerator() -> str:
+    """What `accelerator="auto"` resolves to here: "cpu" or "cuda"::
+
+        os.environ["FITKIT_ACCELERATOR"] = "cpu"   # "auto" stays on the CPU, GPU or not
+        auto_accelerator()                          # -> "cpu"
+
+    Without `FITKIT_ACCELERATOR`, "cuda" when torch sees a CUDA GPU, else "cpu"."""
+    import torch
+
+    chosen = os.environ.get(AUTO_ACCELERATOR_VARIABLE, "").strip().lower()
+    if not chosen:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if chosen not in _AUTO_CHOICES:
+        raise ValueError(f"the environment variable {AUTO_ACCELERATOR_VARIABLE}={chosen!r} is invalid: set it to "
+                         f"'cpu' or 'cuda' (what accelerator='auto' resolves to), or unset it")
+    if chosen != "cpu" and not torch.cuda.is_available():
+        raise ValueError(f"the environment variable {AUTO_ACCELERATOR_VARIABLE}={chosen!r} asks for a CUDA GPU, and "
+                         f"none is available here (torch {torch.__version__}): set it to 'cpu', or unset it")
+    return "cuda" if chosen == "gpu" else chosen
+
+
 def _available_accelerator(accelerator: Any) -> str | None:
     """The accelerator a run will use ("cpu", "cuda", "mps", ...; None for an Accelerator object
     or "tpu"); an accelerator asked for by name that this machine lacks raises here."""
@@ -46,9 +72,9 @@ def _available_accelerator(accelerator: Any) -> str | None:
 
     if not isinstance(accelerator, str):
         return None
-    cuda = torch.cuda.is_available()
     if accelerator == "auto":
-        return "cuda" if cuda else "cpu"
+        return auto_accelerator()
+    cuda = torch.cuda.is_available()
     if accelerator in ("cuda", "gpu") and not cuda:
         raise ValueError(f"`accelerator`={accelerator!r} but no CUDA GPU is available here (torch "
                          f"{torch.__version__}): use accelerator='cpu', or 'auto' to take a GPU when there is one")

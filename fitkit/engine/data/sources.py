@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from fitkit.common.tensors import map_tensors
 from fitkit.engine.data.batch import Batch, batch_size_of, first_leaf, split_batch
+from fitkit.engine.data.check_read import open_for_check
 from fitkit.engine.data.keras_data import class_weights_for
 from fitkit.engine.data.prefetch import read_ahead
 from fitkit.engine.data.rng import rng_state, same_rng_state, set_rng_state
@@ -499,7 +500,7 @@ class LoaderSource(CountsSamples):
         positions = [copy.deepcopy(part.state_dict()) for part in parts]  # a read moves a stateful source
         self._kept = None
         try:
-            iterator = iter(self.loader)  # a DataLoader's iterator draws its base seed here
+            iterator = open_for_check(self.loader)  # a DataLoader's iterator draws its base seed here
             opened = rng_state() if self._replayable() and not generators else None
             raw = next(iterator, _END)
             if raw is not _END and opened is not None and same_rng_state(opened, rng_state()):

@@ -12,7 +12,7 @@ from typing import Any
 
 from fitkit.common import launch_env
 from fitkit.config.arguments import TrainingArguments
-from fitkit.config.devices import check_devices
+from fitkit.config.devices import auto_accelerator, check_devices
 from fitkit.engine.devices import early_start
 from fitkit.engine.devices.local import local_fabric
 from fitkit.engine.devices.quiet import QuietWhenSpawned, import_lightning, quiet_lightning
@@ -46,9 +46,7 @@ def build_fabric(args: TrainingArguments):
         return local
     accelerator = args.accelerator
     if accelerator == "auto":
-        import torch
-
-        accelerator = _strategy_device(args.strategy) or ("cuda" if torch.cuda.is_available() else "cpu")
+        accelerator = _strategy_device(args.strategy) or auto_accelerator()
     launched_here = not _launched_by_cli() and not is_spawning(args)
     started = early_start.start(args, accelerator) if launched_here else None
     try:

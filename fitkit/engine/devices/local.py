@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from fitkit.common.tensors import map_leaves
+from fitkit.config.devices import auto_accelerator
 from fitkit.engine.devices.local_members import LocalMembers
 from fitkit.engine.devices.worker_seeds import add_worker_seeding
 
@@ -57,7 +58,7 @@ def local_device(args: Any) -> torch.device | None:
         return None
     accelerator, devices = args.accelerator, args.devices
     if accelerator == "auto":
-        accelerator = "cuda" if torch.cuda.is_available() else "cpu"
+        accelerator = auto_accelerator()
     if accelerator == "cpu":
         return torch.device("cpu") if devices in ("auto", 1, "1") else None
     if accelerator not in ("cuda", "gpu"):
