@@ -23,8 +23,10 @@ from fitkit.common.tensors import to_cpu
 from fitkit.config.arguments import TrainingArguments
 from fitkit.config.jit_compile import jit_kwargs
 from fitkit.engine.checks import CheckMemo
+from fitkit.engine.data.loader_parts import evaluation_shard
+from fitkit.engine.data.loader_source import LoaderSource
 from fitkit.engine.data.sampling import BlockSampler
-from fitkit.engine.data.sources import DataSource, LoaderSource, TensorSource, evaluation_shard
+from fitkit.engine.data.sources import DataSource, TensorSource
 
 _DEVICE_KEYS = ("accelerator", "devices", "strategy", "precision", "num_nodes")
 

@@ -31,9 +31,10 @@ from fitkit.engine.checks import check_data, keeps_float64
 from fitkit.engine.data.adapt import adapt
 from fitkit.engine.data.hf_columns import drop_unused_columns
 from fitkit.engine.data.keras_data import class_weight_table, split_validation
+from fitkit.engine.data.loader_source import LoaderSource
 from fitkit.engine.data.loader_view import eval_loader
 from fitkit.engine.data.rng import seed_everything, set_rng_state
-from fitkit.engine.data.sources import DataSource, LoaderSource, TensorSource
+from fitkit.engine.data.sources import DataSource, TensorSource
 from fitkit.engine.devices.fabric import release_at_exit
 from fitkit.engine.devices.host_allocator import keep_freed_memory
 from fitkit.engine.loop import Loop

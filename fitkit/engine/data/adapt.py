@@ -22,9 +22,10 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from fitkit.engine.data.batch import batch_size_of
 from fitkit.engine.data.collate import SampleList, is_sample_list, loader_options
 from fitkit.engine.data.keras_data import BatchSequence, is_batch_sequence
+from fitkit.engine.data.loader_source import LoaderSource
 from fitkit.engine.data.prefetch import MIN_STEP_S, can_prefetch
 from fitkit.engine.data.sampling import EpochSampler, process_group
-from fitkit.engine.data.sources import DataSource, LoaderSource, TensorSource
+from fitkit.engine.data.sources import DataSource, TensorSource
 from fitkit.engine.data.trainer_order import seed_worker
 
 
