@@ -10,6 +10,7 @@ Losses are accumulated on the device and read back only when logged: the loop ne
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import time
@@ -99,7 +100,6 @@ class Loop(Inference, BestModel):
         level = args.get_process_log_level(self.fabric.global_rank, self.fabric.local_rank)
         if level is not None:
             logger.setLevel(level)
-        self.stepper.train_mode(True)
         self.stepper.keep_parameters()
         self._carry = self._carried_events()
         self.control = cb.on_train_begin(args, state, self.control)
@@ -152,6 +152,7 @@ class Loop(Inference, BestModel):
         `on_optimizer_step`, `on_step_end`, then log / evaluate / save as `control` asks); the
         epoch's end (`_end_epoch`: its loss sums closed, `on_epoch_end`, its log / evaluation /
         save, `on_epoch_summary`, Keras' `on_epoch_end` moment)."""
+        self.stepper.train_mode(True)  # each epoch, as a hand-written loop calls `net.train()`
         self.control = self.handler.on_epoch_begin(self.args, self.state, self.control)
         self.train_metrics.reset()
         self.step_means.reset()
@@ -345,7 +346,8 @@ class Loop(Inference, BestModel):
             self._log_training(epoch_end)
         if self.control.should_evaluate and self.val is not None:
             started = time.perf_counter()
-            metrics = self.evaluate(self.val, prefix="val_", steps=self.args.validation_steps)
+            with self.stepper.ending_epoch() if epoch_end else contextlib.nullcontext():
+                metrics = self.evaluate(self.val, prefix="val_", steps=self.args.validation_steps)
             self.epoch_validation = dict(metrics)
             if args.hf_trainer:  # HF's record: `eval_` names and the speed (`on_evaluate` keeps fitkit's `val_`)
                 self.log(evaluation_record(hf_values(metrics) or {}, "eval", time.perf_counter() - started,

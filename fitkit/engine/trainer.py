@@ -83,6 +83,7 @@ class Trainer:
         else:
             set_rng_state(start_rng)
         prepare_module(self.module, self.args)
+        self.runtime.check_trainable(self.module)  # Keras' `trainable` flags; unfrozen since compile: a warning
         fabric, wrapped = self.runtime.setup(self.module, self.args)
         if self.args.tune_cpu_allocator and fabric.device.type == "cpu" and self.args.strategy != "fsdp":
             keep_freed_memory()  # steps stop faulting in their gradients afresh (FSDP: map_large_blocks)
