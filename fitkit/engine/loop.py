@@ -157,7 +157,7 @@ class Loop(Inference, BestModel):
         self.train_metrics.reset()
         self.step_means.reset()
         if self.overrides.metrics is not None:  # the trackers a subclass lists: Keras' reset_metrics
-            self.step_means.running = self.overrides.reset_trackers()
+            self.step_means.track(self.overrides.reset_trackers(), self.overrides.unnamed_trackers())
         self.loss.new_epoch()
         self.epoch_tokens = 0
         checkpointer, start = self.checkpointer, 0
@@ -252,6 +252,8 @@ class Loop(Inference, BestModel):
         assert tools is not None and train_step is not None  # the overridden step's loop has its tools
         with tools.micro_batch(cycle, last):
             values = tools.values(train_step(as_data(batch)), "train_step")
+        if self.step_means.unnamed:
+            self.step_means.recognise(values)  # before "loss" is held or summed
         loss = values.get("loss")
         if loss is not None:
             loss = loss if isinstance(loss, torch.Tensor) else torch.tensor(float(loss), device=self.fabric.device)
