@@ -172,6 +172,11 @@ class Loop(Inference, BestModel):
             batches = itertools.islice(batches, max(n_batches - start, 0))
         stopped = self._steps(epoch, batches, start, n_batches)
         self._end_epoch(epoch, n_batches, stopped)
+        if train.ran_out:
+            logger.warning("the training data ran out before epoch %d's %s steps (`steps_per_epoch` reads a stream on "
+                           "across epochs, as Keras does): training stops here; give data for at least "
+                           "`steps_per_epoch * epochs` batches (a stream that repeats)", epoch + 1, n_batches)
+            self.control.should_training_stop = True
 
     def _steps(self, epoch: int, batches: Iterator[Batch], start: int, n_batches: int | None) -> bool:
         """Train on the epoch's batches; True when a callback or preemption stopped it early."""

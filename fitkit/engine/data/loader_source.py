@@ -122,6 +122,19 @@ class LoaderSource(CountsSamples):
         return start
 
     def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
+        if not self.continues:
+            return self._pass(epoch, start)
+        if self._stream is None:
+            self._stream = self._watched(self._pass(epoch, start))
+        return self._stream
+
+    def _watched(self, batches: Iterator[Batch]) -> Iterator[Batch]:
+        """A continued stream's batches; `ran_out` set when it ends."""
+        yield from batches
+        self.ran_out = True
+
+    def _pass(self, epoch: int, start: int = 0) -> Iterator[Batch]:
+        """One pass over the loader: the batches of `epoch` from batch number `start` on."""
         loader = self.loader
         skip_in_sampler = self.sampler is not None
         if self.sampler is not None:
@@ -176,7 +189,15 @@ class LoaderSource(CountsSamples):
     def first_batch(self) -> Batch | None:
         """The loader's first batch, read through a fresh iterator: the global generators and the
         loader's own are put back after, so the run draws the same numbers as without this read.
-        (A loader with worker processes starts them once more for it, unless `persistent_workers`.)"""
+        (A loader with worker processes starts them once more for it, unless `persistent_workers`.)
+        A continued stream (`continues`) is not read twice: its first batch is the one its first
+        step trains on."""
+        if self.continues:
+            stream = self.batches(0)
+            first = next(stream, None)
+            if first is not None:
+                self._stream = itertools.chain((first,), stream)
+            return first
         if self.sampler is not None:
             self.sampler.use_epoch(0)
         generators, parts = generators_of(self.loader), self.stateful()
@@ -224,6 +245,10 @@ class LoaderSource(CountsSamples):
 
     _warned_skip = False
     _warned_state = False
+    #: Keras' `steps_per_epoch` over a stream (data without a length, a generator): one pass read
+    #: on across epochs, as Keras' epoch iterator does; `adapt` sets it for a fit's training data
+    continues = False
+    _stream: Iterator[Batch] | None = None
     #: what `first_batch` read for the next `batches` to go on with: (raw first batch, its
     #: iterator, the generators' state before it was opened, and after)
     _kept: tuple[Any, Iterator, dict[str, Any], dict[str, Any]] | None = None

@@ -37,6 +37,8 @@ class DataSource:
     #: Each pass draws one number from torch's global generator when it starts, as the Hugging Face
     #: Trainer's DataLoaders do (`data_order="trainer"`, `fitkit.engine.data.trainer_order`).
     draws = False
+    #: A stream read on across epochs (`steps_per_epoch`) ended before an epoch's last step.
+    ran_out = False
 
     @property
     def replays_rng(self) -> bool:
