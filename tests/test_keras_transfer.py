@@ -212,3 +212,35 @@ def test_unfreezing_without_compiling_again_warns():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         model.fit(x, y, epochs=1, batch_size=BATCH, verbose=0)
+
+
+def test_sequential_guide_freezing_all_layers_but_the_last():
+    """The Sequential-model guide's "transfer learning" recipe: `for layer in model.layers[:-1]:
+    layer.trainable = False`, written on the torch `Sequential`'s layers as in Keras."""
+    keras = real_keras()
+    x, y = _data()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(FEATURES, HIDDEN), torch.nn.BatchNorm1d(HIDDEN, eps=1e-3, momentum=0.01),
+                              torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 1))
+    with torch.no_grad():
+        net[1].running_mean.uniform_(-1, 1)
+    kmodel = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(HIDDEN),
+                               keras.layers.BatchNormalization(momentum=0.99, epsilon=1e-3),
+                               keras.layers.Activation("relu"), keras.layers.Dense(1)])
+    kmodel.layers[0].set_weights([net[0].weight.detach().T.numpy().copy(), net[0].bias.detach().numpy().copy()])
+    kmodel.layers[1].set_weights([t.detach().numpy().copy() for t in (net[1].weight, net[1].bias,
+                                                                        net[1].running_mean, net[1].running_var)])
+    kmodel.layers[3].set_weights([net[3].weight.detach().T.numpy().copy(), net[3].bias.detach().numpy().copy()])
+    for layer in kmodel.layers[:-1]:
+        layer.trainable = False
+    for layer in net[:-1]:
+        layer.trainable = False
+    kmodel.compile(optimizer=keras.optimizers.Adam(), loss=keras.losses.BinaryCrossentropy(from_logits=True))
+    model = Model(net).compile("adam", "binary_crossentropy")
+    options = dict(batch_size=BATCH, epochs=2, shuffle=False, verbose=0)
+    _same_history(model.fit(x, y, **options).history, kmodel.fit(x, y, **options).history)
+    ours = [net[0].weight.T, net[0].bias, net[1].weight, net[1].bias, net[1].running_mean, net[1].running_var,
+            net[3].weight.T, net[3].bias]
+    theirs = [w for i in (0, 1, 3) for w in kmodel.layers[i].get_weights()]
+    for a, b in zip(ours, theirs):
+        np.testing.assert_allclose(a.detach().numpy(), b, rtol=1e-5, atol=1e-5)
