@@ -9,7 +9,7 @@ mode (Keras' frozen BatchNorm), and the trainable state a `compile` saw::
 
 from __future__ import annotations
 
-import weakref
+import functools
 
 import torch
 from torch.nn.modules.batchnorm import _NormBase
@@ -18,19 +18,35 @@ from torch.nn.parallel import DistributedDataParallel
 #: `train` methods that do nothing beyond `torch.nn.Module.train` (a module's own override runs
 #: each time fitkit switches modes, as a hand-written loop calls it)
 _PLAIN_TRAIN = (torch.nn.Module.train, DistributedDataParallel.train)
-_OVERRIDES: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
+
+
+def _class(m: torch.nn.Module) -> type:
+    return type(m)  # as `type`: mypy does not count `type[Module]` as Hashable for the caches
+
+
+@functools.lru_cache(maxsize=1024)
+def _own_train(cls: type) -> bool:
+    return getattr(cls, "train", None) not in _PLAIN_TRAIN
+
+
+@functools.lru_cache(maxsize=1024)
+def _tracking_norm(cls: type) -> bool:
+    return issubclass(cls, _NormBase)
 
 
 def overrides_train(module: torch.nn.Module) -> bool:
     """Whether `module` or a submodule defines its own `train()` (kept per class)."""
-    for m in module.modules():
-        cls = type(m)
-        found = _OVERRIDES.get(cls)
-        if found is None:
-            found = _OVERRIDES[cls] = cls.train not in _PLAIN_TRAIN
-        if found:
-            return True
-    return False
+    return any(_own_train(_class(m)) for m in module.modules())
+
+
+def train_plan(module: torch.nn.Module, mode: bool) -> tuple[list[torch.nn.Module], bool, set[int]]:
+    """What `train(mode)` on `module` involves, from one walk of its tree: its modules, whether
+    one defines its own `train()`, and (training) the ids of the norm layers `frozen_norms` keeps
+    in inference mode."""
+    modules = list(module.modules())
+    own = any(_own_train(_class(m)) for m in modules)
+    norms = mode and any(_tracking_norm(_class(m)) and m.track_running_stats for m in modules)
+    return modules, own, {id(m) for m in frozen_norms(module)} if norms else set()
 
 
 def apply_trainable_flags(module: torch.nn.Module) -> bool:
@@ -52,20 +68,37 @@ def frozen_norms(module: torch.nn.Module) -> list[torch.nn.Module]:
     """The norm layers with running statistics (BatchNorm, InstanceNorm with
     `track_running_stats`) inside a part whose parameters are all frozen: Keras runs a frozen
     BatchNorm in inference mode (its moving statistics used, never updated). A norm layer with
-    parameters is frozen when they are; one without takes the part it sits in."""
+    parameters is frozen when they are; one without takes the part it sits in. One pass up the
+    tree and one down (this runs at each epoch and `train_on_batch`)."""
     if not any(isinstance(m, _NormBase) and m.track_running_stats for m in module.modules()):
         return []
+    subtree: dict[int, tuple[bool, bool]] = {}  # id -> (holds parameters, one of them trains)
+
+    def up(m: torch.nn.Module) -> tuple[bool, bool]:
+        has = trains = False
+        for p in m._parameters.values():
+            if p is not None:
+                has, trains = True, trains or p.requires_grad
+        for child in m._modules.values():
+            if child is not None:
+                child_has, child_trains = up(child)
+                has, trains = has or child_has, trains or child_trains
+        subtree[id(m)] = (has, trains)
+        return has, trains
+
     found: list[torch.nn.Module] = []
 
-    def walk(m: torch.nn.Module, inherited: bool) -> None:
-        params = list(m.parameters())
-        frozen = not any(p.requires_grad for p in params) if params else inherited
-        if isinstance(m, _NormBase) and m.track_running_stats and frozen:
+    def down(m: torch.nn.Module, inherited: bool) -> None:
+        has, trains = subtree[id(m)]
+        frozen = not trains if has else inherited
+        if frozen and isinstance(m, _NormBase) and m.track_running_stats:
             found.append(m)
-        for child in m.children():
-            walk(child, frozen)
+        for child in m._modules.values():
+            if child is not None:
+                down(child, frozen)
 
-    walk(module, False)
+    up(module)
+    down(module, False)
     return found
 
 

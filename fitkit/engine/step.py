@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fitkit.adapters.losses import Loss
-from fitkit.common.frozen import frozen_norms, overrides_train
+from fitkit.common.frozen import overrides_train, train_plan
 from fitkit.engine.data.batch import Batch
 
 if TYPE_CHECKING:
@@ -307,9 +307,8 @@ def set_training(module: torch.nn.Module, mode: bool) -> None:
     calls `net.train()`. Otherwise nothing is set when every submodule is in its mode already (a
     loop of `train_on_batch` calls), and Fabric's wrapper's attribute hook, which lists
     `dir(module)` on every assignment (20 us of a call's 27 here), is bypassed."""
-    own = overrides_train(module)
-    frozen = frozen_norms(module) if mode else []
-    if not own and all(m.training is (mode and m not in frozen) for m in module.modules()):
+    modules, own, frozen = train_plan(module, mode)
+    if not own and all(m.training is (mode and id(m) not in frozen) for m in modules):
         return
     if own or "_forward_module" not in module.__dict__.get("_modules", {}):
         module.train(mode)
@@ -317,8 +316,9 @@ def set_training(module: torch.nn.Module, mode: bool) -> None:
         object.__setattr__(module, "training", mode)  # past `_FabricModule.__setattr__`
         for child in module.children():
             child.train(mode)
-    for norm in frozen:
-        norm.train(False)
+    for m in modules if frozen else ():
+        if id(m) in frozen:
+            m.train(False)
 
 
 def grad_clearer(optimizer: Any, direct: bool) -> Callable[[], None]:
