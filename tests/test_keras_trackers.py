@@ -189,3 +189,25 @@ def test_two_metrics_of_one_name_are_refused():
         Model(torch.nn.Linear(2, 3)).compile("sgd", "categorical_crossentropy",
                                              metrics=[keras.metrics.F1Score(average="macro"),
                                                       keras.metrics.F1Score(average="micro")])
+
+
+def test_a_torchmetrics_tracker_returned_as_a_number_is_named_in_a_warning():
+    """fitkit tells a torchmetrics tracker's value by identity; a `.item()` of it cannot be told
+    and is averaged: a warning says so and names the fix."""
+    class AsNumber(Model):
+        def __init__(self, module):
+            super().__init__(module)
+            self.tracker = torchmetrics.MeanMetric()
+
+        def train_step(self, data):
+            x, y = data
+            loss = torch.nn.functional.mse_loss(self(x), y)
+            self.backward(loss)
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+            self.tracker.update(loss.detach())
+            return {"loss": loss, "tracked": self.tracker.compute().item()}
+
+    x, y, _ = _partial_data()
+    with pytest.warns(UserWarning, match=r"MeanMetric.*return `tracker.compute\(\)` itself"):
+        AsNumber(torch.nn.Linear(4, 1)).compile("sgd").fit(x, y, batch_size=16, epochs=1, verbose=0)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +22,9 @@ from typing import Any
 import torch
 
 from fitkit.adapters.keras_metrics import keras_value
+
+#: trackers already warned about (`StepMeans.recognise`)
+_UNTOLD: weakref.WeakSet = weakref.WeakSet()
 
 STEP_NAMES = ("train_step", "test_step", "predict_step", "compute_loss")
 
@@ -251,8 +256,16 @@ class StepMeans:
         `compute()` (torchmetrics keeps the value it returned: an identity check, no host read)."""
         for tracker in self.unnamed:
             computed = getattr(tracker, "_computed", None)
-            if computed is not None:
-                self.running.update(name for name, value in values.items() if value is computed)
+            if computed is None:
+                continue
+            names = [name for name, value in values.items() if value is computed]
+            self.running.update(names)
+            if not names and values and tracker not in _UNTOLD:
+                _UNTOLD.add(tracker)
+                warnings.warn(f"the step computed the tracker {type(tracker).__name__} but returned none of its "
+                              "`compute()` values as they are (a `.item()` or a copy): fitkit cannot tell its value "
+                              "and averages it over the epoch like any other; return `tracker.compute()` itself to "
+                              "log its last value, as Keras logs a tracker's", UserWarning, stacklevel=2)
 
     def add(self, values: dict[str, Any], size: float, loss_weight: float | None = None) -> None:
         """Add one step's values, each weighted by `size` (the batch's samples); "loss" by
