@@ -244,3 +244,18 @@ def test_sequential_guide_freezing_all_layers_but_the_last():
     theirs = [w for i in (0, 1, 3) for w in kmodel.layers[i].get_weights()]
     for a, b in zip(ours, theirs):
         np.testing.assert_allclose(a.detach().numpy(), b, rtol=1e-5, atol=1e-5)
+
+
+def test_a_trainer_run_trains_a_frozen_parts_batchnorm_as_the_hf_trainer(tmp_path):
+    """The Hugging Face face keeps the HF Trainer's habit: `model.train()` puts every BatchNorm in
+    training mode, frozen or not, and freezing after `compile` draws no Keras warning."""
+    x, y = _data()
+    net = Net()
+    stats = net.base[1].running_mean.clone()
+    model = Model(net).compile("adam", "binary_crossentropy")
+    net.base.requires_grad_(False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        model.fit(x, y, epochs=1, batch_size=BATCH, verbose=0, hf_trainer=True, output_dir=str(tmp_path),
+                  save_strategy="no")
+    assert net.base[1].training and not torch.equal(net.base[1].running_mean, stats)

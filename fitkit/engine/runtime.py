@@ -128,13 +128,13 @@ class Runtime:
             apply_trainable_flags(module)
         self.compiled_trainable = trainable_state(module) if module is not None else None
 
-    def check_trainable(self, module: torch.nn.Module) -> None:
+    def check_trainable(self, module: torch.nn.Module, warn: bool = True) -> None:
         """Apply `module`'s `trainable` flags and warn, as Keras 3 does, when parameters were frozen
         or unfrozen since `compile`: the optimizer compiled before goes on at its rate (Keras asks
         for a recompile so the change takes effect). Warns once per compile."""
         apply_trainable_flags(module)
         now = trainable_state(module)
-        if self.compiled_trainable is not None and now != self.compiled_trainable:
+        if warn and self.compiled_trainable is not None and now != self.compiled_trainable:
             changed = sum(a != b for a, b in zip(now, self.compiled_trainable))
             warnings.warn(f"{changed} parameter tensors were frozen or unfrozen (`requires_grad`, `trainable`) since "
                           "`compile`: the optimizer compiled before trains them at its learning rate and with its "

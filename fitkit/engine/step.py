@@ -168,9 +168,12 @@ class Stepper:
     # -- modes ----------------------------------------------------------------------------------
     #: set by `ending_epoch`: an evaluation leaves a module that defines `train()` in eval mode
     train_at_next_epoch = False
+    #: norm layers of wholly frozen parts run in inference mode while training (Keras); off for a
+    #: Trainer run (`hf_trainer`), whose `model.train()` trains every BatchNorm, as the HF Trainer's
+    freeze_norms = True
 
     def train_mode(self, mode: bool) -> None:
-        set_training(self.module, mode)
+        set_training(self.module, mode, self.freeze_norms)
 
     @contextlib.contextmanager
     def inference(self, fast: bool = False) -> Iterator[GradMode]:
@@ -187,7 +190,7 @@ class Stepper:
                 yield mode
         finally:
             if not (self.train_at_next_epoch and overrides_train(self.module)):
-                set_training(self.module, was_training)
+                set_training(self.module, was_training, self.freeze_norms)
 
     @contextlib.contextmanager
     def ending_epoch(self) -> Iterator[None]:
@@ -299,7 +302,7 @@ def metric_outputs(out: Any) -> Any:
     return out
 
 
-def set_training(module: torch.nn.Module, mode: bool) -> None:
+def set_training(module: torch.nn.Module, mode: bool, freeze_norms: bool = True) -> None:
     """`module.train(mode)`, with the norm layers of wholly frozen parts in inference mode while
     training (Keras' frozen BatchNorm, `fitkit.common.frozen.frozen_norms`).
 
@@ -307,7 +310,7 @@ def set_training(module: torch.nn.Module, mode: bool) -> None:
     calls `net.train()`. Otherwise nothing is set when every submodule is in its mode already (a
     loop of `train_on_batch` calls), and Fabric's wrapper's attribute hook, which lists
     `dir(module)` on every assignment (20 us of a call's 27 here), is bypassed."""
-    modules, own, frozen = train_plan(module, mode)
+    modules, own, frozen = train_plan(module, mode and freeze_norms)
     if not own and all(m.training is (mode and id(m) not in frozen) for m in modules):
         return
     if own or "_forward_module" not in module.__dict__.get("_modules", {}):

@@ -83,7 +83,8 @@ class Trainer:
         else:
             set_rng_state(start_rng)
         prepare_module(self.module, self.args)
-        self.runtime.check_trainable(self.module)  # Keras' `trainable` flags; unfrozen since compile: a warning
+        # Keras' `trainable` flags; frozen or unfrozen since compile: Keras' warning (not the HF Trainer's habit)
+        self.runtime.check_trainable(self.module, warn=not self.args.hf_trainer)
         fabric, wrapped = self.runtime.setup(self.module, self.args)
         if self.args.tune_cpu_allocator and fabric.device.type == "cpu" and self.args.strategy != "fsdp":
             keep_freed_memory()  # steps stop faulting in their gradients afresh (FSDP: map_large_blocks)
@@ -137,6 +138,7 @@ class Trainer:
         self.checkpointer = Checkpointer(fabric, self.args, state, handler, module=wrapped, optimizer=optimizer,
                                          scheduler=scheduler, defer_copy=self.overrides.train_step is None)
         stepper = Stepper(fabric, wrapped, optimizer, config.loss_fn, self.overrides.compute_loss)
+        stepper.freeze_norms = not self.args.hf_trainer  # the HF Trainer trains a frozen part's BatchNorm
         loop = Loop(stepper, handler, self.args, state, self.control, metrics=config.logged_metrics,
                     scheduler=scheduler, checkpointer=self.checkpointer, directions=directions,
                     overrides=self.overrides, epoch_length=batches)
