@@ -45,8 +45,9 @@ def train_plan(module: torch.nn.Module, mode: bool) -> tuple[list[torch.nn.Modul
     in inference mode."""
     modules = list(module.modules())
     own = any(_own_train(_class(m)) for m in modules)
-    norms = mode and any(_tracking_norm(_class(m)) and m.track_running_stats for m in modules)
-    return modules, own, {id(m) for m in frozen_norms(module)} if norms else set()
+    if not mode or _nothing_frozen(modules):
+        return modules, own, set()
+    return modules, own, {id(m) for m in _frozen_in(module)}
 
 
 def apply_trainable_flags(module: torch.nn.Module) -> bool:
@@ -70,8 +71,19 @@ def frozen_norms(module: torch.nn.Module) -> list[torch.nn.Module]:
     BatchNorm in inference mode (its moving statistics used, never updated). A norm layer with
     parameters is frozen when they are; one without takes the part it sits in. One pass up the
     tree and one down (this runs at each epoch and `train_on_batch`)."""
-    if not any(isinstance(m, _NormBase) and m.track_running_stats for m in module.modules()):
+    if _nothing_frozen(list(module.modules())):
         return []
+    return _frozen_in(module)
+
+
+def _nothing_frozen(modules: list[torch.nn.Module]) -> bool:
+    """No parameter frozen (the common case), or no norm layer with running statistics."""
+    return all(p is None or p.requires_grad for m in modules for p in m._parameters.values()) or not any(
+        _tracking_norm(_class(m)) and m.track_running_stats for m in modules)
+
+
+def _frozen_in(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """`frozen_norms` past its quick checks."""
     subtree: dict[int, tuple[bool, bool]] = {}  # id -> (holds parameters, one of them trains)
 
     def up(m: torch.nn.Module) -> tuple[bool, bool]:
