@@ -121,7 +121,7 @@ class Model(CallbackOwner, Steps, KerasMethods, Evaluation, Saving, HFMethods, H
         fields kept as fit's defaults (`learning_rate`, `strategy`, `precision`, `jit_compile`, ...).
         """
         self.config = CompileConfig.build(optimizer, loss, metrics, **options)
-        self._runtime.forget_optimizer()  # Keras: compiling again starts a fresh optimizer
+        self._runtime.forget_optimizer(self._module)  # Keras: compiling again starts a fresh optimizer
         self.control = self.callback_handler.on_init_end(self.config.args, self.state, self.control)
         return self
 

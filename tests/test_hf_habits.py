@@ -153,7 +153,7 @@ def test_a_torch_iterable_dataset_of_dicts_keeps_its_state_and_loses_unused_keys
         def load_state_dict(self, state):
             self.loaded = state
 
-    from fitkit.engine.data.sources import stateful_parts
+    from fitkit.engine.data.loader_parts import stateful_parts
 
     model = Model(StrictNet()).compile("adam", "cross_entropy")
     model.fit(Rows(), batch_size=4, verbose=0)

@@ -9,7 +9,7 @@ import torch
 from helpers import Pairs, blobs, mlp
 
 from fitkit import Model
-from fitkit.engine.data.sources import LoaderSource
+from fitkit.engine.data.loader_source import LoaderSource
 
 
 class EpochLog(torch.utils.data.Sampler):

@@ -388,6 +388,15 @@ class KerasMean:
         self.total, self.count = 0.0, 0.0
 
 
+def keras_value(value: Any) -> torch.Tensor:
+    """A Keras result as a torch tensor of its own: a `keras.Variable` (a `result()` that returns
+    the variable itself, as the guides' `CategoricalTruePositives` does) is read and copied, so
+    later updates of the variable do not change a value already logged."""
+    if hasattr(value, "assign") and hasattr(value, "value"):  # a keras.Variable
+        return torch.as_tensor(value.value).detach().clone()
+    return torch.as_tensor(value)
+
+
 def _on(value: torch.Tensor | float, device: torch.device) -> torch.Tensor | float:
     return value.to(device) if isinstance(value, torch.Tensor) else value
 
@@ -433,10 +442,16 @@ class KerasObjectMetric:
         self.higher_is_better = getattr(KERAS_MEANS.get(type(obj).__name__), "higher_is_better", None)
 
     def update(self, preds: Any, target: Any, sample_weight: Any = None) -> None:
+        if torch.is_inference_mode_enabled():
+            # variables a metric builds at its first update (F1Score's) are ordinary tensors, reset
+            # in place later outside inference mode
+            with torch.inference_mode(False), torch.no_grad():
+                self.obj.update_state(target, preds, sample_weight=sample_weight)
+            return
         self.obj.update_state(target, preds, sample_weight=sample_weight)  # as Keras' compiled metrics call it
 
     def compute(self) -> torch.Tensor:
-        value = torch.as_tensor(self.obj.result())
+        value = keras_value(self.obj.result())
         if value.numel() != 1:
             raise ValueError(f"the Keras metric {self.name!r} gives {value.numel()} values (one per class or output), "
                              "not one: pass its `average=` argument (\"macro\", \"micro\", \"weighted\"), or one metric "

@@ -160,9 +160,14 @@ class ModelCheckpoint(MonitorCallback):
         try:
             return self.filepath.format(**fields)
         except KeyError as err:
+            fix = ""
+            if self.save_freq != "epoch":  # a save between epochs sees the values of the last logging step
+                fix = (f"; a save every {self.save_freq} steps sees the values logged by then: pass "
+                       f"`logging_strategy=\"steps\"` with `logging_steps` dividing {self.save_freq} to `fit` (the "
+                       "training values are then logged at those steps), or save per epoch")
             raise KeyError(
                 f"ModelCheckpoint: `filepath`={self.filepath!r} uses {{{err.args[0]}}}, which is not logged at "
-                f"this point; available: {', '.join(sorted(fields))}"
+                f"this point; available: {', '.join(sorted(fields))}{fix}"
             ) from None
 
     def _best_text(self) -> str:

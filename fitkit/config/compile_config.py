@@ -16,7 +16,7 @@ from typing import Any
 
 from fitkit.adapters.keras_metrics import Weighted
 from fitkit.adapters.losses import build_loss
-from fitkit.adapters.metric_specs import check_metrics, weighted_metrics
+from fitkit.adapters.metric_specs import check_metrics, metric_name, weighted_metrics
 from fitkit.adapters.optimizers import check_optimizer
 from fitkit.adapters.outputs import LossParts, OutputMetric
 from fitkit.common.options import FIT_DEFAULTS, check_output_dir
@@ -61,6 +61,7 @@ class CompileConfig:
         if "weighted_metrics" in options:  # kept in `options` for Model.save; a built config's metrics hold them too
             specs = [spec for spec in specs if not _is_weighted(spec)]
             specs += weighted_metrics(options.pop("weighted_metrics"), specs)
+        _refuse_repeated_names(specs)
         args = TrainingArguments.from_options(**options)
         check_devices(args)
         parts = LossParts(loss_fn) if loss_fn is not None else None
@@ -183,3 +184,17 @@ def _holds_object(value: Any) -> bool:
     if isinstance(value, list):
         return any(_holds_object(v) for v in value)
     return False
+
+
+def _refuse_repeated_names(specs: list) -> None:
+    """Two metrics logged under one name would keep one value: refused, naming the fix."""
+    seen: dict[str, Any] = {}
+    for spec in specs:
+        if isinstance(spec, LossParts):
+            continue
+        name = metric_name(spec)
+        if name in seen:
+            raise ValueError(f"`metrics`: two metrics are logged as {name!r} ({seen[name]!r} and {spec!r}), and one "
+                             "would hide the other: give each its own `name=` (Keras' metric objects, "
+                             "`keras.metrics.F1Score(name='f1_macro')`), or drop one")
+        seen[name] = spec

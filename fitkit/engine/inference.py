@@ -117,7 +117,8 @@ class Inference:
         tools, test_step = self.tools, self.overrides.test_step
         assert tools is not None and test_step is not None  # the overridden step's loop has its tools
         running = self.overrides.reset_trackers()  # Keras resets the trackers before evaluating
-        means, carry = StepMeans(self.fabric.device, running), self._carry["on_prediction_step"]
+        means = StepMeans(self.fabric.device, running, self.overrides.unnamed_trackers())
+        carry = self._carry["on_prediction_step"]
         metrics, trained = self.val_metrics if prefix else MetricSet(self.metric_specs), tools.metrics
         metrics.reset()
         tools.metrics, tools.updated, count = metrics, False, 0  # what `compute_metrics` updates

@@ -10,6 +10,7 @@ Losses are accumulated on the device and read back only when logged: the loop ne
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import time
@@ -101,7 +102,6 @@ class Loop(Inference, BestModel):
         level = args.get_process_log_level(self.fabric.global_rank, self.fabric.local_rank)
         if level is not None:
             logger.setLevel(level)
-        self.stepper.train_mode(True)
         self.stepper.keep_parameters()
         self._carry = self._carried_events()
         self.control = cb.on_train_begin(args, state, self.control)
@@ -158,11 +158,12 @@ class Loop(Inference, BestModel):
         `on_optimizer_step`, `on_step_end`, then log / evaluate / save as `control` asks); the
         epoch's end (`_end_epoch`: its loss sums closed, `on_epoch_end`, its log / evaluation /
         save, `on_epoch_summary`, Keras' `on_epoch_end` moment)."""
+        self.stepper.train_mode(True)  # each epoch, as a hand-written loop calls `net.train()`
         self.control = self.handler.on_epoch_begin(self.args, self.state, self.control)
         self.train_metrics.reset()
         self.step_means.reset()
         if self.overrides.metrics is not None:  # the trackers a subclass lists: Keras' reset_metrics
-            self.step_means.running = self.overrides.reset_trackers()
+            self.step_means.track(self.overrides.reset_trackers(), self.overrides.unnamed_trackers())
         self.loss.new_epoch()
         self.epoch_tokens = 0
         checkpointer, start = self.checkpointer, 0
@@ -177,6 +178,11 @@ class Loop(Inference, BestModel):
             batches = itertools.islice(batches, max(n_batches - start, 0))
         stopped = self._steps(epoch, batches, start, n_batches)
         self._end_epoch(epoch, n_batches, stopped)
+        if train.ran_out:
+            logger.warning("the training data ran out before epoch %d's %s steps (`steps_per_epoch` reads a stream on "
+                           "across epochs, as Keras does): training stops here; give data for at least "
+                           "`steps_per_epoch * epochs` batches (a stream that repeats)", epoch + 1, n_batches)
+            self.control.should_training_stop = True
 
     def _steps(self, epoch: int, batches: Iterator[Batch], start: int, n_batches: int | None) -> bool:
         """Train on the epoch's batches; True when a callback or preemption stopped it early."""
@@ -258,6 +264,8 @@ class Loop(Inference, BestModel):
         assert tools is not None and train_step is not None  # the overridden step's loop has its tools
         with tools.micro_batch(cycle, last):
             values = tools.values(train_step(as_data(batch)), "train_step")
+        if self.step_means.unnamed:
+            self.step_means.recognise(values)  # before "loss" is held or summed
         loss = values.get("loss")
         if loss is not None:
             loss = loss if isinstance(loss, torch.Tensor) else torch.tensor(float(loss), device=self.fabric.device)
@@ -353,7 +361,8 @@ class Loop(Inference, BestModel):
             self._log_training(epoch_end)
         if self.control.should_evaluate and self.val is not None:
             started = time.perf_counter()
-            metrics = self.evaluate(self.val, prefix="val_", steps=self.args.validation_steps)
+            with self.stepper.ending_epoch() if epoch_end else contextlib.nullcontext():
+                metrics = self.evaluate(self.val, prefix="val_", steps=self.args.validation_steps)
             self.epoch_validation = dict(metrics)
             self.log(self.policy.evaluation_record(metrics, time.perf_counter() - started, self.evaluated))
             self.control = cb.on_evaluate(args, state, self.control, metrics)

@@ -20,7 +20,8 @@ from fitkit.engine.checks import keeps_float64
 from fitkit.engine.data.adapt import adapt
 from fitkit.engine.data.batch import Batch, as_data
 from fitkit.engine.data.keras_data import class_weight_table
-from fitkit.engine.data.sources import LoaderSource, TensorSource
+from fitkit.engine.data.loader_source import LoaderSource
+from fitkit.engine.data.sources import TensorSource
 from fitkit.engine.overrides import StepOverrides, StepTools, step_values
 from fitkit.engine.step import Stepper
 

@@ -13,11 +13,18 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from fitkit.adapters.keras_metrics import keras_value
+
+#: trackers already warned about (`StepMeans.recognise`)
+_UNTOLD: weakref.WeakSet = weakref.WeakSet()
 
 STEP_NAMES = ("train_step", "test_step", "predict_step", "compute_loss")
 
@@ -78,6 +85,11 @@ class StepOverrides:
                 names.add(name)
         return frozenset(names)
 
+    def unnamed_trackers(self) -> list[Any]:
+        """The listed trackers without a `name` (torchmetrics objects): their values are told by
+        identity, as their `compute()` returns them (`StepMeans.recognise`)."""
+        return [t for t in self.trackers() if not isinstance(getattr(t, "name", None), str)]
+
 
 @functools.lru_cache(maxsize=256)
 def _overridden(owner: type, base: type) -> tuple[str, ...]:
@@ -102,10 +114,13 @@ def attribute_trackers(obj: Any) -> list[Any]:
 
 @functools.lru_cache(maxsize=512)
 def _tracker_class(cls: type) -> bool:
-    """Whether instances of `cls` are Keras metric objects (read once per class: every attribute of
-    the model is looked at, at every call)."""
-    return not issubclass(cls, type) and all(
-        callable(getattr(cls, name, None)) for name in ("update_state", "result", "reset_state"))
+    """Whether instances of `cls` are Keras metric objects or torchmetrics' (read once per class:
+    every attribute of the model is looked at, at every call)."""
+    if issubclass(cls, type):
+        return False
+    if all(callable(getattr(cls, name, None)) for name in ("update_state", "result", "reset_state")):
+        return True
+    return any(c.__name__ == "Metric" and c.__module__.startswith("torchmetrics") for c in cls.__mro__)
 
 
 def step_values(result: Any, step: str) -> dict[str, Any]:
@@ -214,12 +229,14 @@ class StepMeans:
     """Sample-weighted means of the values overridden steps return, kept on the device (no
     host read until `compute`): per epoch, and since the last logging step.
 
-    Values named in `running` come from trackers (`keras.metrics.Mean(name="loss").result()`):
-    already running means, so each replaces the one before (Keras logs the last step's value)."""
+    Values named in `running` come from trackers (`keras.metrics.Mean(name="loss").result()`, or
+    the `compute()` of a torchmetrics object in `unnamed`, told by identity): already running
+    means, so each replaces the one before (Keras logs the last step's value)."""
 
-    def __init__(self, device: torch.device, running: frozenset[str] = frozenset()):
+    def __init__(self, device: torch.device, running: frozenset[str] = frozenset(), unnamed: list | None = None):
         self.device = device
-        self.running = running
+        self.running: set[str] = set(running)
+        self.unnamed: list[Any] = unnamed or []
         self.sums: dict[str, torch.Tensor] = {}
         self.counts: dict[str, float] = {}
         self.since: dict[str, tuple[torch.Tensor, float]] = {}
@@ -232,13 +249,36 @@ class StepMeans:
         self.counts.clear()
         self.since.clear()
 
+    def track(self, running: frozenset[str], unnamed: list[Any]) -> None:
+        """The trackers of the epoch or evaluation starting (just reset): their names, and the
+        ones without a name."""
+        self.running, self.unnamed = set(running), unnamed
+
+    def recognise(self, values: dict[str, Any]) -> None:
+        """Mark as running the values a step returned straight from an unnamed tracker's
+        `compute()` (torchmetrics keeps the value it returned: an identity check, no host read)."""
+        for tracker in self.unnamed:
+            computed = getattr(tracker, "_computed", None)
+            if computed is None:
+                continue
+            names = [name for name, value in values.items() if value is computed]
+            self.running.update(names)
+            if not names and values and tracker not in _UNTOLD:
+                _UNTOLD.add(tracker)
+                warnings.warn(f"the step computed the tracker {type(tracker).__name__} but returned none of its "
+                              "`compute()` values as they are (a `.item()` or a copy): fitkit cannot tell its value "
+                              "and averages it over the epoch like any other; return `tracker.compute()` itself to "
+                              "log its last value, as Keras logs a tracker's", UserWarning, stacklevel=2)
+
     def add(self, values: dict[str, Any], size: float, loss_weight: float | None = None) -> None:
         """Add one step's values, each weighted by `size` (the batch's samples); "loss" by
         `loss_weight` instead when given (Keras' loss tracker updated without a weight: 1)."""
+        if self.unnamed:
+            self.recognise(values)
         batch_size = size
         for name, value in values.items():
             size = loss_weight if name == "loss" and loss_weight is not None else batch_size
-            value = value.detach() if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+            value = value.detach() if isinstance(value, torch.Tensor) else keras_value(value)
             weighted = value.to(self.device, torch.float64) * size
             if name in self.running:  # weighted by the last size only: the mean is the value itself
                 self.sums[name], self.counts[name] = weighted, size

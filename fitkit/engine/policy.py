@@ -15,6 +15,8 @@ branch of its own on the face::
 | `epoch` in a record | rounded to 4 digits | as is |
 | the evaluation record | `val_` names | `eval_` names and the speed (`eval_runtime`, ...) |
 | retention at the end | every checkpoint the limit kept | `save_total_limit=1`: the best alone |
+| a norm layer in a wholly frozen part | inference mode (Keras' frozen BatchNorm) | trains, as torch and the Trainer do |
+| parameters frozen or unfrozen since `compile` | Keras' warning (recompile) | no warning |
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ class KerasPolicy:
 
     per_step_loss = False  # the logged loss is a mean over samples
     measures_grad_norm = False
+    freezes_frozen_norms = True  # a norm layer inside a wholly frozen part runs in inference mode (Keras)
+    warns_on_trainable_change = True  # parameters frozen or unfrozen since compile: Keras' warning
 
     def flos(self, module: Any) -> tuple[str, int] | None:
         """What a step counts as FLOPs: nothing on this face."""
@@ -62,6 +66,8 @@ class TrainerPolicy(KerasPolicy):
 
     per_step_loss = True  # HF logs the mean of the steps' losses, not of the samples'
     measures_grad_norm = True  # logged with clipping off too; kept on the device until a log
+    freezes_frozen_norms = False  # the Trainer trains a frozen part's BatchNorm as torch does
+    warns_on_trainable_change = False  # not the Trainer's habit
 
     def __init__(self) -> None:
         self._logged_step = -1  # the step of the last training log: a step is logged once

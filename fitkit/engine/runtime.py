@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,12 +20,15 @@ import torch
 
 from fitkit.adapters.optimizers import build_optimizer
 from fitkit.adapters.weight_decay import parameter_groups
+from fitkit.common.frozen import apply_trainable_flags, trainable_state
 from fitkit.common.tensors import to_cpu
 from fitkit.config.arguments import TrainingArguments
 from fitkit.config.jit_compile import jit_kwargs
 from fitkit.engine.checks import CheckMemo
+from fitkit.engine.data.loader_parts import evaluation_shard
+from fitkit.engine.data.loader_source import LoaderSource
 from fitkit.engine.data.sampling import BlockSampler
-from fitkit.engine.data.sources import DataSource, LoaderSource, TensorSource, evaluation_shard
+from fitkit.engine.data.sources import DataSource, TensorSource
 from fitkit.engine.policy import KerasPolicy
 from fitkit.engine.run_context import RunContext
 
@@ -65,6 +69,7 @@ class Runtime:
         """The step tools of the call under way (`StepTools`), None without overridden steps or
         between calls."""
         return None if self._call is None else self._call.tools
+        self.compiled_trainable: tuple[bool, ...] | None = None  # each parameter's requires_grad at compile
 
     @contextlib.contextmanager
     def running(self, context: RunContext) -> Iterator[RunContext]:
@@ -149,9 +154,27 @@ class Runtime:
                 group.pop("initial_lr", None)
         return self.optimizer
 
-    def forget_optimizer(self) -> None:
-        """Compiling again starts a fresh optimizer (Keras)."""
+    def forget_optimizer(self, module: torch.nn.Module | None = None) -> None:
+        """Compiling again starts a fresh optimizer (Keras); the trainable state of `module` (its
+        `trainable` flags applied) is what the compile saw (`check_trainable`)."""
         self.optimizer = self.restore_optimizer = self.scheduler = None
+        if module is not None:
+            apply_trainable_flags(module)
+        self.compiled_trainable = trainable_state(module) if module is not None else None
+
+    def check_trainable(self, module: torch.nn.Module, warn: bool = True) -> None:
+        """Apply `module`'s `trainable` flags and warn, as Keras 3 does, when parameters were frozen
+        or unfrozen since `compile`: the optimizer compiled before goes on at its rate (Keras asks
+        for a recompile so the change takes effect). Warns once per compile."""
+        apply_trainable_flags(module)
+        now = trainable_state(module)
+        if warn and self.compiled_trainable is not None and now != self.compiled_trainable:
+            changed = sum(a != b for a, b in zip(now, self.compiled_trainable))
+            warnings.warn(f"{changed} parameter tensors were frozen or unfrozen (`requires_grad`, `trainable`) since "
+                          "`compile`: the optimizer compiled before trains them at its learning rate and with its "
+                          "state; call `compile(...)` again before `fit` (a fresh optimizer and the new rate, as Keras "
+                          "requires after changing `trainable`)", UserWarning, stacklevel=4)
+        self.compiled_trainable = now
 
     def shared(self) -> Runtime:
         """A runtime on the same (already launched) Fabric, with nothing else but the values

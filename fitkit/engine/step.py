@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fitkit.adapters.losses import Loss
+from fitkit.common.frozen import overrides_train, train_plan
 from fitkit.common.wrappers import torch_optimizer
 from fitkit.engine.data.batch import Batch
 
@@ -166,8 +167,14 @@ class Stepper:
         return float(self.optimizer.param_groups[0]["lr"])
 
     # -- modes ----------------------------------------------------------------------------------
+    #: set by `ending_epoch`: an evaluation leaves a module that defines `train()` in eval mode
+    train_at_next_epoch = False
+    #: norm layers of wholly frozen parts run in inference mode while training (Keras); the run
+    #: policy turns it off for a Trainer run, whose `model.train()` trains every BatchNorm
+    freeze_norms = True
+
     def train_mode(self, mode: bool) -> None:
-        set_training(self.module, mode)
+        set_training(self.module, mode, self.freeze_norms)
 
     @contextlib.contextmanager
     def inference(self, fast: bool = False) -> Iterator[GradMode]:
@@ -183,7 +190,19 @@ class Stepper:
             with GradMode(fast and self.direct) as mode:
                 yield mode
         finally:
-            set_training(self.module, was_training)
+            if not (self.train_at_next_epoch and overrides_train(self.module)):
+                set_training(self.module, was_training, self.freeze_norms)
+
+    @contextlib.contextmanager
+    def ending_epoch(self) -> Iterator[None]:
+        """An epoch's last evaluation: a module with its own `train()` stays in eval mode after
+        it, and the next epoch's `train_mode(True)` calls `train()` once, as a hand-written loop
+        (`net.train()` at each epoch's start, `net.eval()` before validating) calls it."""
+        self.train_at_next_epoch = True
+        try:
+            yield
+        finally:
+            self.train_at_next_epoch = False
 
 
 class GradMode:
@@ -284,19 +303,26 @@ def metric_outputs(out: Any) -> Any:
     return out
 
 
-def set_training(module: torch.nn.Module, mode: bool) -> None:
-    """`module.train(mode)`, bypassing Fabric's wrapper's attribute hook, which lists
-    `dir(module)` on every assignment (it cost 20 us of a call's 27 here). Nothing is set when
-    every submodule is in `mode` already (reading the flags costs a fraction of setting them:
-    a loop of `train_on_batch` calls)."""
-    if all(m.training is mode for m in module.modules()):
+def set_training(module: torch.nn.Module, mode: bool, freeze_norms: bool = True) -> None:
+    """`module.train(mode)`, with the norm layers of wholly frozen parts in inference mode while
+    training (Keras' frozen BatchNorm, `fitkit.common.frozen.frozen_norms`).
+
+    A module whose tree defines its own `train()` has it called every time, as a hand-written loop
+    calls `net.train()`. Otherwise nothing is set when every submodule is in its mode already (a
+    loop of `train_on_batch` calls), and Fabric's wrapper's attribute hook, which lists
+    `dir(module)` on every assignment (20 us of a call's 27 here), is bypassed."""
+    modules, own, frozen = train_plan(module, mode and freeze_norms)
+    if not own and all(m.training is (mode and id(m) not in frozen) for m in modules):
         return
-    if "_forward_module" not in module.__dict__.get("_modules", {}):
+    if own or "_forward_module" not in module.__dict__.get("_modules", {}):
         module.train(mode)
-        return
-    module.__dict__["training"] = mode
-    for child in module.children():
-        child.train(mode)
+    else:
+        object.__setattr__(module, "training", mode)  # past `_FabricModule.__setattr__`
+        for child in module.children():
+            child.train(mode)
+    for m in modules if frozen else ():
+        if id(m) in frozen:
+            m.train(False)
 
 
 def grad_clearer(optimizer: Any, direct: bool) -> Callable[[], None]:

@@ -32,9 +32,10 @@ from fitkit.engine.checks import check_data, keeps_float64
 from fitkit.engine.data.adapt import adapt
 from fitkit.engine.data.hf_columns import drop_unused_columns
 from fitkit.engine.data.keras_data import class_weight_table, split_validation
+from fitkit.engine.data.loader_source import LoaderSource
 from fitkit.engine.data.loader_view import eval_loader
 from fitkit.engine.data.rng import seed_everything, set_rng_state
-from fitkit.engine.data.sources import DataSource, LoaderSource, TensorSource
+from fitkit.engine.data.sources import DataSource, TensorSource
 from fitkit.engine.devices.fabric import release_at_exit
 from fitkit.engine.devices.host_allocator import keep_freed_memory
 from fitkit.engine.loop import Loop
@@ -86,6 +87,8 @@ class Trainer:
         else:
             set_rng_state(start_rng)
         prepare_module(self.module, self.args)
+        # Keras' `trainable` flags; frozen or unfrozen since compile: Keras' warning (not the HF Trainer's habit)
+        self.runtime.check_trainable(self.module, warn=self.context.policy.warns_on_trainable_change)
         fabric, wrapped = self.runtime.setup(self.module, self.args)
         if self.args.tune_cpu_allocator and fabric.device.type == "cpu" and self.args.strategy != "fsdp":
             keep_freed_memory()  # steps stop faulting in their gradients afresh (FSDP: map_large_blocks)
@@ -141,6 +144,7 @@ class Trainer:
         self.checkpointer = Checkpointer(fabric, args, state, handler, module=wrapped, optimizer=optimizer,
                                          scheduler=scheduler, defer_copy=self.overrides.train_step is None)
         stepper = Stepper(fabric, wrapped, optimizer, config.loss_fn, self.overrides.compute_loss)
+        stepper.freeze_norms = self.context.policy.freezes_frozen_norms
         loop = Loop(stepper, handler, self.context, state, self.control, metrics=config.logged_metrics,
                     scheduler=scheduler, checkpointer=self.checkpointer, directions=directions,
                     overrides=self.overrides, epoch_length=batches)

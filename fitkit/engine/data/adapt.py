@@ -22,9 +22,10 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from fitkit.engine.data.batch import batch_size_of
 from fitkit.engine.data.collate import SampleList, is_sample_list, loader_options
 from fitkit.engine.data.keras_data import BatchSequence, is_batch_sequence
+from fitkit.engine.data.loader_source import LoaderSource
 from fitkit.engine.data.prefetch import MIN_STEP_S, can_prefetch
 from fitkit.engine.data.sampling import EpochSampler, process_group
-from fitkit.engine.data.sources import DataSource, LoaderSource, TensorSource
+from fitkit.engine.data.sources import DataSource, TensorSource
 from fitkit.engine.data.trainer_order import seed_worker
 
 
@@ -123,6 +124,10 @@ def adapt(
     source, tensors = _adapt(x, y, sample_weight, batch_size=batch_size, shuffle=shuffle, seed=seed, name=name,
                              cast_float64=cast_float64, args=args, training=training)
     source.name = name
+    if isinstance(source, LoaderSource) and training and getattr(args, "steps_per_epoch", None) is not None:
+        # Keras' epoch iterator reads a stream on across epochs (a loader with a length: each
+        # epoch's first batches, `docs/migrating-from-keras.md`)
+        source.continues = not source.has_len()
     if isinstance(source, LoaderSource):
         source.prefetch = getattr(args, "prefetch", True) and can_prefetch(source.loader)
         if not training:  # evaluation and prediction: a forward alone rarely hides a read
@@ -172,10 +177,11 @@ def _adapt(x: Any, y: Any, sample_weight: Any, *, batch_size: int, shuffle: bool
         return _dataset_source(x, batch_size=batch_size, shuffle=shuffle, seed=seed, name=name, args=args,
                                training=training), None
     if isinstance(x, Iterable) and not isinstance(x, (str, bytes)):
-        if iter(x) is x:
+        if iter(x) is x and not (training and getattr(args, "steps_per_epoch", None) is not None):
             raise TypeError(
-                f"`{name}` is a one-shot iterator; pass a re-iterable (a list of batches, a Dataset or a DataLoader)"
-            )
+                f"`{name}` is a one-shot iterator (a generator), which one epoch would use up: pass `steps_per_epoch` "
+                "(each epoch then reads on from it, as in Keras), or a re-iterable (a list of batches, a Dataset or a "
+                "DataLoader)")
         return LoaderSource(x), None
     raise TypeError(
         f"`{name}` must be a tensor, NumPy array, (x, y) tuple, Dataset, DataLoader or re-iterable of batches; "

@@ -1,45 +1,29 @@
 """Data sources: what the loop iterates. A `DataSource` yields `Batch`es per epoch, knows its
 length when it can, and counts the samples a position stands for (so a checkpoint resumes at
-the same sample whatever the number of processes or the batch size)::
+the same sample whatever the number of processes or the batch size); `TensorSource` batches
+in-memory tensors by slicing::
 
     source = TensorSource(x, y, batch_size=32, shuffle=True, seed=0)   # in memory: slicing
-    source = LoaderSource(loader)                                        # a DataLoader or batches
     for batch in source.batches(epoch=0, start=0): ...
 
+`fitkit.engine.data.loader_source.LoaderSource` reads a DataLoader or batches;
 `fitkit.engine.data.adapt.adapt` builds one from any accepted input.
 """
 
 from __future__ import annotations
 
-import copy
-import itertools
-import logging
 import math
-import weakref
-from collections.abc import Callable, Iterable, Iterator, Sized
-from typing import Any, cast
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset
 
 from fitkit.common.tensors import map_tensors
-from fitkit.engine.data.batch import Batch, batch_size_of, first_leaf, split_batch
-from fitkit.engine.data.check_read import open_for_check
+from fitkit.engine.data.batch import Batch, batch_size_of, first_leaf
 from fitkit.engine.data.keras_data import class_weights_for
-from fitkit.engine.data.prefetch import read_ahead
-from fitkit.engine.data.rng import rng_state, same_rng_state, set_rng_state
-from fitkit.engine.data.sampling import (
-    BlockSampler,
-    EpochSampler,
-    block,
-    deal,
-    epoch_permutation,
-    process_group,
-    resume_batch,
-)
+from fitkit.engine.data.rng import rng_state, set_rng_state
+from fitkit.engine.data.sampling import block, deal, epoch_permutation, resume_batch
 from fitkit.engine.data.trainer_order import draw_as_a_loader
-
-logger = logging.getLogger("fitkit")
 
 
 class DataSource:
@@ -53,6 +37,8 @@ class DataSource:
     #: Each pass draws one number from torch's global generator when it starts, as the Hugging Face
     #: Trainer's DataLoaders do (`data_order="trainer"`, `fitkit.engine.data.trainer_order`).
     draws = False
+    #: A stream read on across epochs (`steps_per_epoch`) ended before an epoch's last step.
+    ran_out = False
 
     @property
     def replays_rng(self) -> bool:
@@ -279,290 +265,3 @@ def _sliced(x: torch.Tensor, y: torch.Tensor | None, order: torch.Tensor | None,
     for lo in range(0, full if drop_last else n, bs):
         idx = order[lo:min(lo + bs, n)]
         yield Batch((x.index_select(0, idx),), y.index_select(0, idx) if y is not None else None, None, len(idx))
-
-
-_END = object()
-_PLAIN = (type(None), bool, int, float, str, torch.Tensor)
-
-
-def _has_state(obj: Any) -> bool:
-    return (obj is not None and not isinstance(obj, torch.nn.Module) and callable(getattr(obj, "state_dict", None))
-            and callable(getattr(obj, "load_state_dict", None)))
-
-
-def stateful_parts(loader: Any) -> list[Any]:
-    """The parts of `loader` that save and restore their position with `state_dict()` /
-    `load_state_dict()` (torchdata's `StatefulDataLoader`, Lightning's stateful loaders,
-    `datasets`' `IterableDataset`): the loader itself when it has them (it then keeps its
-    dataset's and sampler's states), else its `IterableDataset` and its samplers that have them.
-    A DataLoader with worker processes keeps those parts' live copies in the workers: none then.
-
-        stateful_parts(StatefulDataLoader(ds, batch_size=8))   # [the loader]
-        stateful_parts(DataLoader(my_stateful_iterable))        # [the dataset]
-    """
-    loader = getattr(loader, "_dataloader", loader)  # the loader inside Fabric's wrapper
-    if _has_state(loader):
-        return [loader]
-    if getattr(loader, "num_workers", 0):
-        return []
-    dataset = getattr(loader, "dataset", None)
-    batch_sampler = getattr(loader, "batch_sampler", None)
-    candidates = (dataset if isinstance(dataset, IterableDataset) else None, getattr(loader, "sampler", None),
-                  batch_sampler, getattr(batch_sampler, "sampler", None))
-    found: dict[int, Any] = {}
-    for part in candidates:
-        if _has_state(part):
-            found.setdefault(id(part), part)
-    return list(found.values())
-
-
-def _plain(value: Any) -> bool:
-    """Whether `value` loads with `torch.load(weights_only=True)`: plain values, tensors and
-    dicts, lists and tuples of them."""
-    if isinstance(value, _PLAIN):
-        return True
-    if isinstance(value, dict):
-        return all(isinstance(k, (str, int)) and _plain(v) for k, v in value.items())
-    if isinstance(value, (list, tuple)):
-        return all(_plain(v) for v in value)
-    return False
-
-
-def evaluation_shard(loader: DataLoader, rank: int, world_size: int) -> DataLoader:
-    """This rank's contiguous block of an evaluation DataLoader, so no sample counts twice.
-
-    Loaders in sequential order are rebuilt over a `BlockSampler`; others keep Fabric's
-    distributed sampler, which pads the last shard (a warning says so)."""
-    sampler = loader.sampler
-    sequential = isinstance(sampler, torch.utils.data.SequentialSampler) or (
-        isinstance(sampler, EpochSampler) and not sampler.shuffle)
-    if isinstance(loader.dataset, IterableDataset) or not sequential or loader.batch_size is None:
-        logger.warning("evaluating a DataLoader with a custom sampler or batch sampler on %d processes: the "
-                       "distributed sampler may repeat samples of the last shard", world_size)
-        return loader
-    block_sampler = BlockSampler(len(cast(Sized, loader.dataset)), rank, world_size)  # sequential: map-style
-    return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=block_sampler,
-                      collate_fn=loader.collate_fn, num_workers=loader.num_workers,
-                      pin_memory=loader.pin_memory, drop_last=False, generator=loader.generator)
-
-
-class LoaderSource(CountsSamples):
-    """A DataLoader (given, or built over a Dataset) or any re-iterable of batches.
-
-    With `prefetch` (set by `adapt`), a thread reads the next batches while a step runs
-    (`fitkit.engine.data.prefetch`); it turns off for good once the Dataset is seen drawing random numbers.
-
-    A loader with stateful parts (`stateful_parts`) is read on the training thread, never ahead,
-    so their state is that of the batches the steps consumed: a mid-epoch checkpoint saves it
-    (`data_state`) and a resume loads it back instead of re-reading the consumed batches."""
-
-    def __init__(self, loader: Iterable, *, num_samples: int | None = None):
-        self.loader = loader
-        self.num_samples = num_samples
-        self.class_weight: torch.Tensor | None = None
-        self.sampler: EpochSampler | None = None  # set when fitkit built the loader
-        self.distributed = False
-        self.prefetch = False
-        # Read ahead only after a step this long (seconds; 0: always): set for evaluation passes.
-        self.min_step_s = 0.0
-        self._readers: weakref.WeakSet = weakref.WeakSet()  # the prefetch threads started
-        self._parts: list[Any] | None = None  # `stateful_parts(loader)`, found at first use
-        self._restore: tuple[int, int, list] | None = None  # a resumed epoch's (epoch, batch, states)
-
-    def __len__(self) -> int:
-        return len(self.loader)  # type: ignore[arg-type]
-
-    @property
-    def replays_rng(self) -> bool:
-        """A loader fitkit did not build may draw its order from the global RNG when an epoch's
-        iterator is created (so does one fitkit builds under `data_order="trainer"`); an exact
-        mid-epoch resume replays that RNG state."""
-        return self.sampler is None or self.draws
-
-    def geometry(self) -> tuple[int, int, int, bool] | None:
-        batch_size = getattr(self.loader, "batch_size", None)
-        if self.num_samples is None or not isinstance(batch_size, int):
-            return None  # a re-iterable of batches, an IterableDataset, a batch sampler
-        world_size = process_group()[1] if self.distributed else 1
-        return self.num_samples, batch_size, world_size, bool(getattr(self.loader, "drop_last", False))
-
-    def stateful(self) -> list[Any]:
-        """The loader's parts with a state to save (see `stateful_parts`); [] for none."""
-        if self._parts is None:
-            self._parts = stateful_parts(self.loader) if self.sampler is None else []
-        return self._parts
-
-    def data_state(self) -> list | None:
-        parts = self.stateful()
-        if not parts:
-            return None
-        states = [part.state_dict() for part in parts]
-        if not _plain(states):
-            if not self._warned_state:
-                logger.warning("the state_dict() of `%s`'s data holds values other than numbers, strings, tensors, "
-                               "dicts and lists: it is not saved, and a resume re-reads the consumed batches; return "
-                               "plain values to resume without re-reading", self.name)
-                self._warned_state = True
-            return None
-        return states
-
-    def _resume_from_state(self, position: Any) -> bool:
-        """Keep this process's saved data state of `position` for `batches` to load; False when
-        there is none that fits (another number of processes, other parts)."""
-        saved = getattr(position, "data_state", None)
-        rank, world_size = process_group() if self.distributed else (0, 1)
-        if not saved or len(saved) != world_size or not self.stateful():
-            return False
-        mine = saved[rank]
-        if mine is None or len(mine) != len(self.stateful()):
-            return False
-        self._restore = (position.epoch, position.batch, mine)
-        return True
-
-    def resume_at(self, position: Any) -> int:
-        if self._resume_from_state(position):
-            return position.batch
-        geometry = self.geometry()
-        if self.sampler is not None or position.samples is None or geometry is None:
-            return super().resume_at(position)  # fitkit's sampler continues at the very sample
-        _, batch_size, world_size, _ = geometry
-        start, off = divmod(position.samples, batch_size * world_size)
-        if off or position.world_size != world_size:
-            logger.warning(
-                "resuming a DataLoader you built at sample %d of epoch %d (written by %d processes) on %d x batch %d: "
-                "its sampler's order depends on the processes, so the epoch continues after %d samples of this run's "
-                "order, which may repeat or skip some; pass in-memory tensors or a map-style Dataset to continue at "
-                "the same sample", position.samples, position.epoch, position.world_size, world_size, batch_size,
-                start * batch_size * world_size)
-        self._resumed = (position.epoch, start, start * batch_size * world_size)
-        return start
-
-    def batches(self, epoch: int, start: int = 0) -> Iterator[Batch]:
-        loader = self.loader
-        skip_in_sampler = self.sampler is not None
-        if self.sampler is not None:
-            self.sampler.use_epoch(epoch, self.skipped(epoch, start))
-        set_loader_epoch(loader, epoch)
-        restored = self._load_state(epoch, start)
-        kept, self._kept = self._kept, None
-        if kept is not None and not start and not restored and same_rng_state(kept[2], rng_state()):
-            # the batch the checks read opens this pass (nothing drew since): the pass's own draw,
-            # its iterator's base seed, is the one the checks' read made
-            first, iterator = kept[0], kept[1]
-            set_rng_state(kept[3])
-        else:
-            # Create the iterator and fetch the first batch now, not lazily: samplers draw their order
-            # from the RNG at the first fetch, and a resuming caller restores the RNG right after this.
-            iterator = iter(loader)
-            first = next(iterator, _END)
-        if first is _END:
-            iterator = iter(())
-        elif self.prefetch and not self.stateful():
-            iterator = read_ahead(first, iterator, readers=self._readers, on_draws=self._no_prefetch,
-                                  min_step_s=self.min_step_s)
-        else:
-            iterator = itertools.chain((first,), iterator)
-        if start and not skip_in_sampler and not restored:
-            if not self._warned_skip:
-                logger.warning("resuming mid-epoch re-reads %d batches of `%s` to skip them (its data has no "
-                               "state_dict()/load_state_dict()); pass a map-style Dataset or a stateful loader to "
-                               "continue without re-reading", start, self.name)
-                self._warned_skip = True
-            iterator = itertools.islice(iterator, start, None)
-        return self._split(iterator)
-
-    def _load_state(self, epoch: int, start: int) -> bool:
-        """Load the saved data state of a resumed epoch (True), before its iterator is created."""
-        restore, self._restore = self._restore, None
-        if restore is None or restore[:2] != (epoch, start):
-            return False
-        for part, state in zip(self.stateful(), restore[2]):
-            part.load_state_dict(state)
-        return True
-
-    def stop_prefetch(self) -> None:
-        for reader in list(self._readers):
-            reader.close()
-
-    def _no_prefetch(self) -> None:
-        self.prefetch = False
-        logger.debug("the Dataset of `%s` draws from the global random generators: its batches are read on the "
-                     "training thread, not ahead, so the run's random numbers stay as without prefetching", self.name)
-
-    def first_batch(self) -> Batch | None:
-        """The loader's first batch, read through a fresh iterator: the global generators and the
-        loader's own are put back after, so the run draws the same numbers as without this read.
-        (A loader with worker processes starts them once more for it, unless `persistent_workers`.)"""
-        if self.sampler is not None:
-            self.sampler.use_epoch(0)
-        generators, parts = _generators_of(self.loader), self.stateful()
-        saved, states = rng_state(), [g.get_state() for g in generators]
-        positions = [copy.deepcopy(part.state_dict()) for part in parts]  # a read moves a stateful source
-        self._kept = None
-        try:
-            iterator = open_for_check(self.loader)  # a DataLoader's iterator draws its base seed here
-            opened = rng_state() if self._replayable() and not generators else None
-            raw = next(iterator, _END)
-            if raw is not _END and opened is not None and same_rng_state(opened, rng_state()):
-                # reading drew nothing: the next pass, if nothing draws before it, goes on from here
-                self._kept = (raw, iterator, saved, opened)
-        finally:
-            set_rng_state(saved)
-            for g, state in zip(generators, states):
-                g.set_state(state)
-            for part, position in zip(parts, positions):
-                part.load_state_dict(position)
-        return None if raw is _END else next(self._split(iter((raw,))))
-
-    def _replayable(self) -> bool:
-        """Whether the checked first batch may open the next pass (an evaluation's loader, say):
-        one process, a loader in storage order read on this thread with no state of its own, whose
-        reading draws no random number (checked by the caller), so the pass reads what it would."""
-        loader = self.loader
-        return (self.sampler is None and not self.distributed and isinstance(loader, DataLoader)
-                and type(loader.sampler) is torch.utils.data.SequentialSampler and loader.num_workers == 0
-                and not self.stateful())
-
-    def _split(self, iterator: Iterator) -> Iterator[Batch]:
-        cw = self.class_weight
-        if cw is None:
-            return map(split_batch, iterator)
-        return self._weighted(iterator, cw)
-
-    @staticmethod
-    def _weighted(iterator: Iterator, cw: torch.Tensor) -> Iterator[Batch]:
-        for raw in iterator:
-            batch = split_batch(raw)
-            if cw is not None and batch.target is not None:
-                w = class_weights_for(cw.to(batch.target.device), batch.target)
-                batch = batch._replace(sample_weight=w if batch.sample_weight is None else batch.sample_weight * w)
-            yield batch
-
-    _warned_skip = False
-    _warned_state = False
-    #: what `first_batch` read for the next `batches` to go on with: (raw first batch, its
-    #: iterator, the generators' state before it was opened, and after)
-    _kept: tuple[Any, Iterator, dict[str, Any], dict[str, Any]] | None = None
-
-
-def _generators_of(loader: Any) -> list[torch.Generator]:
-    """The generators a DataLoader draws from besides the global one (its own, its samplers')."""
-    found: dict[int, torch.Generator] = {}
-    sampler = getattr(loader, "sampler", None)
-    batch_sampler = getattr(loader, "batch_sampler", None)
-    for owner in (loader, sampler, getattr(batch_sampler, "sampler", None)):
-        g = getattr(owner, "generator", None)
-        if isinstance(g, torch.Generator):
-            found[id(g)] = g
-    return list(found.values())
-
-
-def set_loader_epoch(loader: Any, epoch: int) -> None:
-    """Tell a loader which epoch comes (a distributed sampler shuffles by it). Fabric's loader
-    wrapper sets its sampler's epoch from its own count of iterations, so that count is set."""
-    if hasattr(loader, "_num_iter_calls"):
-        loader._num_iter_calls = epoch
-    elif hasattr(getattr(loader, "sampler", None), "set_epoch"):
-        loader.sampler.set_epoch(epoch)
-    elif hasattr(loader, "set_epoch"):  # a sequence of whole batches read in a shuffled order
-        loader.set_epoch(epoch)
