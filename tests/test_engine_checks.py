@@ -13,9 +13,9 @@ from helpers import Pairs, blobs, mlp
 
 from fitkit import Model, TrainerCallback
 from fitkit.engine import checks
-from fitkit.engine.checks import first_step, inputs
 from fitkit.engine import trainer as trainer_module
 from fitkit.engine.checkpoint.layout import MANIFEST, CheckpointError
+from fitkit.engine.checks import first_step, inputs
 
 
 class Steps(TrainerCallback):

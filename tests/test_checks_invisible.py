@@ -1,0 +1,241 @@
+"""fitkit's first-batch checks are invisible (issue 46): a fit with the checks on reads each sample,
+batch and collation once, and draws every random number a hand-written PyTorch loop draws, in
+the same order, for each kind of generator a run's data may draw from: torch's global one (a
+dataset drawing noise), a collator's own `torch.Generator` (transformers'
+`DataCollatorForLanguageModeling(seed=...)` and a hand-made one), a `datasets` transform
+(`set_transform`, a random flip), NumPy's global generator and Python's `random`."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from fitkit import Model
+from fitkit.engine import trainer as trainer_module
+
+SEED, EPOCHS, BATCH = 3, 2, 8
+
+
+class Noisy(torch.utils.data.Dataset):
+    """Rows of 4 features and a class; each read adds noise drawn by `draw` (recorded)."""
+
+    def __init__(self, n: int, draw, drawn: list, offset: int = 0):
+        g = torch.Generator().manual_seed(offset)
+        self.x, self.y = torch.randn(n, 4, generator=g), torch.randint(0, 3, (n,), generator=g)
+        self.draw, self.drawn = draw, drawn
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        noise = float(self.draw()) if self.draw is not None else 0.0
+        self.drawn.append(("sample", i, noise))
+        return self.x[i] + noise, self.y[i]
+
+
+class MaskingCollator:
+    """A collator with its own generator (as transformers' seeded collators have): a random
+    feature mask per batch, recorded."""
+
+    def __init__(self, seed: int, drawn: list):
+        self.generator, self.drawn = torch.Generator().manual_seed(seed), drawn
+
+    def __call__(self, rows):
+        x = torch.stack([r[0] for r in rows])
+        mask = torch.rand(x.shape, generator=self.generator) > 0.3
+        self.drawn.append(("mask", mask.tolist()))
+        return x * mask, torch.stack([r[1] for r in rows])
+
+
+def _draws(kind: str):
+    return {"torch": lambda: torch.rand(()), "numpy": lambda: np.random.rand(), "python": random.random,
+            "collator": None}[kind]
+
+
+def _loaders(kind: str, drawn: list):
+    draw = _draws(kind)
+    train, val = Noisy(40, draw, drawn), Noisy(16, draw, drawn, offset=1)
+    collate = MaskingCollator(7, drawn) if kind == "collator" else None
+    return (torch.utils.data.DataLoader(train, batch_size=BATCH, shuffle=True, collate_fn=collate),
+            torch.utils.data.DataLoader(val, batch_size=BATCH, collate_fn=collate))
+
+
+def _seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _hand_loop(train, val, net, step) -> None:
+    """The loop a user writes: the run's seed, then per epoch a pass over the training data and
+    one over the validation data."""
+    _seed_all(SEED)
+    for _ in range(EPOCHS):
+        net.train()
+        for batch in train:
+            step(batch)
+        net.eval()
+        with torch.no_grad():
+            for batch in val:
+                net(batch[0]) if isinstance(batch, (tuple, list)) else net(**batch)
+
+
+def _net() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Linear(4, 3)
+
+
+@pytest.mark.parametrize("kind", ["torch", "collator", "numpy", "python"])
+def test_a_fit_draws_what_a_hand_loop_draws(kind):
+    fitted: list = []
+    train, val = _loaders(kind, fitted)
+    Model(_net()).compile("sgd", "cross_entropy", ["accuracy"]).fit(
+        train, validation_data=val, epochs=EPOCHS, seed=SEED, verbose=0)
+
+    by_hand: list = []
+    train, val = _loaders(kind, by_hand)
+    net = _net()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
+
+    def step(batch):
+        torch.nn.functional.cross_entropy(net(batch[0]), batch[1]).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    _hand_loop(train, val, net, step)
+    assert len(fitted) == len(by_hand) == EPOCHS * (56 + (7 if kind == "collator" else 0))  # each read once
+    assert fitted == by_hand  # every draw, in order
+
+
+def _tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["[PAD]", "[UNK]", "[MASK]", *[f"w{i}" for i in range(13)]]
+    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="[PAD]", unk_token="[UNK]", mask_token="[MASK]")
+
+
+class Recorded:
+    """A collator whose every output's labels (the masks it drew) are recorded."""
+
+    def __init__(self, collator, drawn: list):
+        self.collator, self.drawn = collator, drawn
+
+    def __call__(self, rows):
+        batch = self.collator(rows)
+        self.drawn.append(batch["labels"].tolist())
+        return batch
+
+
+def _mlm_loaders(drawn: list):
+    from transformers import DataCollatorForLanguageModeling
+
+    collator = Recorded(DataCollatorForLanguageModeling(_tokenizer(), mlm_probability=0.3, seed=7), drawn)
+    g = torch.Generator().manual_seed(2)
+    rows = [{"input_ids": torch.randint(3, 16, (10,), generator=g).tolist()} for _ in range(32)]
+    return (torch.utils.data.DataLoader(rows[:24], batch_size=BATCH, shuffle=True, collate_fn=collator),
+            torch.utils.data.DataLoader(rows[24:], batch_size=BATCH, collate_fn=collator))
+
+
+def _tiny_mlm():
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=16, hidden_size=8, num_hidden_layers=1, num_attention_heads=1,
+                        intermediate_size=16, max_position_embeddings=16, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0)
+    return BertForMaskedLM(config)
+
+
+def test_a_seeded_masked_lm_collator_draws_the_masks_a_hand_loop_draws():
+    fitted: list = []
+    train, val = _mlm_loaders(fitted)
+    Model(_tiny_mlm()).compile("sgd").fit(train, validation_data=val, epochs=EPOCHS, seed=SEED, verbose=0)
+
+    by_hand: list = []
+    train, val = _mlm_loaders(by_hand)
+    net = _tiny_mlm()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
+
+    def step(batch):
+        net(**batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    _hand_loop(train, val, net, step)
+    assert len(fitted) == len(by_hand) == EPOCHS * 4  # each collation once
+    assert fitted == by_hand
+
+
+def _flipped(drawn: list):
+    """A `datasets` Dataset whose transform flips each row's features at random (torch's global
+    generator, as torchvision's RandomHorizontalFlip draws), recorded."""
+    import datasets
+
+    g = torch.Generator().manual_seed(4)
+    ds = datasets.Dataset.from_dict({"x": torch.randn(40, 4, generator=g).tolist(),
+                                     "labels": torch.randint(0, 3, (40,), generator=g).tolist()})
+
+    def transform(rows):
+        flips = [bool(torch.rand(()) < 0.5) for _ in rows["x"]]
+        drawn.extend(flips)
+        return {"x": [torch.tensor(v[::-1] if f else v) for v, f in zip(rows["x"], flips)],
+                "labels": rows["labels"]}
+
+    ds.set_transform(transform)
+    return ds
+
+
+class Keyword(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = _net()
+
+    def forward(self, x):
+        return self.linear(x)
+
+
+def test_a_dataset_transforms_flips_are_a_hand_loops():
+    fitted: list = []
+    ds = _flipped(fitted)
+    loader = torch.utils.data.DataLoader(ds, batch_size=BATCH, shuffle=True)
+    Model(Keyword()).compile("sgd", "cross_entropy").fit(loader, epochs=EPOCHS, seed=SEED, verbose=0)
+
+    by_hand: list = []
+    ds = _flipped(by_hand)
+    net = Keyword()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
+    _seed_all(SEED)
+    for _ in range(EPOCHS):
+        for batch in torch.utils.data.DataLoader(ds, batch_size=BATCH, shuffle=True):
+            torch.nn.functional.cross_entropy(net(x=batch["x"]), batch["labels"]).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    assert len(fitted) == len(by_hand) == EPOCHS * 40
+    assert fitted == by_hand
+
+
+@pytest.mark.parametrize("kind", ["torch", "collator", "numpy", "python", "flip"])
+def test_the_checks_change_no_draw_when_fitkit_builds_the_loader(kind, monkeypatch):
+    """A Dataset passed as is (fitkit builds the loader and its order): the same draws with
+    the checks on as with them switched off."""
+    runs = []
+    for checked in (True, False):
+        if not checked:
+            monkeypatch.setattr(trainer_module, "check_data", lambda *a, **k: None)
+        drawn: list = []
+        if kind == "flip":
+            data, val, net = _flipped(drawn), None, Keyword()
+        else:
+            draw = _draws(kind)
+            data, val, net = Noisy(40, draw, drawn), (torch.randn(16, 4), torch.randint(0, 3, (16,))), _net()
+        collate = MaskingCollator(7, drawn) if kind == "collator" else None
+        Model(net).compile("sgd", "cross_entropy").fit(data, validation_data=val, epochs=EPOCHS, seed=SEED,
+                                                       batch_size=BATCH, verbose=0, data_collator=collate)
+        runs.append(drawn)
+    assert runs[0] == runs[1] and len(runs[0]) >= EPOCHS * 40
