@@ -196,7 +196,7 @@ class PredictionCollector:
         predictions, labels = _numpy(predictions), _numpy(labels)
         if self.keep:
             self.kept = (predictions, labels)
-        if self.compute_metrics is None:
+        if self.compute_metrics is None or labels is None:  # the Trainer calls it only with labels
             return {}
         values = self.compute_metrics(EvalPrediction(predictions, labels))
         if not isinstance(values, Mapping):
