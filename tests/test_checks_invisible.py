@@ -239,3 +239,40 @@ def test_the_checks_change_no_draw_when_fitkit_builds_the_loader(kind, monkeypat
                                                        batch_size=BATCH, verbose=0, data_collator=collate)
         runs.append(drawn)
     assert runs[0] == runs[1] and len(runs[0]) >= EPOCHS * 40
+
+
+class OwnModes(torch.nn.Module):
+    """A module whose `train()` override does more than set flags (as a user's may): it keeps its
+    norm frozen and switches a setting of its forward by mode."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm, self.linear = torch.nn.BatchNorm1d(4), _net()
+        self.scale, self.seen = 1.0, []
+        self.train()  # (fitkit's mode setting skips a module whose flags are all set already)
+
+    def train(self, mode=True):
+        super().train(mode)
+        self.norm.eval()
+        self.scale = 1.0 if mode else 0.5
+        return self
+
+    def forward(self, x):
+        self.seen.append((x.shape[1], self.training, self.norm.training, self.scale))
+        return self.linear(self.norm(x.mean(1)) * self.scale)
+
+
+def test_the_validation_probe_sets_the_mode_through_the_modules_own_train():
+    """In-memory validation inputs of another shape than the training batch's are run once by
+    the checks in eval mode: through the module's `eval()`, then its `train()` again."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(32, 5, 4, generator=g), torch.randint(0, 3, (32,), generator=g)
+    vx, vy = torch.randn(8, 7, 4, generator=g), torch.randint(0, 3, (8,), generator=g)
+    net = OwnModes()
+    Model(net).compile("sgd", "cross_entropy").fit(x, y, validation_data=(vx, vy), batch_size=16, epochs=1,
+                                                   verbose=0)
+    probe, *rest = [s for s in net.seen if s[0] == 7]
+    assert probe == (7, False, False, 0.5)  # the eval mode the override makes
+    assert all(s == (5, True, False, 1.0) for s in net.seen if s[0] == 5)  # training: as `train()` leaves it
+    assert rest and all(s == (7, False, False, 0.5) for s in rest)  # the validation passes
+    assert torch.equal(net.norm.running_mean, torch.zeros(4))  # the frozen norm never updated
