@@ -165,7 +165,8 @@ class FirstStep:
 def unread(stepper: Stepper) -> bool:
     """Whether the stepper's training data, armed to be checked as the run reads it, gave no batch."""
     hook = stepper.hook
-    return isinstance(hook, FirstStep) and hook.train is not None and hook.train.batch is None
+    pending = hook.train if isinstance(hook, FirstStep) else None
+    return pending is not None and pending.batch is None and pending.forward_checks  # (a rank's shard may be empty)
 
 
 class _Recorder:
