@@ -276,3 +276,36 @@ def test_the_validation_probe_sets_the_mode_through_the_modules_own_train():
     assert all(s == (5, True, False, 1.0) for s in net.seen if s[0] == 5)  # training: as `train()` leaves it
     assert rest and all(s == (7, False, False, 0.5) for s in rest)  # the validation passes
     assert torch.equal(net.norm.running_mean, torch.zeros(4))  # the frozen norm never updated
+
+
+def test_a_seeded_masked_lm_collator_gives_the_trainers_log(tmp_path):
+    """`run_mlm.py`'s shape with `DataCollatorForLanguageModeling(seed=7)` (its own generator),
+    the real Trainer beside fitkit under the same `args`: every logged value equal."""
+    import datasets
+    import transformers
+
+    def rows(n, seed):
+        g = torch.Generator().manual_seed(seed)
+        return datasets.Dataset.from_dict({"input_ids": torch.randint(3, 16, (n, 10), generator=g).tolist()})
+
+    def args(name):
+        return transformers.TrainingArguments(
+            output_dir=str(tmp_path / name), report_to="none", disable_tqdm=True, save_strategy="no",
+            eval_strategy="epoch", logging_steps=1, num_train_epochs=2, per_device_train_batch_size=8,
+            per_device_eval_batch_size=8, learning_rate=1e-2, seed=0, dataloader_pin_memory=False)
+
+    def collator():
+        return transformers.DataCollatorForLanguageModeling(_tokenizer(), mlm_probability=0.3, seed=7)
+
+    train, val = rows(32, 0), rows(16, 1)
+    trainer = transformers.Trainer(model=_tiny_mlm(), args=args("hf"), train_dataset=train, eval_dataset=val,
+                                   data_collator=collator())
+    trainer.train()
+    model = Model(_tiny_mlm()).compile()
+    model.fit(train, validation_data=val, args=args("fitkit"), data_collator=collator())
+    timings = ("runtime", "per_second", "flos")
+    theirs, ours = ([{k: v for k, v in r.items() if not any(t in k for t in timings)} for r in h]
+                    for h in (trainer.state.log_history, model.state.log_history))
+    assert len(ours) == len(theirs) == 8 + 2 + 1  # a loss per step, an evaluation per epoch, the summary
+    for a, b in zip(ours, theirs):
+        assert set(a) == set(b) and a == pytest.approx(b, abs=1e-5), (a, b)
