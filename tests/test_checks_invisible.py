@@ -309,3 +309,42 @@ def test_a_seeded_masked_lm_collator_gives_the_trainers_log(tmp_path):
     assert len(ours) == len(theirs) == 8 + 2 + 1  # a loss per step, an evaluation per epoch, the summary
     for a, b in zip(ours, theirs):
         assert set(a) == set(b) and a == pytest.approx(b, abs=1e-5), (a, b)
+
+
+class FlipNet(torch.nn.Module):
+    """A classifier computing its own loss, as a transformers model does (`x`, `labels`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = _net()
+
+    def forward(self, x, labels=None):
+        logits = self.linear(x)
+        loss = torch.nn.functional.cross_entropy(logits, labels) if labels is not None else None
+        return {"loss": loss, "logits": logits} if loss is not None else {"logits": logits}
+
+
+def test_a_random_flip_in_set_transform_gives_the_trainers_log(tmp_path):
+    """`run_image_classification.py`'s shape: a random flip in `set_transform` (torch's global
+    generator), the real Trainer beside fitkit: the same draws, so every logged value equal."""
+    import transformers
+
+    def args(name):
+        return transformers.TrainingArguments(
+            output_dir=str(tmp_path / name), report_to="none", disable_tqdm=True, save_strategy="no",
+            logging_steps=1, num_train_epochs=2, per_device_train_batch_size=8, learning_rate=1e-1, seed=0,
+            dataloader_pin_memory=False, remove_unused_columns=False)
+
+    drawn_by_trainer: list = []
+    trainer = transformers.Trainer(model=FlipNet(), args=args("hf"), train_dataset=_flipped(drawn_by_trainer))
+    trainer.train()
+    drawn: list = []
+    model = Model(FlipNet()).compile()
+    model.fit(_flipped(drawn), args=args("fitkit"))
+    assert drawn == drawn_by_trainer and len(drawn) == 2 * 40
+    timings = ("runtime", "per_second", "flos")
+    theirs, ours = ([{k: v for k, v in r.items() if not any(t in k for t in timings)} for r in h]
+                    for h in (trainer.state.log_history, model.state.log_history))
+    assert len(ours) == len(theirs) == 10 + 1
+    for a, b in zip(ours, theirs):
+        assert set(a) == set(b) and a == pytest.approx(b, abs=1e-5), (a, b)
