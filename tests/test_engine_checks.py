@@ -15,6 +15,7 @@ from fitkit import Model, TrainerCallback
 from fitkit.engine import checks
 from fitkit.engine import trainer as trainer_module
 from fitkit.engine.checkpoint.layout import MANIFEST, CheckpointError
+from fitkit.engine.checks import first_step, inputs
 
 
 class Steps(TrainerCallback):
@@ -422,13 +423,13 @@ def test_check_data_is_the_function_fit_calls():
 def test_the_same_tensors_are_checked_once_and_again_after_an_in_place_change(data):
     x, y = data
     probes = []
-    real = checks._check_rules
+    real = first_step._check_rules
 
     def spy(named, outputs, target, names, stats):
         probes.append(len(target))
         return real(named, outputs, target, names, stats)
 
-    checks._check_rules = spy
+    first_step._check_rules = spy
     model = Model(mlp()).compile("adam", "cross_entropy")
     model.fit(x, y, epochs=1, verbose=0)
     assert len(probes) == 1  # the first batch, checked
@@ -439,7 +440,7 @@ def test_the_same_tensors_are_checked_once_and_again_after_an_in_place_change(da
         with pytest.raises(ValueError, match="`y`"):
             model.fit(x, y, epochs=1, verbose=0)
     finally:
-        checks._check_rules = real
+        first_step._check_rules = real
     assert len(probes) == 2
 
 
@@ -452,8 +453,9 @@ def test_trials_read_the_datas_first_batches_once_and_check_each_module(data, mo
 
     x, y = data
     reads = []
-    real = checks._read_stats
-    monkeypatch.setattr(checks, "_read_stats", lambda batch, loss: reads.append(batch.size) or real(batch, loss))
+    real = inputs._read_stats
+    for module in (inputs, first_step):  # the data's first batch, and the shuffled first step's
+        monkeypatch.setattr(module, "_read_stats", lambda batch, loss: reads.append(batch.size) or real(batch, loss))
     model = Model(model_init=lambda trial: mlp(d_out=trial.suggest_int("classes", 1, 3))).compile("adam", "cross_entropy")
     model.launch()
 

@@ -18,7 +18,7 @@ pytest.importorskip("datasets")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PORTS = os.path.join(ROOT, "examples", "hf")
 #: The lines that change from the Trainer form to fitkit's, per task (what the port costs).
-CHANGED_LINES = {"ner": 9, "clm": 9, "translation": 14, "swag": 8, "summarization": 10}
+CHANGED_LINES = {"ner": 9, "clm": 9, "translation": 14, "swag": 8, "summarization": 10, "qa": 13}
 #: Values of the result files that are timings (they differ run to run).
 TIMINGS = ("_runtime", "_per_second")
 #: argv of each task's run in the tests: tiny, one thread, no checkpoints.
@@ -35,6 +35,10 @@ ARGV = {
     # generation's length and beams from the arguments (Seq2SeqTrainingArguments), not the calls
     "summarization": ["--num_train_epochs", "3", "--learning_rate", "1e-2", "--predict_with_generate", "true",
                       "--generation_max_length", "8", "--generation_num_beams", "2"],
+    # unlabeled evaluation features, post-processed into answers at each evaluation; the best
+    # checkpoint by F1 (the last option of a name wins: checkpoints written here)
+    "qa": ["--num_train_epochs", "3", "--learning_rate", "5e-3", "--logging_steps", "4", "--save_strategy", "epoch",
+           "--load_best_model_at_end", "true", "--metric_for_best_model", "f1"],
 }
 
 
@@ -108,12 +112,15 @@ def test_both_forms_write_the_same_results(both):
     if task == "clm":
         assert _read(os.path.join(ours, "eval_results.json"))["perplexity"] > 1
     for name in {"ner": ["predictions.txt"], "translation": ["generated_predictions.txt"],
-                 "summarization": ["generated_predictions.txt"]}.get(task, []):
+                 "summarization": ["generated_predictions.txt"],
+                 "qa": ["eval_predictions.json", "predict_predictions.json"]}.get(task, []):
         assert _read(os.path.join(ours, name)) == _read(os.path.join(hf, name)), name
     for name in ("config.json", "model.safetensors", "tokenizer.json", "trainer_state.json"):
         assert os.path.isfile(os.path.join(ours, name)), name
-    assert _read(os.path.join(ours, "trainer_state.json"))["global_step"] == \
-        _read(os.path.join(hf, "trainer_state.json"))["global_step"]
+    states = [_read(os.path.join(d, "trainer_state.json")) for d in (ours, hf)]
+    assert states[0]["global_step"] == states[1]["global_step"]
+    best = [os.path.basename(s["best_model_checkpoint"] or "") for s in states]
+    assert best[0] == best[1], best  # the same best checkpoint (qa: by F1)
 
 
 @pytest.mark.slow

@@ -1,7 +1,8 @@
 """What the ported Hugging Face example scripts would download, made in-process so that they run
 offline: the raw datasets (`load_dataset`), a word-level tokenizer (`AutoTokenizer`) and the
 corpus metrics (`evaluate.load("seqeval")`, `evaluate.load("sacrebleu")`, `evaluate.load("rouge")`).
-`load_dataset("swag")` lays out a multiple-choice set as the Hub's `swag` ("regular") does.
+`load_dataset("swag")` lays out a multiple-choice set as the Hub's `swag` ("regular") does;
+`load_dataset("qa")` an extractive-QA set as `squad` does (`squad_scores`: its EM and F1).
 
     from offline import load_dataset, make_tokenizer, corpus_bleu
     raw = load_dataset("ner")                       # DatasetDict: train / validation / test
@@ -59,8 +60,10 @@ def load_dataset(task: str, scale: int = 1) -> datasets.DatasetDict:
                              "summary": [" ".join(w[:3]) for w, _ in rows]}
         elif task == "swag":
             splits[split] = _swag(rows, rng)
+        elif task == "qa":
+            splits[split] = _squad(rows, rng, split)
         else:
-            raise ValueError(f"task={task!r}: use 'ner', 'text', 'translation', 'summarization' or 'swag'")
+            raise ValueError(f"task={task!r}: use 'ner', 'text', 'translation', 'summarization', 'swag' or 'qa'")
     return datasets.DatasetDict({k: datasets.Dataset.from_dict(v) for k, v in splits.items()})
 
 
@@ -81,6 +84,35 @@ def _swag(rows: list[tuple[list[str], list[int]]], rng: random.Random) -> dict[s
             last = rng.choice(["home", "today"] if i == label else ["later", "from", "and"])
             columns[f"ending{i}"].append(f"to {ending} {last}")
     return columns
+
+
+def _squad(rows: list[tuple[list[str], list[int]]], rng: random.Random, split: str) -> dict[str, list]:
+    """SQuAD's columns: `id`, `question`, `context` and `answers` ({"text", "answer_start"}):
+    who went where, the answer a name of the context followed by a place."""
+    columns: dict[str, list] = {"id": [], "question": [], "context": [], "answers": []}
+    for i, (words, _) in enumerate(rows):
+        name, place = rng.choice(NAMES), rng.choice(PLACES)
+        context = " ".join(words[:3] + [name, "went", "to", place] + words[3:])
+        answer = f"{name} went to {place}" if rng.random() < 0.3 else place
+        columns["id"].append(f"{split}-{i}")
+        columns["question"].append(f"where did {name} go" if answer == place else "who went where")
+        columns["context"].append(context)
+        before = words[:3] + ([] if answer != place else [name, "went", "to"])  # (a sentence has 3 words or more)
+        columns["answers"].append({"text": [answer], "answer_start": [len(" ".join(before)) + 1]})
+    return columns
+
+
+def squad_scores(predictions: dict[str, str], references: dict[str, list[str]]) -> dict[str, float]:
+    """SQuAD's `exact_match` and `f1` in percent: per question the best over its answers, the
+    F1 over the shared words (lower-cased, split on spaces)."""
+    def f1(pred: str, ref: str) -> float:
+        p, r = pred.lower().split(), ref.lower().split()
+        common = sum((collections.Counter(p) & collections.Counter(r)).values())
+        return 0.0 if not common else 2 * common / (len(p) + len(r))
+
+    exact = [max(float(predictions[k].lower() == a.lower()) for a in refs) for k, refs in references.items()]
+    overlap = [max(f1(predictions[k], a) for a in refs) for k, refs in references.items()]
+    return {"exact_match": 100 * sum(exact) / len(exact), "f1": 100 * sum(overlap) / len(overlap)}
 
 
 def make_tokenizer(template: str = "bert") -> PreTrainedTokenizerFast:

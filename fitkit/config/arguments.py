@@ -167,6 +167,8 @@ class TrainingArguments(metaclass=_TakesOtherNames):
     generation_num_beams: int | None = None  # generate's num_beams (None: the model's generation_config)
     generation_config: Any = None  # a transformers GenerationConfig for generate (None: the model's)
     preprocess_logits_for_metrics: Callable | None = None  # HF's (logits, labels) -> what compute_metrics keeps, per batch
+    # run_qa.py's QuestionAnsweringTrainer step: predictions -> EvalPrediction, then compute_metrics on it, labels or not
+    post_process_function: Callable | None = None
     # -- HF Trainer habits (checked by fitkit.config.hf_processing.check_habit_fields)
     remove_unused_columns: bool = True  # drop sample keys the module's forward does not name (labels kept)
     processing_class: Any = None  # an HF tokenizer/processor: its padding collator by default, saved beside the model

@@ -267,7 +267,7 @@ def _check_hf_fields(args: Any, fail: Callable[[str, str], NoReturn]) -> None:
     names = args.label_names
     if names is not None and (isinstance(names, str) or not all(isinstance(n, str) for n in names) or not names):
         fail("label_names", "pass a list of the batch keys that hold the target, e.g. ['labels']")
-    for name in ("compute_metrics", "data_collator", "preprocess_logits_for_metrics"):
+    for name in ("compute_metrics", "data_collator", "preprocess_logits_for_metrics", "post_process_function"):
         if getattr(args, name) is not None and not callable(getattr(args, name)):
             fail(name, "pass a function, or None")
     from fitkit.config.hf_processing import check_habit_fields

@@ -23,7 +23,8 @@ with a warning.
 
 `in_force` / `for_evaluation` carry the data options of the last fit (`data_collator`,
 `compute_metrics`, `remove_unused_columns`, `processing_class`, `label_names`,
-`eval_accumulation_steps`, `preprocess_logits_for_metrics`, `per_device_eval_batch_size`) into
+`eval_accumulation_steps`, `preprocess_logits_for_metrics`, `per_device_eval_batch_size`,
+`post_process_function`) into
 `evaluate` and `predict` when those are not given to them.
 """
 
@@ -38,7 +39,8 @@ from fitkit.config.names import canonical
 #: The options of the last fit that `evaluate` and `predict` use when not given.
 CARRIED = ("data_collator", "compute_metrics", "remove_unused_columns", "processing_class", "label_names",
            "eval_accumulation_steps", "preprocess_logits_for_metrics", "per_device_eval_batch_size",
-           "predict_with_generate", "generation_max_length", "generation_num_beams", "generation_config")
+           "predict_with_generate", "generation_max_length", "generation_num_beams", "generation_config",
+           "post_process_function")
 #: what else of a fit's arguments `evaluate` and `predict` keep (not keywords of theirs): HF's
 #: Trainer mode (an `evaluate()` after fit logs its record) and, with it, `disable_tqdm`'s printing.
 FROM_FIT = ("hf_trainer", "data_order", "verbose")

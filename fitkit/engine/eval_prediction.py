@@ -147,8 +147,9 @@ class PredictionCollector:
 
     def __init__(self, compute_metrics: Callable[[EvalPrediction], Mapping[str, Any]] | None,
                  accumulation_steps: int | None = None, preprocess: Callable[[Any, Any], Any] | None = None,
-                 keep: bool = False) -> None:
+                 keep: bool = False, post_process: Callable[[Any], Any] | None = None) -> None:
         self.compute_metrics, self.preprocess, self.keep = compute_metrics, preprocess, keep
+        self.post_process = post_process
         self.kept: tuple[Any, Any] | None = None  # with `keep`: (predictions, label_ids) after `compute`
         self.predictions = BatchJoiner("predictions", accumulation_steps)
         self.labels = BatchJoiner("label_ids", accumulation_steps)
@@ -162,7 +163,8 @@ class PredictionCollector:
         if fn is None and not keep:
             return None
         return cls(fn, getattr(args, "eval_accumulation_steps", None),
-                   getattr(args, "preprocess_logits_for_metrics", None), keep)
+                   getattr(args, "preprocess_logits_for_metrics", None), keep,
+                   getattr(args, "post_process_function", None))
 
     def add(self, outputs: Any, target: Any, generated: tuple[torch.Tensor, Any] | None = None) -> None:
         """One batch: its outputs and target, or with `predict_with_generate` the `generated`
@@ -198,7 +200,12 @@ class PredictionCollector:
             self.kept = (predictions, labels)
         if self.compute_metrics is None:
             return {}
-        values = self.compute_metrics(EvalPrediction(predictions, labels))
+        if self.post_process is not None:  # run_qa.py's QuestionAnsweringTrainer: metrics of the processed output
+            values = self.compute_metrics(self.post_process(predictions))
+        elif labels is None:  # the Trainer calls compute_metrics only with labels
+            return {}
+        else:
+            values = self.compute_metrics(EvalPrediction(predictions, labels))
         if not isinstance(values, Mapping):
             raise TypeError(f"`compute_metrics` must return a dict of values, e.g. {{'accuracy': 0.9}}; "
                             f"got {type(values).__name__}")

@@ -25,6 +25,7 @@ from fitkit.common.wrappers import unwrapped
 from fitkit.engine.batch_logs import RunningLogs, epoch_values
 from fitkit.engine.best_model import BestModel
 from fitkit.engine.checkpoint.checkpointer import Checkpointer, LoopSnapshot
+from fitkit.engine.checks import unread
 from fitkit.engine.data.batch import Batch, as_data
 from fitkit.engine.data.prefetch import stopping
 from fitkit.engine.data.sources import DataSource
@@ -177,6 +178,8 @@ class Loop(Inference, BestModel):
             assert n_batches is not None  # `steps_per_epoch` gives the epoch its length (`epoch_batches`)
             batches = itertools.islice(batches, max(n_batches - start, 0))
         stopped = self._steps(epoch, batches, start, n_batches)
+        if not start and unread(self.stepper):  # a loader checked as the run reads it, which read nothing
+            raise ValueError(f"`{train.name}` is empty: it yields no batch; pass at least one sample")
         self._end_epoch(epoch, n_batches, stopped)
         if train.ran_out:
             logger.warning("the training data ran out before epoch %d's %s steps (`steps_per_epoch` reads a stream on "

@@ -96,13 +96,12 @@ class Runtime:
         """The `Stepper` that `train_on_batch` and its kin reuse while nothing it was built on changes."""
         self.batch_stepper = stepper
 
-    def keep(self, *, scheduler: Any, example: Any = None) -> None:
-        """What a fit leaves for later calls: its learning-rate scheduler (for `Model.save`) and
-        the first training input seen (`summary()`'s shapes), the latter only once::
-
-            runtime.keep(scheduler=scheduler, example=batch.inputs)
-        """
+    def keep(self, *, scheduler: Any) -> None:
+        """What a fit leaves for later calls: its learning-rate scheduler (for `Model.save`)."""
         self.scheduler = scheduler
+
+    def keep_example(self, example: Any) -> None:
+        """The first training input seen, once (`summary()`'s shapes)."""
         if self.example is None:
             self.example = example
 

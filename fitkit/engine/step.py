@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -26,6 +26,13 @@ if TYPE_CHECKING:
 #: What a step calls as its loss, `loss(outputs, targets, sample_weight)`: a compiled `Loss`, or
 #: the stand-in that checks the first batch (`fitkit.engine.checks`).
 LossFn = Callable[[Any, Any, Any], torch.Tensor]
+
+
+class FirstStepHook(Protocol):
+    """What checks a phase's first real forward (`fitkit.engine.checks.FirstStep`): called with the
+    stepper instead of its plain forward until it hands the forward back (`Stepper.hook = None`)."""
+
+    def forward(self, stepper: Stepper, batch: Batch, with_loss: bool) -> tuple[torch.Tensor | None, Any]: ...
 
 
 class Stepper:
@@ -48,6 +55,7 @@ class Stepper:
         self.loss: LossFn | None = loss
         self.compute_loss = compute_loss  # a `Model.compute_loss` override, replacing `loss`
         self.direct = plain_single_device(fabric)
+        self.hook: FirstStepHook | None = None  # the first-step checks while armed (`forward` calls it)
         self._kept = False  # see `keep_parameters`
         self._params: list[torch.nn.Parameter] | None = None
         # The one place the path is chosen: what forward, backward, clipping and the optimizer call.
@@ -67,10 +75,17 @@ class Stepper:
 
     # -- forward and backward -------------------------------------------------------------
     def forward(self, batch: Batch, with_loss: bool = True) -> tuple[torch.Tensor | None, Any]:
-        """`(loss, outputs)` of one batch; the loss is None without targets or `with_loss`."""
+        """`(loss, outputs)` of one batch; the loss is None without targets or `with_loss` (or
+        when a module computing its own loss returned none: unlabeled evaluation data)."""
+        if self.hook is not None:
+            return self.hook.forward(self, batch, with_loss)
+        return self.plain_forward(batch, with_loss, self.forward_module, self.loss)
+
+    def plain_forward(self, batch: Batch, with_loss: bool, module: Any,
+                      loss_fn: LossFn | None) -> tuple[torch.Tensor | None, Any]:
+        """`forward` through `module` and `loss_fn` (the first-step checks pass their wrappers)."""
         if self.compute_loss is not None:
-            return self._forward_with_compute_loss(batch, with_loss)
-        module, loss_fn = self.forward_module, self.loss
+            return self._forward_with_compute_loss(batch, with_loss, module)
         inputs, target = batch.inputs, batch.target
         if loss_fn is None and with_loss and target is not None:
             out = module(**inputs, labels=target) if isinstance(inputs, dict) else module(*inputs, target)
@@ -78,8 +93,10 @@ class Stepper:
         out = module(**inputs) if isinstance(inputs, dict) else module(*inputs)
         if not with_loss:
             return None, out
-        if loss_fn is None:  # a module that computes its loss from the inputs alone
-            return scalar_loss(model_loss(out)), metric_outputs(out)
+        if loss_fn is None:  # a module that computes its loss from the inputs alone (or none: no labels)
+            if torch.is_grad_enabled() or returned_loss(out):
+                return scalar_loss(model_loss(out)), metric_outputs(out)
+            return None, out
         if target is None:
             return None, out
         loss = loss_fn(out, target, batch.sample_weight)  # the loss picks the output(s)
@@ -87,10 +104,10 @@ class Stepper:
             scalar_loss(loss)  # raises
         return loss, out
 
-    def _forward_with_compute_loss(self, batch: Batch, with_loss: bool = True) -> tuple[torch.Tensor | None, Any]:
+    def _forward_with_compute_loss(self, batch: Batch, with_loss: bool, module: Any) -> tuple[torch.Tensor | None, Any]:
         """`forward` when a `Model` subclass overrides `compute_loss(x, y, y_pred, sample_weight)`."""
         inputs = batch.inputs
-        out = self.forward_module(**inputs) if isinstance(inputs, dict) else self.forward_module(*inputs)
+        out = module(**inputs) if isinstance(inputs, dict) else module(*inputs)
         if not with_loss:
             return None, out
         x = inputs[0] if isinstance(inputs, tuple) and len(inputs) == 1 else inputs
@@ -294,6 +311,14 @@ def model_loss(out: Any) -> torch.Tensor:
         "`loss=None` means the module returns its loss (a tensor, a dict with 'loss', or a tuple whose first "
         f"item is the loss), but it returned {type(out).__name__}; pass `loss=` to compile"
     )
+
+
+def returned_loss(out: Any) -> bool:
+    """Whether a module's outputs carry a loss: not a transformers output (or dict) whose `loss`
+    is None or missing, as a model returns for features without labels (QA evaluation)."""
+    if isinstance(out, dict):
+        return out.get("loss") is not None
+    return getattr(out, "loss", True) is not None
 
 
 def metric_outputs(out: Any) -> Any:

@@ -30,6 +30,7 @@ from fitkit.config.hf_arguments import prepare_module, run_optimizer
 from fitkit.engine.checkpoint.checkpointer import Checkpointer
 from fitkit.engine.checks import check_data, keeps_float64
 from fitkit.engine.data.adapt import adapt
+from fitkit.engine.data.batch import Batch
 from fitkit.engine.data.hf_columns import drop_unused_columns
 from fitkit.engine.data.keras_data import class_weight_table, split_validation
 from fitkit.engine.data.loader_source import LoaderSource
@@ -108,11 +109,10 @@ class Trainer:
         self.runtime.keep(scheduler=scheduler)  # the last fit's, for `Model.save`
         loop = self._fit_loop(config, state, wrapped, optimizer, scheduler, train, val, batches)
         # The first batches against the module, loss and metrics: before any step or file.
-        memo, own, first = self.runtime.checked, self.overrides, None
+        memo, own = self.runtime.checked, self.overrides
         if own.train_step is None:  # an overridden step decides what a batch is
-            first = check_data(loop.stepper, self.module, train, metrics=config.logged_metrics, training=True, memo=memo)
-        if first is not None:  # data from a loader: summary()'s shapes
-            self.runtime.keep(scheduler=scheduler, example=first.inputs)
+            check_data(loop.stepper, self.module, train, metrics=config.logged_metrics, training=True, memo=memo,
+                       seen=self._keep_example)
         if own.test_step is None:
             check_data(loop.stepper, self.module, val, metrics=config.logged_metrics, memo=memo)
         checkpointer = loop.checkpointer
@@ -132,6 +132,10 @@ class Trainer:
             logger.warning("preempted: checkpoint written to %s; rerun with resume_from_checkpoint=True",
                            checkpointer.last)
             raise SystemExit(0)
+
+    def _keep_example(self, batch: Batch) -> None:
+        """The first training inputs read from a loader, for `summary()`'s shapes."""
+        self.runtime.keep_example(batch.inputs)
 
     def _fit_loop(self, config: CompileConfig, state: TrainerState, wrapped: torch.nn.Module, optimizer: Any,
                   scheduler: Any, train: DataSource, val: DataSource | None, batches: int | None) -> Loop:

@@ -35,6 +35,10 @@ def is_sample_list(x: Any) -> bool:
         return False
     if not isinstance(x, list) and not hasattr(type(x), "__iter__"):
         return False  # Keras' batch-centric protocol (`fitkit.engine.data.keras_data`): decided without a read
+    if type(x).__module__.startswith("datasets.") and hasattr(x, "column_names"):
+        # a `datasets.Dataset`'s rows are samples: decided without a read, which would run its
+        # transform (`set_transform`: a random flip draws) once more than the run does
+        return len(x) > 0
     try:
         if len(x) == 0:
             return False
