@@ -56,6 +56,7 @@ class Runtime:
         self.in_child = False  # inside a process a spawn strategy started
         self.checked = CheckMemo()  # in-memory data whose first batch was checked already
         self.batch_stepper: Any = None  # the Stepper `train_on_batch` and its kin keep (engine/on_batch.py)
+        self.compiled_trainable: tuple[bool, ...] | None = None  # each parameter's requires_grad at compile
         self._call: RunContext | None = None  # the call under way (`running`); nothing of it outlives the call
 
     @property
@@ -69,7 +70,6 @@ class Runtime:
         """The step tools of the call under way (`StepTools`), None without overridden steps or
         between calls."""
         return None if self._call is None else self._call.tools
-        self.compiled_trainable: tuple[bool, ...] | None = None  # each parameter's requires_grad at compile
 
     @contextlib.contextmanager
     def running(self, context: RunContext) -> Iterator[RunContext]:
