@@ -40,9 +40,9 @@ if TYPE_CHECKING:
 
 from fitkit.common.options import error_line, writes_to_output_dir
 from fitkit.common.schedule import steps_per_epoch, unplanned_steps
-from fitkit.engine.checkpoint import hf_trainer, run_lock
+from fitkit.engine.checkpoint import hf_trainer, run_lock, store
 from fitkit.engine.checkpoint.layout import CheckpointError
-from fitkit.engine.checkpoint.listing import list_checkpoints
+from fitkit.engine.checkpoint.listing import is_complete, list_checkpoints
 from fitkit.engine.checkpoint.loading import load_checkpoint, saved_state, warn_on_resume
 from fitkit.engine.checkpoint.verify import resolve, verified
 from fitkit.engine.checkpoint.writing import (
@@ -52,6 +52,7 @@ from fitkit.engine.checkpoint.writing import (
     SyncCheckpointWriter,
     checkpoint_path,
     hold,
+    remove_checkpoint,
 )
 from fitkit.engine.data.rng import rng_state
 from fitkit.engine.devices.local import strategy_name
@@ -167,6 +168,7 @@ class Checkpointer:
         self._locks: dict[str, Any] | None = None  # by real path, while `writing()` runs
         self._token: str | None = None  # this run's part of temporary names, the same on every process
         self._announce: list[Committed] = []  # committed into output_dir, `on_save` not fired yet
+        self._fetched: list[str] = []  # local copies of checkpoints downloaded from a store, removed at the end
         self.writer: CheckpointWriter = self._writer_for(args, defer_copy)
 
     def _writer_for(self, args: Any, defer_copy: bool) -> CheckpointWriter:
@@ -199,13 +201,15 @@ class Checkpointer:
             yield
         finally:
             self.writer.close()
+            for path in self._fetched if self.fabric.is_global_zero else ():
+                shutil.rmtree(path, ignore_errors=True)
             locks, self._locks = self._locks, None
             for lock in locks.values():
                 if lock is not None:
                     lock.release()
 
     def _hold(self, directory: str, argument: str) -> None:
-        key = os.path.realpath(directory)
+        key = directory.rstrip("/") if store.is_url(directory) else os.path.realpath(directory)
         if self._locks is not None and key not in self._locks:
             self._locks[key] = self._on_zero(lambda: hold(directory, argument), share=False)
 
@@ -276,7 +280,8 @@ class Checkpointer:
         best = checkpoint_path(directory, state.best_global_step) if state.best_global_step else None
         # This checkpoint holds the best model, or an earlier one does (saved at the step an
         # evaluation later found best, as HF records it): kept by rotation either way.
-        if own and best and (state.best_global_step == state.global_step or os.path.isdir(best)):
+        if own and best and (state.best_global_step == state.global_step or (
+                is_complete(best) if store.is_url(best) else os.path.isdir(best))):
             state.best_model_checkpoint = best
         extra = {"rng": rng_state(), "loop": snapshot.to_payload()}
         job = SaveJob(directory, own, self.args.save_total_limit if own else limit, state, extra, self._token)
@@ -326,7 +331,13 @@ class Checkpointer:
         """`resume_from_checkpoint` resolved, else a checkpoint a callback offers through
         `checkpoint_to_resume(args)` (`OffersCheckpoint`, e.g. `BackupAndRestore`), else None.
         Verified on the global-zero process before anything is loaded (see `checkpoint.resolve`)."""
-        return self._on_zero(lambda: self._choose(callbacks))
+        return self._staged(self._on_zero(lambda: self._choose(callbacks)))
+
+    def _staged(self, path: str | None) -> str | None:
+        """`path`, remembered for removal at the end when it is a local copy of a store's checkpoint."""
+        if path is not None and store.is_staged(path):
+            self._fetched.append(path)
+        return path
 
     def _choose(self, callbacks: Iterable[Any]) -> str | None:
         path = self._offered(callbacks)
@@ -434,10 +445,10 @@ class Checkpointer:
         if self.args.load_best_model_at_end and best and self._on_zero(lambda: hf_trainer.is_trainer_checkpoint(best)):
             hf_trainer.load_weights(self.module, best)  # recorded by the Trainer before this run resumed
         elif self.args.load_best_model_at_end and best:
-            path = self._on_zero(lambda: verified(best))
+            path = self._staged(self._on_zero(lambda: verified(best)))
             load_checkpoint(self.fabric, path, module=self.module, optimizer=None)
         if self.args.hf_trainer and self.args.save_total_limit == 1 and best and self.fabric.is_global_zero:
             # HF's Trainer: a limit of one keeps the best checkpoint alone once training ends
             for path in list_checkpoints(self.args.output_dir):
                 if os.path.abspath(path) != os.path.abspath(best):
-                    shutil.rmtree(path, ignore_errors=True)
+                    remove_checkpoint(path)
