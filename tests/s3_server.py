@@ -15,8 +15,6 @@ import logging
 import os
 import uuid
 
-import pytest
-
 
 class S3Server:
     def __init__(self, server, port: int) -> None:
@@ -70,12 +68,3 @@ class S3Server:
         """Every object under `url`, relative to it."""
         fs, root = self.fs(), url[len("s3://"):].rstrip("/")
         return sorted(k[len(root) + 1:] for k in fs.find(root))
-
-
-@pytest.fixture(scope="session")
-def s3_server():
-    pytest.importorskip("s3fs")
-    pytest.importorskip("moto")
-    server = S3Server.start()
-    yield server
-    server.stop()

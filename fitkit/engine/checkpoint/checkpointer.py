@@ -445,7 +445,8 @@ class Checkpointer:
         if self.args.load_best_model_at_end and best and self._on_zero(lambda: hf_trainer.is_trainer_checkpoint(best)):
             hf_trainer.load_weights(self.module, best)  # recorded by the Trainer before this run resumed
         elif self.args.load_best_model_at_end and best:
-            path = self._staged(self._on_zero(lambda: verified(best)))
+            path = self._on_zero(lambda: verified(best))
+            self._staged(path)
             load_checkpoint(self.fabric, path, module=self.module, optimizer=None)
         if self.args.hf_trainer and self.args.save_total_limit == 1 and best and self.fabric.is_global_zero:
             # HF's Trainer: a limit of one keeps the best checkpoint alone once training ends

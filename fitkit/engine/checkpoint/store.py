@@ -17,42 +17,30 @@ then published: its objects first, the manifest last (`publish`); it is removed 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
-import re
 import shutil
 import tempfile
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from fitkit.common.urls import StorageUnavailableError, filesystem, is_url, protocol
 from fitkit.engine.checkpoint.layout import CHECKPOINT_NAME, MANIFEST, CheckpointError, CheckpointWriteError
 
-_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]+)://")
-#: protocol -> (the package fsspec needs for it, fitkit's extra that installs it)
-PACKAGES = {"s3": ("s3fs", "s3"), "s3a": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs"),
-            "az": ("adlfs", "azure"), "abfs": ("adlfs", "azure"), "abfss": ("adlfs", "azure")}
+__all__ = ["Store", "StoreError", "is_url", "join", "protocol", "retried", "split", "staging"]
+
 #: How often, and after how long, a failed upload or removal is tried again (an endpoint that
 #: restarts, a throttled request) before the save fails.
 RETRY_DELAYS = (1.0, 2.0, 4.0)
 T = TypeVar("T")
 
 
-class StoreError(CheckpointError):
+class StoreError(CheckpointError, StorageUnavailableError):
     """A URL that cannot be used: its protocol's package is missing, its bucket does not exist,
     the credentials are refused or the endpoint does not answer."""
-
-
-def is_url(path: Any) -> bool:
-    """True for a URL with a protocol (`s3://bucket/run`), False for a local path."""
-    return isinstance(path, str) and _URL.match(path) is not None
-
-
-def protocol(url: str) -> str:
-    """The protocol of `url` (`"s3"` for `s3://bucket/run`)."""
-    match = _URL.match(url)
-    return match.group(1).lower() if match else "file"
 
 
 def join(base: str, *names: str) -> str:
@@ -81,7 +69,7 @@ def retried(what: str, url: str, action: Callable[[], T]) -> T:
             return action()
         except (CheckpointError, FileNotFoundError, FileExistsError, PermissionError):
             raise
-        except Exception as err:  # noqa: BLE001 - botocore's and aiohttp's errors are not OSErrors
+        except Exception as err:  # botocore's and aiohttp's errors are not OSErrors
             if delay is None:
                 raise CheckpointWriteError(
                     f"could not {what} {url!r} after {len(RETRY_DELAYS) + 1} tries ({type(err).__name__}: "
@@ -103,17 +91,10 @@ class Store:
     def open(cls, url: str, argument: str = "`output_dir`", check: bool = True) -> Store:
         """The store of `url`; with `check`, its bucket must answer (listed once): a `StoreError`
         naming `argument`, the URL and the fix otherwise (never a local stand-in folder)."""
-        proto = protocol(url)
         try:
-            import fsspec
-
-            fs = fsspec.filesystem(proto)
-        except (ImportError, ValueError) as err:
-            package, extra = PACKAGES.get(proto, (None, None))
-            fix = (f'run `pip install "fitkit[{extra}]"` (or `pip install {package}`)' if package else
-                   "use a protocol fsspec knows (s3://, gs://, az://, file://, memory://) or a local path")
-            raise StoreError(f"{argument}={url!r} needs the filesystem for {proto}://, which cannot be loaded "
-                             f"({type(err).__name__}: {err}): {fix}") from None
+            fs, _ = filesystem(url, argument)
+        except StorageUnavailableError as err:
+            raise StoreError(str(err)) from None
         store = cls(url, fs)
         if check:
             store.check(argument)
@@ -216,7 +197,7 @@ class Store:
                        for root, _, names in os.walk(local) for f in names)
         for rel in [f for f in files if f != MANIFEST] + [MANIFEST]:
             source, key = os.path.join(local, *rel.split("/")), self._key(f"{name}/{rel}")
-            retried("upload", key, lambda s=source, k=key: self.fs.put_file(s, k))
+            retried("upload", key, functools.partial(self.fs.put_file, source, key))
 
     def fetch(self, name: str, local: str) -> str:
         """Download the checkpoint `name` into the local folder `local` (replacing it); its path."""

@@ -1,0 +1,269 @@
+"""Checkpoints in object storage (`output_dir="s3://..."`), against a real S3 server on loopback
+(moto's server mode, `tests/s3_server.py`), through s3fs as a user's run reaches it."""
+
+import json
+import logging
+import os
+import shutil
+
+import pytest
+import torch
+from helpers import Crash, CrashAt
+
+from fitkit import Model, TrainerCallback
+from fitkit.callbacks import BackupAndRestore, ModelCheckpoint
+from fitkit.engine.checkpoint import bucket_lock, layout, store, writing
+from fitkit.engine.checkpoint.run_lock import DirectoryInUseError
+
+FILES = ["fitkit_checkpoint.json", "state.pt", "trainer_state.json", "training_args.json"]
+
+
+def _data():
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(64, 8, generator=g), torch.randint(0, 3, (64,), generator=g)
+
+
+def _model(seed=0):
+    torch.manual_seed(seed)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(16, 3))
+    return Model(net).compile("adam", "cross_entropy", learning_rate=1e-2)
+
+
+def _fit(out, epochs=4, seed=0, **options):
+    x, y = _data()
+    model = _model(seed)
+    options.setdefault("save_strategy", "epoch")
+    model.fit(x, y, epochs=epochs, batch_size=16, output_dir=out, verbose=0, **options)
+    return model
+
+
+class _FirstStep(TrainerCallback):
+    """Records the step a run starts at and whether any step ran."""
+
+    start, stepped = None, False
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start = state.global_step
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.stepped = True
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    """The test's working directory, and a staging folder of its own (both must stay empty)."""
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    monkeypatch.setenv("FITKIT_STAGING_DIR", str(tmp_path / "staging"))
+    return tmp_path
+
+
+def _local_files(root):
+    return sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs)
+
+
+@pytest.mark.parametrize("save_async", [False, True])
+def test_checkpoints_go_to_the_bucket_and_nothing_local(s3_server, workdir, save_async):
+    url = s3_server.bucket() + "/run1"
+    _fit(url, epochs=3, save_total_limit=2, save_async=save_async)
+    # 4 steps an epoch; rotation kept the two newest, the lock object is gone with the run
+    assert s3_server.keys(url) == [f"checkpoint-{n}/{f}" for n in (12, 8) for f in FILES]
+    assert _local_files(workdir) == []  # no `s3:` folder, no staging left over
+    manifest = json.loads(s3_server.fs().cat_file(url[5:] + "/checkpoint-12/fitkit_checkpoint.json"))
+    assert manifest["global_step"] == 12 and set(manifest["files"]) == set(FILES) - {"fitkit_checkpoint.json"}
+
+
+@pytest.mark.parametrize("save_async", [False, True])
+def test_a_run_resumed_from_the_bucket_ends_as_an_uninterrupted_one(s3_server, workdir, save_async):
+    reference = _fit(str(workdir / "ref"), save_strategy="no")
+    url = s3_server.bucket() + "/run"
+    with pytest.raises(Crash):
+        _fit(url, save_async=save_async, callbacks=[CrashAt(10)])  # after the saves of steps 4 and 8
+    first = _FirstStep()
+    resumed = _fit(url, seed=5, resume_from_checkpoint=True, save_async=save_async, callbacks=[first])
+    assert first.start == 8
+    for a, b in zip(reference.module.state_dict().values(), resumed.module.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+def test_a_damaged_newest_checkpoint_is_never_loaded(s3_server, workdir, caplog):
+    url = s3_server.bucket() + "/run"
+    _fit(url, epochs=2)
+    fs, key = s3_server.fs(), url[5:] + "/checkpoint-8/state.pt"
+    data = bytearray(fs.cat_file(key))
+    data[len(data) // 2] ^= 0xFF  # one flipped byte, same size: only the digest can tell
+    fs.pipe_file(key, bytes(data))
+    first = _FirstStep()
+    with caplog.at_level(logging.WARNING, logger="fitkit"):
+        _fit(url, epochs=2, resume_from_checkpoint=True, callbacks=[first])
+    assert first.start == 4  # the one before it
+    assert f"{url}/checkpoint-8" in caplog.text and "digest" in caplog.text
+    with pytest.raises(layout.CheckpointError, match=f"{url}/checkpoint-4.*digest"):
+        fs.pipe_file(url[5:] + "/checkpoint-4/state.pt", bytes(data))
+        _fit(url, epochs=2, resume_from_checkpoint=f"{url}/checkpoint-4")
+
+
+def test_an_upload_cut_short_is_no_checkpoint_and_is_tidied(s3_server, workdir):
+    url = s3_server.bucket() + "/run"
+    _fit(url, epochs=2)
+    fs = s3_server.fs()
+    fs.rm(url[5:] + "/checkpoint-8/fitkit_checkpoint.json")  # what a kill before the manifest leaves
+    first = _FirstStep()
+    _fit(url, epochs=1, save_strategy="no", resume_from_checkpoint=True, callbacks=[first])
+    assert first.start == 4
+    assert not any(k.startswith("checkpoint-8/") for k in s3_server.keys(url))  # removed by the next run
+
+
+def test_rotation_cut_short_on_a_bucket_leaves_no_complete_looking_checkpoint(s3_server, workdir, monkeypatch):
+    url = s3_server.bucket() + "/run"
+    _fit(url, epochs=3)
+    calls = []
+    real = store.Store._rm
+
+    def dies_after_the_manifest(self, names):
+        calls.append(names)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # killed between the manifest's removal and the objects'
+        return real(self, names)
+
+    monkeypatch.setattr(store.Store, "_rm", dies_after_the_manifest)
+    with pytest.raises(KeyboardInterrupt):
+        writing.rotate(url, 1)
+    assert calls[0] == [f"checkpoint-4/{layout.MANIFEST}"]
+    assert [os.path.basename(p) for p in writing.list_checkpoints(url)] == ["checkpoint-8", "checkpoint-12"]
+    monkeypatch.setattr(store.Store, "_rm", real)
+    writing.recover_store(store.Store.open(url))
+    assert not any(k.startswith("checkpoint-4/") for k in s3_server.keys(url))
+
+
+def test_rotation_cut_short_on_disk_leaves_no_half_deleted_checkpoint(tmp_path, monkeypatch):
+    out = str(tmp_path / "out")
+    _fit(out, epochs=3)
+    real = shutil.rmtree
+
+    def dies_midway(path, *args, **kwargs):
+        os.remove(os.path.join(path, "state.pt"))  # part of it gone, then the process is killed
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(writing.shutil, "rmtree", dies_midway)
+    with pytest.raises(KeyboardInterrupt):
+        writing.rotate(out, 1)
+    monkeypatch.setattr(writing.shutil, "rmtree", real)
+    named = sorted(n for n in os.listdir(out) if layout.CHECKPOINT_NAME.match(n))
+    assert named == ["checkpoint-12", "checkpoint-8"]  # every final-named one complete
+    assert all(writing.is_complete(os.path.join(out, n)) for n in named)
+    writing.recover(out)  # the next run's tidying
+    assert sorted(os.listdir(out)) == ["checkpoint-12", "checkpoint-8"]
+
+
+def test_two_writers_on_one_prefix_are_refused(s3_server, workdir):
+    url = s3_server.bucket() + "/run"
+    held = bucket_lock.acquire(url)
+    try:
+        first = _FirstStep()
+        with pytest.raises(DirectoryInUseError, match=f"`output_dir` '{url}' is in use .*pid {os.getpid()}"):
+            _fit(url, epochs=1, callbacks=[first])
+        assert not first.stepped
+    finally:
+        held.release()
+    assert s3_server.keys(url) == []
+
+
+def test_a_lock_left_by_a_dead_process_is_taken_over(s3_server, workdir):
+    url = s3_server.bucket() + "/run"
+    dead = {"run": "x", "pid": 2 ** 22 + 17, "host": __import__("socket").gethostname(), "started": "then"}
+    s3_server.fs().pipe_file(url[5:] + "/.fitkit.lock", json.dumps(dead).encode())
+    _fit(url, epochs=1)
+    assert s3_server.keys(url) == [f"checkpoint-4/{f}" for f in FILES]
+
+
+def test_the_lock_object_is_created_only_when_absent(s3_server):
+    url = s3_server.bucket()
+    where = store.Store.open(url)
+    where.put_bytes("x", b"1", exclusive=True)
+    with pytest.raises(FileExistsError):
+        where.put_bytes("x", b"2", exclusive=True)  # S3's If-None-Match: *, refused by the server
+    assert s3_server.fs().cat_file(url[5:] + "/x") == b"1"
+
+
+# -- bad input: a clear error before the first step, nothing written locally ------------------------
+def _refused(workdir, url, match):
+    first = _FirstStep()
+    with pytest.raises(store.StoreError, match=match):
+        _fit(url, epochs=1, callbacks=[first])
+    assert not first.stepped and _local_files(workdir) == []
+
+
+def test_a_bucket_that_does_not_exist(s3_server, workdir):
+    _refused(workdir, "s3://no-such-bucket-fitkit/run", r"'s3://no-such-bucket-fitkit/run'.*bucket "
+                                                         r"'no-such-bucket-fitkit' does not exist.*create it")
+
+
+def test_a_protocol_without_its_package(workdir, monkeypatch):
+    import sys
+
+    registry = sys.modules["fsspec.registry"]  # (the package's `registry` name is a mapping)
+    monkeypatch.setitem(registry.known_implementations, "gs",
+                        {"class": "gcsfs_missing.GCSFileSystem", "err": "Please install gcsfs"})
+    monkeypatch.delitem(registry._registry, "gs", raising=False)
+    _refused(workdir, "gs://bucket/run", r"`output_dir`='gs://bucket/run'.*pip install \"fitkit\[gcs\]\"")
+
+
+def test_an_unknown_protocol(workdir):
+    _refused(workdir, "nosuch://bucket/run", "nosuch://.*use a protocol fsspec knows")
+
+
+@pytest.fixture
+def fresh_s3fs():
+    """s3fs filesystems built anew (fsspec caches them per process, with the environment of
+    their first use), before and after the test."""
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    yield
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+def test_an_endpoint_that_does_not_answer(s3_server, workdir, monkeypatch, fresh_s3fs):
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    _refused(workdir, "s3://ckpts/run", "'s3://ckpts/run' cannot be reached .*endpoint")
+
+
+def test_refused_credentials(s3_server, workdir, monkeypatch, fresh_s3fs):
+    from moto import settings
+
+    url = s3_server.bucket() + "/run"
+    monkeypatch.setattr(settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)  # the server checks keys now: "testing" is unknown
+    _refused(workdir, url, "cannot be reached .*(PermissionError|InvalidAccessKeyId).*credentials")
+
+
+# -- the other places a URL is accepted ----------------------------------------------------------
+def test_model_save_and_load_through_a_url(s3_server, workdir):
+    url = s3_server.bucket() + "/models/m.pt"
+    model = _fit(str(workdir / "ref"), epochs=1, save_strategy="no")
+    model.save(url)
+    loaded = Model.load(url, _model(3).module)
+    for a, b in zip(model.module.state_dict().values(), loaded.module.state_dict().values()):
+        assert torch.equal(a, b)
+    assert _local_files(workdir / "cwd") == []
+
+
+def test_model_checkpoint_and_backup_in_the_bucket(s3_server, workdir):
+    url = s3_server.bucket()
+    keep = ModelCheckpoint(url + "/w-{epoch}.pt", save_best_only=False)
+    backup = BackupAndRestore(url + "/backup", delete_checkpoint=False)
+    with pytest.raises(Crash):
+        _fit(str(workdir / "out"), epochs=3, save_strategy="no", callbacks=[keep, backup, CrashAt(6)])
+    assert [k for k in s3_server.keys(url) if k.startswith("w-")] == ["w-1.pt"]
+    assert [k for k in s3_server.keys(url + "/backup") if k.endswith(layout.MANIFEST)] == [
+        f"checkpoint-4/{layout.MANIFEST}"]
+    first = _FirstStep()
+    _fit(str(workdir / "out"), epochs=3, save_strategy="no", callbacks=[BackupAndRestore(url + "/backup"), first])
+    assert first.start == 4
+    assert s3_server.keys(url + "/backup") == []  # delete_checkpoint: removed when fit completes
