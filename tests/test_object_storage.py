@@ -267,3 +267,45 @@ def test_model_checkpoint_and_backup_in_the_bucket(s3_server, workdir):
     _fit(str(workdir / "out"), epochs=3, save_strategy="no", callbacks=[BackupAndRestore(url + "/backup"), first])
     assert first.start == 4
     assert s3_server.keys(url + "/backup") == []  # delete_checkpoint: removed when fit completes
+
+
+# -- kill -9 mid-run, then resume ----------------------------------------------------------------
+SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "bucket_run.py")
+
+
+def _run(args, env, kill_after=None, delay=0.0):
+    """Run the script; with `kill_after`, kill -9 it `delay` s after it printed `SAVE {kill_after}`."""
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, SCRIPT, *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if kill_after is not None and line.strip() == f"SAVE {kill_after}":
+            time.sleep(delay)
+            proc.kill()
+            break
+    proc.wait(timeout=300)
+    return proc.returncode, "".join(lines)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("save_async", "delay"), [(False, 0.05), (True, 0.13)])
+def test_kill_9_mid_run_then_resume_from_the_bucket(s3_server, tmp_path, save_async, delay):
+    env = {**os.environ, **s3_server.env, "FITKIT_STAGING_DIR": str(tmp_path / "staging")}
+    code, out = _run([str(tmp_path / "ref"), str(tmp_path / "ref.pt")], env)
+    assert code == 0, out
+    url = s3_server.bucket() + "/run"
+    extra = ["--save-async"] if save_async else []
+    code, out = _run([url, str(tmp_path / "a.pt"), "--sleep", "0.05", *extra], env, kill_after=6, delay=delay)
+    assert code == -9 and "DONE" not in out, out
+    code, out = _run([url, str(tmp_path / "b.pt"), "--resume", *extra], env)
+    assert code == 0, out
+    assert int(out.split("TRAIN_BEGIN ")[1].split()[0]) >= 6
+    reference, resumed = torch.load(tmp_path / "ref.pt"), torch.load(tmp_path / "b.pt")
+    assert all(torch.equal(reference[k], resumed[k]) for k in reference)
+    assert not os.path.exists(tmp_path / "a.pt")
+    assert _local_files(tmp_path / "staging") == []
