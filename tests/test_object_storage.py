@@ -309,3 +309,70 @@ def test_kill_9_mid_run_then_resume_from_the_bucket(s3_server, tmp_path, save_as
     assert all(torch.equal(reference[k], resumed[k]) for k in reference)
     assert not os.path.exists(tmp_path / "a.pt")
     assert _local_files(tmp_path / "staging") == []
+
+
+# -- the endpoint stops answering mid-run ----------------------------------------------------------
+class _StopServerAt(TrainerCallback):
+    """Stops the S3 server once the checkpoint of `step` is committed (its `on_save`), and starts
+    it again `back_after` seconds later (None: not during the run). Records the saves announced."""
+
+    def __init__(self, server, step, back_after):
+        self.server, self.step, self.back_after, self.saved = server, step, back_after, []
+
+    def on_save(self, args, state, control, **kwargs):
+        import threading
+
+        self.saved.append(state.global_step)
+        if state.global_step == self.step:
+            self.server.stop()
+            if self.back_after is not None:
+                threading.Timer(self.back_after, self.server.restart).start()
+
+
+def test_an_endpoint_down_for_a_while_is_survived(s3_server, workdir):
+    url = s3_server.bucket() + "/run"
+    stop = _StopServerAt(s3_server, 4, back_after=1.5)
+    _fit(url, epochs=3, save_strategy="steps", save_steps=4, save_async=True, callbacks=[stop])
+    assert stop.saved == [4, 8, 12]
+    assert [k for k in s3_server.keys(url) if k.endswith(layout.MANIFEST)] == [
+        f"checkpoint-{n}/{layout.MANIFEST}" for n in (12, 4, 8)]
+    assert [os.path.basename(p) for p in writing.list_checkpoints(url)] == ["checkpoint-4", "checkpoint-8",
+                                                                            "checkpoint-12"]
+
+
+@pytest.mark.parametrize("save_async", [False, True])
+def test_an_endpoint_gone_for_good_is_reported_and_nothing_committed_is_lost(s3_server, workdir, monkeypatch,
+                                                                             fresh_s3fs, save_async):
+    monkeypatch.setattr(store, "RETRY_DELAYS", (0.1,))
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    url = s3_server.bucket() + "/run"
+    stop = _StopServerAt(s3_server, 4, back_after=None)
+    try:
+        with pytest.raises(layout.CheckpointWriteError, match=f"{url}/checkpoint-8.*earlier checkpoints .* intact"):
+            _fit(url, epochs=3, save_strategy="steps", save_steps=4, save_async=save_async, callbacks=[stop])
+    finally:
+        s3_server.restart()
+    assert stop.saved == [4]  # the failed one never announced
+    assert [os.path.basename(p) for p in writing.list_checkpoints(url)] == ["checkpoint-4"]
+    where = store.Store.open(url)
+    from fitkit.engine.checkpoint.verify import verified
+
+    shutil.rmtree(verified(f"{url}/checkpoint-4"))  # verifies whole after the run's failure
+    assert where.exists(".fitkit.lock")  # the lock could not be removed with the endpoint down (a later run takes it over)
+
+
+def test_a_run_on_local_disk_imports_no_fsspec(tmp_path):
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch\nfrom fitkit import Model\n"
+        "m = Model(torch.nn.Linear(4, 1)).compile('sgd', 'mse')\n"
+        f"m.fit(torch.randn(16, 4), torch.randn(16, 1), epochs=2, verbose=0, output_dir={str(tmp_path)!r}, "
+        "save_strategy='epoch', save_total_limit=1, save_async=True)\n"
+        f"m.fit(torch.randn(16, 4), torch.randn(16, 1), epochs=3, verbose=0, output_dir={str(tmp_path)!r}, "
+        "save_strategy='epoch', resume_from_checkpoint=True)\n"
+        "print(sorted(n for n in ('fsspec', 's3fs', 'botocore') if n in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"

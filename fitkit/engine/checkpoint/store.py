@@ -125,7 +125,7 @@ class Store:
         """Every object under the prefix, by name relative to it, with its size: one listing."""
         self.fs.invalidate_cache(self.root)
         try:
-            found = self.fs.find(self.root, detail=True)
+            found = retried("list", self.url, lambda: self.fs.find(self.root, detail=True))
         except FileNotFoundError:
             return {}
         cut = len(self.root) + 1
@@ -144,7 +144,7 @@ class Store:
         return found
 
     def read_text(self, name: str) -> str:
-        return self.fs.cat_file(self._key(name)).decode("utf-8")
+        return retried("read", self._key(name), lambda: self.fs.cat_file(self._key(name))).decode("utf-8")
 
     def exists(self, name: str = "") -> bool:
         self.fs.invalidate_cache(self.root)
@@ -190,7 +190,15 @@ class Store:
 
     def publish(self, local: str, name: str) -> None:
         """Upload the checkpoint written at the local folder `local` as `name`: an existing one of
-        that name is removed first (manifest first), then every object, the manifest last."""
+        that name is removed first (manifest first), then every object, the manifest last. A
+        store that keeps failing is a `CheckpointWriteError` naming the checkpoint (not counted
+        as written: without its manifest it is no checkpoint)."""
+        try:
+            self._publish(local, name)
+        except CheckpointWriteError as err:
+            raise CheckpointWriteError(f"the checkpoint {self._key(name)!r} was not written: {err}") from err
+
+    def _publish(self, local: str, name: str) -> None:
         if any(n.startswith(name + "/") for n in self.objects()):
             self.remove(name)
         files = sorted(os.path.relpath(os.path.join(root, f), local).replace(os.sep, "/")
