@@ -376,3 +376,11 @@ def test_a_run_on_local_disk_imports_no_fsspec(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_tracking_files_stay_local_beside_a_bucket(s3_server, workdir):
+    url = s3_server.bucket() + "/run"
+    _fit(url, epochs=1, report_to="csv")
+    bucket = url[5:].split("/")[0]
+    assert _local_files(workdir) == [f"cwd/fitkit_output/s3/{bucket}/run/logs.csv"]
+    assert s3_server.keys(url) == [f"checkpoint-4/{f}" for f in FILES]

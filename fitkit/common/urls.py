@@ -64,3 +64,21 @@ def read_bytes(url: str, argument: str) -> bytes:
         return fs.cat_file(key)
     except FileNotFoundError:
         raise FileNotFoundError(f"no object at {argument}={url!r}") from None
+
+
+def local_dir(path: str) -> str:
+    """Where a run's own local files go (TensorBoard's event files, the CSV log, MLflow's file
+    store, codecarbon's, wandb's and Comet's folders): `path` itself when it is local; for a URL
+    the folder `fitkit_output/<protocol>/<bucket>/<prefix>` under the working directory
+    (`FITKIT_LOCAL_DIR` replaces `fitkit_output`). Those files are appended to while the run goes
+    on, which an object (written whole, once) cannot be::
+
+        local_dir("runs/a")                # "runs/a"
+        local_dir("s3://ckpts/run1")       # "fitkit_output/s3/ckpts/run1"
+    """
+    if not is_url(path):
+        return path
+    import os
+
+    rest = [part for part in path.split("://", 1)[1].split("/") if part not in ("", ".", "..")]
+    return os.path.join(os.environ.get("FITKIT_LOCAL_DIR") or "fitkit_output", protocol(path), *rest)
