@@ -384,3 +384,36 @@ def test_tracking_files_stay_local_beside_a_bucket(s3_server, workdir):
     bucket = url[5:].split("/")[0]
     assert _local_files(workdir) == [f"cwd/fitkit_output/s3/{bucket}/run/logs.csv"]
     assert s3_server.keys(url) == [f"checkpoint-4/{f}" for f in FILES]
+
+
+# -- FSDP: sharded checkpoints in the bucket, resumed on another number of processes ---------------
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_fsdp_checkpoints_in_the_bucket_resume_on_one_process_and_on_two_machines(s3_server, tmp_path):
+    import subprocess
+    import sys
+
+    from test_elastic import CUT, _check_resumed, _results
+
+    script = os.path.join(os.path.dirname(__file__), "scripts", "elastic.py")
+    url = s3_server.bucket()
+
+    def launch(name, *args, world=1):
+        results = tmp_path / name
+        results.mkdir()
+        proc = subprocess.run([sys.executable, script, "--results", str(results), "--output", f"{url}/{name}",
+                               "--staging-per-rank", str(tmp_path / f"staging-{name}"), *args],
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return _results(results, 0, world)
+
+    writer = launch("fsdp2", "--strategy", "fsdp", "--devices", "2", "--max-steps", str(CUT), world=2)
+    checkpoint = f"{url}/fsdp2/0/checkpoint-{CUT}"
+    assert any(k.startswith(f"checkpoint-{CUT}/state.pt/") for k in s3_server.keys(f"{url}/fsdp2/0"))  # DCP shards
+    on1 = launch("on1", "--init-seed", "7", "--resume", checkpoint)
+    _check_resumed(writer, on1, 48)
+    # two processes, each with a staging folder of its own (two machines): each downloads its copy
+    on2 = launch("on2", "--strategy", "fsdp", "--devices", "2", "--init-seed", "7", "--resume", checkpoint, world=2)
+    _check_resumed(writer, on2, 48)
+    assert _local_files(tmp_path / "staging-on2") == []  # every copy removed at the end
+    assert list((tmp_path / "staging-on2" / "rank-1").glob("*/download-rank1"))  # rank 1 downloaded its own

@@ -44,7 +44,7 @@ from fitkit.engine.checkpoint import hf_trainer, run_lock, store
 from fitkit.engine.checkpoint.layout import CheckpointError
 from fitkit.engine.checkpoint.listing import is_complete, list_checkpoints
 from fitkit.engine.checkpoint.loading import load_checkpoint, saved_state, warn_on_resume
-from fitkit.engine.checkpoint.verify import resolve, verified
+from fitkit.engine.checkpoint.verify import own_copy, resolve, verified
 from fitkit.engine.checkpoint.writing import (
     CheckpointWriter,
     Committed,
@@ -201,8 +201,11 @@ class Checkpointer:
             yield
         finally:
             self.writer.close()
-            for path in self._fetched if self.fabric.is_global_zero else ():
-                shutil.rmtree(path, ignore_errors=True)
+            for path in self._fetched:  # each process its own copies (the global-zero one's: on it)
+                if self.fabric.is_global_zero or "download-rank" in path:
+                    shutil.rmtree(path, ignore_errors=True)
+                    with contextlib.suppress(OSError):
+                        os.remove(path + store.ORIGIN)
             locks, self._locks = self._locks, None
             for lock in locks.values():
                 if lock is not None:
@@ -331,10 +334,23 @@ class Checkpointer:
         """`resume_from_checkpoint` resolved, else a checkpoint a callback offers through
         `checkpoint_to_resume(args)` (`OffersCheckpoint`, e.g. `BackupAndRestore`), else None.
         Verified on the global-zero process before anything is loaded (see `checkpoint.resolve`)."""
-        return self._staged(self._on_zero(lambda: self._choose(callbacks)))
+        return self._everywhere(lambda: self._choose(callbacks))
 
-    def _staged(self, path: str | None) -> str | None:
-        """`path`, remembered for removal at the end when it is a local copy of a store's checkpoint."""
+    def _everywhere(self, choose: Callable[[], str | None]) -> str | None:
+        """The checkpoint `choose()` picks on the global-zero process, readable by every process: a
+        copy downloaded from a store is downloaded (and verified) again by a process that does not
+        see that copy (on another machine). Copies are remembered for removal at the end."""
+        def located() -> tuple[str | None, str | None, str | None]:
+            path = choose()
+            if path is None:
+                return None, None, None
+            url = store.origin(path)
+            return path, url, store.manifest_digest(path) if url else None
+
+        path, url, digest = self._on_zero(located)
+        # a copy outside this process's staging folder, or not there (another machine's /tmp): its own
+        if url and path is not None and (not store.is_staged(path) or store.manifest_digest(path) != digest):
+            path = own_copy(url, self.fabric.global_rank)
         if path is not None and store.is_staged(path):
             self._fetched.append(path)
         return path
@@ -445,8 +461,8 @@ class Checkpointer:
         if self.args.load_best_model_at_end and best and self._on_zero(lambda: hf_trainer.is_trainer_checkpoint(best)):
             hf_trainer.load_weights(self.module, best)  # recorded by the Trainer before this run resumed
         elif self.args.load_best_model_at_end and best:
-            path = self._on_zero(lambda: verified(best))
-            self._staged(path)
+            path = self._everywhere(lambda: verified(best))
+            assert path is not None  # verified returns its checkpoint
             load_checkpoint(self.fabric, path, module=self.module, optimizer=None)
         if self.args.hf_trainer and self.args.save_total_limit == 1 and best and self.fabric.is_global_zero:
             # HF's Trainer: a limit of one keeps the best checkpoint alone once training ends

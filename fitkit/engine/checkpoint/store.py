@@ -208,14 +208,42 @@ class Store:
             retried("upload", key, functools.partial(self.fs.put_file, source, key))
 
     def fetch(self, name: str, local: str) -> str:
-        """Download the checkpoint `name` into the local folder `local` (replacing it); its path."""
+        """Download the checkpoint `name` into the local folder `local` (replacing it); its path.
+        Its URL is kept beside it (`origin`), for processes on other machines to download their own."""
         shutil.rmtree(local, ignore_errors=True)
         os.makedirs(local)
         for rel in self.checkpoints().get(name, {}):
-            target = os.path.join(local, *rel.split("/"))
+            target, key = os.path.join(local, *rel.split("/")), self._key(f"{name}/{rel}")
             os.makedirs(os.path.dirname(target), exist_ok=True)
-            self.fs.get_file(self._key(f"{name}/{rel}"), target)
+            retried("download", key, functools.partial(self.fs.get_file, key, target))
+        with open(local + ORIGIN, "w", encoding="utf-8") as f:
+            f.write(join(self.url, name))
         return local
+
+
+#: Beside a downloaded checkpoint `download/checkpoint-N`: the file `checkpoint-N.origin`, its URL.
+ORIGIN = ".origin"
+
+
+def origin(local: str) -> str | None:
+    """The URL the local copy `local` was downloaded from (`Store.fetch`), None for another path."""
+    if not is_staged(local):
+        return None
+    try:
+        with open(local.rstrip(os.sep) + ORIGIN, encoding="utf-8") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def manifest_digest(local: str) -> str | None:
+    """A digest of the manifest at the local checkpoint `local` (None without one): two copies of
+    one checkpoint have the same."""
+    try:
+        with open(os.path.join(local, MANIFEST), "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
 
 
 def split(url: str) -> tuple[str, str]:

@@ -84,15 +84,22 @@ def verify(path: str, required: tuple[str, ...] = ()) -> dict[str, Any]:
     return manifest
 
 
-def _fetched(url: str) -> str:
-    """The checkpoint at `url` downloaded and verified (errors name `url`, not the local copy)."""
+def _fetched(url: str, folder: str = "download") -> str:
+    """The checkpoint at `url` downloaded into `folder` of its staging folder and verified (errors
+    name `url`, not the local copy)."""
     parent, name = store.split(url)
     where = store.Store.open(parent, "`resume_from_checkpoint`")
-    local = where.fetch(name, os.path.join(store.staging(parent), "download", name))
+    local = where.fetch(name, os.path.join(store.staging(parent), folder, name))
     try:
         return verified(local)
     except CheckpointError as err:
         raise CheckpointError(str(err).replace(local, url)) from None
+
+
+def own_copy(url: str, rank: int) -> str:
+    """A process's own verified copy of the checkpoint at `url`, for one that cannot see the
+    global-zero process's copy (on another machine)."""
+    return _fetched(url, f"download-rank{rank}")
 
 
 def _check_listing(path: str, files: dict, required: tuple[str, ...]) -> None:
