@@ -417,3 +417,21 @@ def test_fsdp_checkpoints_in_the_bucket_resume_on_one_process_and_on_two_machine
     _check_resumed(writer, on2, 48)
     assert _local_files(tmp_path / "staging-on2") == []  # every copy removed at the end
     assert list((tmp_path / "staging-on2" / "rank-1").glob("*/download-rank1"))  # rank 1 downloaded its own
+
+
+def test_sharded_saves_from_several_machines_need_a_shared_staging_folder(monkeypatch):
+    from types import SimpleNamespace
+
+    from fitkit import TrainingArguments
+
+    monkeypatch.delenv("FITKIT_STAGING_DIR", raising=False)
+    two_nodes = SimpleNamespace(world_size=4, strategy=SimpleNamespace(num_nodes=2))
+    args = TrainingArguments(output_dir="s3://ckpts/run", save_strategy="steps")
+    with pytest.raises(store.StoreError, match="fsdp_full_checkpoint=True or save_async=True .*FITKIT_STAGING_DIR"):
+        store.check_sharded_save(args, two_nodes, "FSDPStrategy")
+    store.check_sharded_save(args, two_nodes, "DDPStrategy")  # one file, written by the global-zero process
+    store.check_sharded_save(TrainingArguments(output_dir="s3://ckpts/run", fsdp_full_checkpoint=True), two_nodes,
+                             "FSDPStrategy")
+    store.check_sharded_save(TrainingArguments(output_dir="out"), two_nodes, "FSDPStrategy")
+    monkeypatch.setenv("FITKIT_STAGING_DIR", "/shared/staging")
+    store.check_sharded_save(args, two_nodes, "FSDPStrategy")

@@ -197,6 +197,7 @@ class Checkpointer:
         self._locks = {}
         try:
             if writes_to_output_dir(self.args):
+                store.check_sharded_save(self.args, self.fabric, strategy_name(self.fabric))
                 self._hold(self.args.output_dir, "`output_dir`")
             yield
         finally:

@@ -246,6 +246,23 @@ def manifest_digest(local: str) -> str | None:
         return None
 
 
+def check_sharded_save(args: Any, fabric: Any, strategy: str) -> None:
+    """Refuse what would lose shards: a sharded FSDP save has every process write its shards into
+    the global-zero process's staging folder, so across machines, with a bucket as `output_dir`,
+    that folder must be one every node sees, or the checkpoint is saved whole by the global-zero
+    process (`fsdp_full_checkpoint=True`, `save_async=True`)."""
+    if (not is_url(args.output_dir) or fabric.world_size == 1 or args.save_async
+            or getattr(args, "fsdp_full_checkpoint", False) or os.environ.get("FITKIT_STAGING_DIR")
+            or "FSDP" not in strategy):
+        return
+    if getattr(getattr(fabric, "strategy", None), "num_nodes", 1) > 1:
+        raise StoreError(
+            f"`output_dir`={args.output_dir!r} with sharded FSDP checkpoints on several machines: each process "
+            "writes its shards into a local staging folder before the upload, which the other machines do not "
+            "see. Pass fsdp_full_checkpoint=True or save_async=True (the global-zero process saves the "
+            "gathered checkpoint alone), or set FITKIT_STAGING_DIR to a folder every machine shares")
+
+
 def split(url: str) -> tuple[str, str]:
     """`(prefix, last name)` of a URL: `("s3://b/run", "checkpoint-8")`."""
     head, _, tail = url.rstrip("/").rpartition("/")
