@@ -435,3 +435,26 @@ def test_sharded_saves_from_several_machines_need_a_shared_staging_folder(monkey
     store.check_sharded_save(TrainingArguments(output_dir="out"), two_nodes, "FSDPStrategy")
     monkeypatch.setenv("FITKIT_STAGING_DIR", "/shared/staging")
     store.check_sharded_save(args, two_nodes, "FSDPStrategy")
+
+
+def test_a_silent_lock_is_taken_over_and_a_held_one_kept_fresh(s3_server, monkeypatch):
+    import time
+
+    url = s3_server.bucket()
+    elsewhere = {"run": "x", "pid": 1, "host": "another-machine", "started": "then"}
+    s3_server.fs().pipe_file(url[5:] + "/.fitkit.lock", json.dumps(elsewhere).encode())
+    with pytest.raises(DirectoryInUseError, match="another-machine.*not renewed for 120 s"):
+        bucket_lock.acquire(url)  # written just now: its holder may be alive
+    monkeypatch.setenv("FITKIT_LOCK_STALE_S", "0")
+    monkeypatch.setattr(bucket_lock, "HEARTBEAT_S", 0.2)
+    time.sleep(1.1)  # the store's clock counts whole seconds
+    held = bucket_lock.acquire(url)  # silent for longer than FITKIT_LOCK_STALE_S: taken over
+    try:
+        assert json.loads(s3_server.fs().cat_file(url[5:] + "/.fitkit.lock"))["run"] == held.record["run"]
+        monkeypatch.setenv("FITKIT_LOCK_STALE_S", "3")
+        time.sleep(4)  # longer than that: only the heartbeat keeps it fresh
+        with pytest.raises(DirectoryInUseError):
+            bucket_lock.acquire(url)
+    finally:
+        held.release()
+    assert s3_server.keys(url) == []

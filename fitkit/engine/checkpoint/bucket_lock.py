@@ -51,6 +51,11 @@ class BucketLock:
     def _heartbeat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
             try:
+                held = _read(self.store)
+                if held and held.get("run") != self.record["run"]:  # taken over while this run was silent
+                    logger.warning("the lock %s was taken over by another run (%s): two runs may now write "
+                                   "there", store.join(self.store.url, LOCK_FILE), held)
+                    return
                 self.store.put_bytes(LOCK_FILE, _encode(self.record))
             except Exception as err:  # noqa: BLE001 - a missed beat; the next one tries again
                 logger.debug("lock heartbeat for %s failed: %s", self.store.url, err)
