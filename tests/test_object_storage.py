@@ -251,6 +251,13 @@ def test_model_save_and_load_through_a_url(s3_server, workdir):
     loaded = Model.load(url, _model(3).module)
     for a, b in zip(model.module.state_dict().values(), loaded.module.state_dict().values()):
         assert torch.equal(a, b)
+    model.save_weights(url + ".weights")
+    other = _model(4)
+    other.load_weights(url + ".weights")
+    for a, b in zip(model.module.state_dict().values(), other.module.state_dict().values()):
+        assert torch.equal(a, b)
+    with pytest.raises(FileNotFoundError, match="no object at `path`="):
+        Model.load(url + ".missing", _model(3).module)
     assert _local_files(workdir / "cwd") == []
 
 
