@@ -465,3 +465,21 @@ def test_a_silent_lock_is_taken_over_and_a_held_one_kept_fresh(s3_server, monkey
     finally:
         held.release()
     assert s3_server.keys(url) == []
+
+
+@pytest.mark.parametrize("save_async", [False, True])
+def test_rotation_in_the_bucket_keeps_the_best_checkpoint_and_loads_it_at_the_end(s3_server, workdir, save_async):
+    from helpers import Script
+
+    url = s3_server.bucket() + "/run"
+    x, y = _data()
+    model = _model()
+    model.fit(x, y, epochs=4, batch_size=16, validation_data=(x[:16], y[:16]), output_dir=url, verbose=0,
+              save_strategy="epoch", save_total_limit=1, save_async=save_async, load_best_model_at_end=True,
+              callbacks=[Script("val_loss", [0.5, 0.1, 0.4, 0.3])])
+    assert model.state.best_model_checkpoint == f"{url}/checkpoint-8"
+    assert [os.path.basename(p) for p in writing.list_checkpoints(url)] == ["checkpoint-8", "checkpoint-16"]
+    best = torch.load(__import__("io").BytesIO(s3_server.fs().cat_file(url[5:] + "/checkpoint-8/state.pt")),
+                      weights_only=True)["model"]
+    assert all(torch.equal(best[k], v) for k, v in model.module.state_dict().items())
+    assert _local_files(workdir) == []
