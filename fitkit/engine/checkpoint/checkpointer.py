@@ -30,7 +30,6 @@ import dataclasses
 import logging
 import os
 import secrets
-import shutil
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -202,11 +201,7 @@ class Checkpointer:
             yield
         finally:
             self.writer.close()
-            for path in self._fetched:  # each process its own copies (the global-zero one's: on it)
-                if self.fabric.is_global_zero or "download-rank" in path:
-                    shutil.rmtree(path, ignore_errors=True)
-                    with contextlib.suppress(OSError):
-                        os.remove(path + store.ORIGIN)
+            store.discard(self._fetched, self.fabric.is_global_zero)
             locks, self._locks = self._locks, None
             for lock in locks.values():
                 if lock is not None:

@@ -236,6 +236,18 @@ def origin(local: str) -> str | None:
         return None
 
 
+def discard(copies: list[str], zero: bool) -> None:
+    """Remove the local copies `fetch` made for this process (the global-zero process's own
+    folder by it alone: the other processes on its machine may read it until the run ends)."""
+    for path in copies:
+        if zero or f"{os.sep}download-rank" in path:
+            shutil.rmtree(path, ignore_errors=True)
+            try:
+                os.remove(path + ORIGIN)
+            except OSError:
+                pass
+
+
 def manifest_digest(local: str) -> str | None:
     """A digest of the manifest at the local checkpoint `local` (None without one): two copies of
     one checkpoint have the same."""
