@@ -48,8 +48,16 @@ def start_server() -> tuple[subprocess.Popen, str]:
     raise RuntimeError("moto's server did not start")
 
 
-def run(mode: str, steps: int, every: int) -> dict[str, float]:
-    """One fit into a fresh bucket: mode "none", "sync" or "async"; wall time, blocked per save."""
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) the process `pid` has used so far (Linux)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run(mode: str, steps: int, every: int, server: int | None = None) -> dict[str, float]:
+    """One fit into a fresh bucket: mode "none", "sync" or "async"; wall time, blocked per save,
+    and the CPU time the server process (`server`, a pid) and this one used meanwhile."""
     import fsspec
 
     x, y = torch.randn(steps * BATCH, WIDTH), torch.randn(steps * BATCH, WIDTH)
@@ -60,13 +68,14 @@ def run(mode: str, steps: int, every: int) -> dict[str, float]:
     with _BlockedTimer() as timer:
         options = {} if mode == "none" else {"save_strategy": "steps", "save_steps": every,
                                              "save_async": mode == "async", "save_total_limit": 2}
-        start = time.perf_counter()
+        start, served, own = time.perf_counter(), cpu_seconds(server) if server else 0.0, time.process_time()
         model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, shuffle=False, output_dir=f"s3://{bucket}/run",
                   **options)
         wall = time.perf_counter() - start
+        served, own = (cpu_seconds(server) - served if server else 0.0), time.process_time() - own
     fs.rm(bucket, recursive=True)  # the server keeps objects in memory
     blocked = statistics.median(timer.times) if timer.times else 0.0
-    return {"wall": wall, "blocked": blocked, "saves": len(timer.times)}
+    return {"wall": wall, "blocked": blocked, "saves": len(timer.times), "server_cpu": served, "own_cpu": own}
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
@@ -85,20 +94,22 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
         run("async", 12, 10)  # warm-up: imports, the s3fs session, the host copy's code paths
         order = [("none", "async") if rep % 2 == 0 else ("async", "none") for rep in range(opts.reps)]
         for mode in [m for pair in order for m in pair] + ["sync"] * sync_reps:
-            results[mode].append(run(mode, opts.steps, opts.every))
+            results[mode].append(run(mode, opts.steps, opts.every, server.pid))
     finally:
         server.kill()
-    table = {m: {k: statistics.median(r[k] for r in rs) for k in ("wall", "blocked", "saves")}
+    table = {m: {k: statistics.median(r[k] for r in rs) for k in ("wall", "blocked", "saves", "server_cpu", "own_cpu")}
              for m, rs in results.items()}
     base, sync = table["none"]["wall"], table["sync"]["blocked"]
     paired = [a["wall"] / n["wall"] for a, n in zip(results["async"], results["none"])]
     print(f"{opts.steps} steps, a save every {opts.every} ({int(table['sync']['saves'])} saves) to moto's S3 "
           f"server at {endpoint}, {opts.reps} reps ({sync_reps} synchronous); medians")
-    print(f"{'mode':8} {'run (s)':>9} {'vs no saves':>12} {'blocked/save (ms)':>18} {'vs sync':>8}")
+    print(f"{'mode':8} {'run (s)':>9} {'vs no saves':>12} {'blocked/save (ms)':>18} {'vs sync':>8} "
+          f"{'server CPU (s)':>15} {'run CPU (s)':>12}")
     for mode in modes:
         row = table[mode]
         ratio = f"{row['blocked'] / sync:.1%}" if sync and mode != "none" else "-"
-        print(f"{mode:8} {row['wall']:9.2f} {row['wall'] / base:11.3f}x {row['blocked'] * 1000:18.1f} {ratio:>8}")
+        print(f"{mode:8} {row['wall']:9.2f} {row['wall'] / base:11.3f}x {row['blocked'] * 1000:18.1f} {ratio:>8} "
+              f"{row['server_cpu']:15.1f} {row['own_cpu']:12.1f}")
     low, mid, high = _quartiles(paired)
     print(f"async run / its paired no-save run: median {mid:.3f}x [quartiles {low:.3f} .. {high:.3f}]")
     table["paired"] = {"median": mid, "low": low, "high": high}
