@@ -483,3 +483,24 @@ def test_rotation_in_the_bucket_keeps_the_best_checkpoint_and_loads_it_at_the_en
                       weights_only=True)["model"]
     assert all(torch.equal(best[k], v) for k, v in model.module.state_dict().items())
     assert _local_files(workdir) == []
+
+
+def test_search_trials_write_their_checkpoints_into_the_bucket(s3_server, workdir):
+    pytest.importorskip("optuna")
+    url = s3_server.bucket() + "/search"
+    x, y = _data()
+
+    def model_init(trial):
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+
+    model = Model(model_init=model_init).compile("adam", "cross_entropy")
+    best = model.hyperparameter_search(
+        x, y, validation_split=0.25, n_trials=2, epochs=2, batch_size=16, verbose=0, output_dir=url,
+        save_strategy="epoch", hp_space=lambda trial: {"learning_rate": trial.suggest_float("lr", 1e-3, 1e-2)},
+        storage=f"sqlite:///{workdir / 'study.db'}", study_name="bucket")
+    keys = s3_server.keys(url)
+    for n in (0, 1):
+        assert f"run-{n}/checkpoint-6/{layout.MANIFEST}" in keys
+    assert best.run_summary["output_dir"].startswith(url + "/run-")
+    assert _local_files(workdir) == ["study.db"]
