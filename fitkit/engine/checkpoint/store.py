@@ -9,10 +9,11 @@ has no rename, so a checkpoint is written into a local staging folder (`staging`
 then published: its objects first, the manifest last (`publish`); it is removed manifest first
 (`remove`). A checkpoint in a store is complete once its manifest is there::
 
-    if is_url(output_dir):
-        store = Store.open(output_dir, "`output_dir`")   # a clear error: missing package, bucket, endpoint
-        store.publish("/tmp/.../.tmp-checkpoint-8-ab12", "s3://ckpts/run1/checkpoint-8")
+    if is_url(output_dir):                                 # "s3://ckpts/run1"
+        store = Store.open(output_dir, "`output_dir`")     # a clear error: missing package, bucket, endpoint
+        store.publish("/tmp/fitkit-staging/.../.tmp-checkpoint-8-ab12", "checkpoint-8")
         store.checkpoints()                                # {"checkpoint-8": {"state.pt": 1234, ...}}
+        store.remove("checkpoint-8")                       # its manifest first
 """
 
 from __future__ import annotations
@@ -51,14 +52,16 @@ def join(base: str, *names: str) -> str:
 def staging(url: str) -> str:
     """The local folder where checkpoints bound for `url` are written before they are published
     (`FITKIT_STAGING_DIR`, default the system's temporary folder; one sub-folder per URL)."""
-    root = os.environ.get("FITKIT_STAGING_DIR") or os.path.join(tempfile.gettempdir(), "fitkit-staging")
-    return os.path.join(root, hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16])
+    return os.path.join(_staging_root(), hashlib.sha256(url.rstrip("/").encode()).hexdigest()[:16])
 
 
 def is_staged(path: str) -> bool:
     """True for a local copy `fetch` made (under a staging folder)."""
-    root = os.environ.get("FITKIT_STAGING_DIR") or os.path.join(tempfile.gettempdir(), "fitkit-staging")
-    return not is_url(path) and os.path.abspath(path).startswith(os.path.abspath(root) + os.sep)
+    return not is_url(path) and os.path.abspath(path).startswith(os.path.abspath(_staging_root()) + os.sep)
+
+
+def _staging_root() -> str:
+    return os.environ.get("FITKIT_STAGING_DIR") or os.path.join(tempfile.gettempdir(), "fitkit-staging")
 
 
 def retried(what: str, url: str, action: Callable[[], T]) -> T:
