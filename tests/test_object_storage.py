@@ -504,3 +504,16 @@ def test_search_trials_write_their_checkpoints_into_the_bucket(s3_server, workdi
         assert f"run-{n}/checkpoint-6/{layout.MANIFEST}" in keys
     assert best.run_summary["output_dir"].startswith(url + "/run-")
     assert _local_files(workdir) == ["study.db"]
+
+
+@pytest.mark.parametrize("scheme", ["file", "memory"])
+def test_other_fsspec_protocols_hold_checkpoints_too(tmp_path, workdir, scheme):
+    import uuid
+
+    url = f"file://{tmp_path}/out" if scheme == "file" else f"memory://fitkit-{uuid.uuid4().hex[:8]}/run"
+    _fit(url, epochs=2, save_total_limit=1)
+    first = _FirstStep()
+    _fit(url, epochs=3, save_total_limit=1, resume_from_checkpoint=True, callbacks=[first])
+    assert first.start == 8
+    assert [os.path.basename(p) for p in writing.list_checkpoints(url)] == ["checkpoint-12"]
+    assert _local_files(workdir / "cwd") == [] and _local_files(workdir / "staging") == []

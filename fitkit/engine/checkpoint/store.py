@@ -106,6 +106,8 @@ class Store:
     def check(self, argument: str) -> None:
         """List the bucket once: a bucket that does not exist, refused credentials or an endpoint
         that does not answer is a `StoreError` before anything is written."""
+        if self._folders:  # a file system (file://, memory://): nothing to reach, folders are made as needed
+            return
         bucket = self.root.split("/", 1)[0]
         try:
             self.fs.invalidate_cache()
@@ -122,6 +124,16 @@ class Store:
 
     def _key(self, name: str) -> str:
         return f"{self.root}/{name}" if name else self.root
+
+    @property
+    def _folders(self) -> bool:
+        """True for a store with folders rather than buckets (`file://`, `memory://`)."""
+        return protocol(self.url) in ("file", "local", "memory")
+
+    def _parent(self, key: str) -> None:
+        """Make the folder of `key` where the store has folders (an object store has none)."""
+        if self._folders:
+            self.fs.makedirs(key.rsplit("/", 1)[0], exist_ok=True)
 
     # -- listing ---------------------------------------------------------------------------------
     def objects(self) -> dict[str, int]:
@@ -170,6 +182,7 @@ class Store:
         """Write one object (one request: it appears whole or not at all). `exclusive`: only
         when no object of that name exists (`If-None-Match: *` on S3): FileExistsError otherwise."""
         key = self._key(name)
+        self._parent(key)
         if exclusive and protocol(self.url) in ("s3", "s3a"):
             self.fs.pipe_file(key, data, IfNoneMatch="*")
         elif exclusive:
@@ -208,6 +221,7 @@ class Store:
                        for root, _, names in os.walk(local) for f in names)
         for rel in [f for f in files if f != MANIFEST] + [MANIFEST]:
             source, key = os.path.join(local, *rel.split("/")), self._key(f"{name}/{rel}")
+            self._parent(key)
             retried("upload", key, functools.partial(self.fs.put_file, source, key))
 
     def fetch(self, name: str, local: str) -> str:
