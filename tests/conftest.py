@@ -125,3 +125,15 @@ def postgres_server():
 def postgres_url(postgres_server):
     """The URL of a fresh, empty database on the session's PostgreSQL server."""
     return postgres_server.new_database()
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3 server on loopback (moto's server mode, `tests/s3_server.py`), shared by the session."""
+    pytest.importorskip("s3fs")
+    pytest.importorskip("moto")
+    from s3_server import S3Server
+
+    server = S3Server.start()
+    yield server
+    server.stop()

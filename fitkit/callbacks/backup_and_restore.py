@@ -83,18 +83,31 @@ class BackupAndRestore(TrainerCallback):
                 f"BackupAndRestore cannot resume: both backups are damaged, {found[0]!r} ({damaged}) and {found[1]!r} "
                 f"({err}). Delete `backup_dir`={self.backup_dir!r} to train from the start") from None
         aside = os.path.join(self.backup_dir, f"damaged-{os.path.basename(found[0])}")
-        shutil.rmtree(aside, ignore_errors=True)
-        os.replace(found[0], aside)
+        if "://" in self.backup_dir:  # a store has no rename: the damaged backup is removed (manifest first)
+            from fitkit.engine.checkpoint.writing import remove_checkpoint
+
+            remove_checkpoint(found[0])
+            aside = "nothing (removed from the store)"
+        else:
+            shutil.rmtree(aside, ignore_errors=True)
+            os.replace(found[0], aside)
         logger.warning("BackupAndRestore: the newest backup %s is damaged (%s); resuming from the previous one, %s "
                        "(the damaged one is kept as %s)", found[0], damaged, older, aside)
         return older
 
     def _backups(self) -> list[str]:
         """The backup directories, newest first, complete or not (a damaged one is not skipped)."""
-        if not os.path.isdir(self.backup_dir):
+        if "://" in self.backup_dir:  # a bucket (s3://...): its checkpoint-N prefixes, from one listing
+            from fitkit.engine.checkpoint import store
+
+            names = list(store.Store.open(self.backup_dir, "`backup_dir`").checkpoints())
+        elif os.path.isdir(self.backup_dir):
+            names = os.listdir(self.backup_dir)
+        else:
             return []
-        steps = [(int(m.group(1)), name) for name in os.listdir(self.backup_dir) if (m := _BACKUP.match(name))]
-        return [os.path.join(self.backup_dir, name) for _, name in sorted(steps, reverse=True)]
+        steps = [(int(m.group(1)), name) for name in names if (m := _BACKUP.match(name))]
+        return [f"{self.backup_dir.rstrip('/')}/{name}" if "://" in self.backup_dir else
+                os.path.join(self.backup_dir, name) for _, name in sorted(steps, reverse=True)]
 
     def _backup(self, save_checkpoint) -> None:
         if save_checkpoint is not None:
@@ -112,4 +125,11 @@ class BackupAndRestore(TrainerCallback):
 
     def on_train_end(self, args, state, control, preempted=False, **kwargs):
         if self.delete_checkpoint and not preempted and state.is_world_process_zero:
-            shutil.rmtree(self.backup_dir, ignore_errors=True)
+            if "://" in self.backup_dir:
+                from fitkit.engine.checkpoint import store
+
+                where = store.Store.open(self.backup_dir, "`backup_dir`", check=False)
+                for name in where.checkpoints():
+                    where.remove(name)
+            else:
+                shutil.rmtree(self.backup_dir, ignore_errors=True)

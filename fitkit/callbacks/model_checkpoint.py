@@ -201,7 +201,7 @@ class ModelCheckpoint(MonitorCallback):
     def _write(self, path: str, model: Any, optimizer: Any = None, scheduler: Any = None) -> None:
         if model is None:
             raise RuntimeError("ModelCheckpoint: the event carried no `model` to save")
-        if os.path.isdir(path):
+        if "://" not in path and os.path.isdir(path):  # a URL (s3://...) is one object, written whole
             raise IsADirectoryError(f"ModelCheckpoint: `filepath` gives {path!r}, an existing directory; pass a file "
                                     f"name, e.g. {os.path.join(path, 'model.pt')!r}")
         if self.save_weights_only:

@@ -8,8 +8,19 @@ from typing import Any
 
 
 def atomic_torch_save(obj: Any, path: str) -> None:
-    """`torch.save` to a temporary file in the same folder, then rename it over `path`."""
+    """`torch.save` to a temporary file in the same folder, then rename it over `path`. A URL
+    (`s3://bucket/model.pt`) is written as one object, which appears whole or not at all."""
     import torch
+
+    from fitkit.common.urls import is_url, write_bytes
+
+    if is_url(path):
+        import io
+
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
+        write_bytes(path, buffer.getvalue(), "`path`")
+        return
 
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)

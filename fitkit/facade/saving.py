@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from fitkit.common.io import atomic_torch_save
+from fitkit.common.urls import is_url, read_bytes
 from fitkit.config.compile_config import CompileConfig
 from fitkit.engine.checkpoint.model_file import write_model_file
 from fitkit.facade.members import ModelMembers
@@ -40,10 +41,11 @@ class Saving(ModelMembers):
         optimizer, built at the next fit, starts from the saved state. Each fit builds its
         learning-rate schedule afresh (as in the original process); the last fit's scheduler
         state is kept as `saved_scheduler_state`."""
-        if not os.path.isfile(path):
+        if not is_url(path) and not os.path.isfile(path):
             raise FileNotFoundError(f"no saved model at `path`={path!r}: pass the file written by Model.save")
+        source = _source(path, "`path`")
         try:
-            payload = torch.load(path, map_location="cpu", weights_only=True)
+            payload = torch.load(source, map_location="cpu", weights_only=True)
         except Exception as err:  # noqa: BLE001 - any unpickling failure means "not safe / not ours"
             raise ValueError(f"{path!r} is not a fitkit model file that loads safely (weights only): {err}") from None
         if not isinstance(payload, dict) or payload.get("format") != "fitkit-model":
@@ -70,11 +72,12 @@ class Saving(ModelMembers):
     def load_weights(self, filepath: str) -> None:
         """Load weights written by `save_weights`, `Model.save` or `ModelCheckpoint` into the
         module (weights-only loading: a file carrying code is refused)."""
-        if not os.path.isfile(filepath):
+        if not is_url(filepath) and not os.path.isfile(filepath):
             raise FileNotFoundError(f"no weights at `filepath`={filepath!r}: pass a file written by save_weights, "
                                     "Model.save or ModelCheckpoint")
+        source = _source(filepath, "`filepath`")
         try:
-            payload = torch.load(filepath, map_location="cpu", weights_only=True)
+            payload = torch.load(source, map_location="cpu", weights_only=True)
         except Exception as err:  # noqa: BLE001 - any unpickling failure means "not safe / not ours"
             raise ValueError(f"{filepath!r} is not a weights file that loads safely (weights only): {err}") from None
         if isinstance(payload, dict) and payload.get("format") == "fitkit-model":
@@ -82,3 +85,12 @@ class Saving(ModelMembers):
         if not isinstance(payload, dict) or not all(isinstance(v, torch.Tensor) for v in payload.values()):
             raise ValueError(f"{filepath!r} holds no state dict: pass a file written by save_weights or Model.save")
         self.module.load_state_dict(payload)
+
+
+def _source(path: str, argument: str) -> Any:
+    """What `torch.load` reads: the local path, or the object at a URL read into memory."""
+    if not is_url(path):
+        return path
+    import io
+
+    return io.BytesIO(read_bytes(path, argument))

@@ -12,6 +12,7 @@ import os
 import warnings
 from typing import TYPE_CHECKING, Any
 
+from fitkit.common.urls import local_dir
 from fitkit.events.handler import Order
 from fitkit.integrations._common import TrackingCallback, require, trial_label
 
@@ -59,7 +60,7 @@ class CodeCarbonCallback(TrackingCallback):
     def setup(self, args, state, model) -> None:
         from codecarbon import OfflineEmissionsTracker
 
-        output_dir = self.output_dir or args.output_dir
+        output_dir = self.output_dir or local_dir(args.output_dir)
         os.makedirs(output_dir, exist_ok=True)  # codecarbon refuses a missing folder
         country = self.country_iso_code or os.environ.get("CODECARBON_COUNTRY_ISO_CODE") or DEFAULT_COUNTRY
         kwargs: dict[str, Any] = {

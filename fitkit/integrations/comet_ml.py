@@ -20,6 +20,7 @@ import shutil
 import tempfile
 from typing import TYPE_CHECKING, Any
 
+from fitkit.common.urls import local_dir
 from fitkit.integrations._common import FINISHED, TrackingCallback, is_true, require, run_params, trial_label
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ class CometCallback(TrackingCallback):
             previous = None  # the user's choice wins
         experiment: BaseExperiment
         if self.mode == "OFFLINE":
-            self.offline_directory = os.environ.get("COMET_OFFLINE_DIRECTORY") or os.path.join(args.output_dir, "comet")
+            self.offline_directory = os.environ.get("COMET_OFFLINE_DIRECTORY") or os.path.join(local_dir(args.output_dir), "comet")
             os.makedirs(self.offline_directory, exist_ok=True)
             if previous:
                 experiment = comet_ml.ExistingOfflineExperiment(

@@ -11,6 +11,7 @@ import os
 import tempfile
 from typing import IO, Any
 
+from fitkit.common.urls import local_dir
 from fitkit.integrations._common import TrackingCallback
 
 
@@ -74,7 +75,7 @@ class CSVStepLogger(TrackingCallback):
 
     # -- TrackingCallback ------------------------------------------------------------------------
     def setup(self, args, state, model) -> None:
-        self.path = self.filename or os.path.join(args.output_dir, "logs.csv")
+        self.path = self.filename or os.path.join(local_dir(args.output_dir), "logs.csv")
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         self._rows, self._columns = [], []
         if state.global_step > 0:  # resumed: the records before the checkpoint come first

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fitkit.common.urls import local_dir
 from fitkit.integrations._common import (
     FINISHED,
     TrackingCallback,
@@ -108,7 +109,7 @@ class MLflowCallback(TrackingCallback):
         uri = self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
         if uri:
             return uri
-        uri = default_tracking_uri(args.output_dir)
+        uri = default_tracking_uri(local_dir(args.output_dir))
         # MLflow 3.x asks for an opt-in before using a file store; this default is ours, so opt in
         # (a value the user set, even "false", is left alone).
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
@@ -129,7 +130,7 @@ class MLflowCallback(TrackingCallback):
 
     def _search_parent(self, client, uri: str, experiment_id: str, args, tags: dict) -> str:
         """The parent run of this search (created at its first trial, reopened by later ones)."""
-        folder = os.path.dirname(os.path.normpath(os.path.abspath(args.output_dir)))
+        folder = os.path.dirname(os.path.normpath(os.path.abspath(local_dir(args.output_dir))))
         key = (uri, experiment_id, folder)
         trial_dir = os.path.basename(os.path.normpath(args.output_dir))
         parent = _SEARCH_PARENTS.get(key)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from fitkit.common.urls import local_dir
 from fitkit.integrations._common import FINISHED, TrackingCallback, require, run_params, trial_label
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ class TensorBoardCallback(TrackingCallback):
             saved = (self.resumed_run or {}).get("log_dir")
             if not (saved and os.path.isdir(saved)):  # moved with output_dir: the new place then
                 saved = None
-            return getattr(args, "logging_dir", None) or saved or os.path.join(args.output_dir, "runs")
+            return getattr(args, "logging_dir", None) or saved or os.path.join(local_dir(args.output_dir), "runs")
         label = trial_label(args, state)
         return os.path.join(self.log_dir, label) if label else self.log_dir
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Literal, cast
 
+from fitkit.common.urls import local_dir
 from fitkit.integrations._common import (
     FAILED,
     FINISHED,
@@ -82,7 +83,7 @@ class WandbCallback(TrackingCallback):
             self.run, self._owns_run = wandb.run, False
             self.run.config.update(run_params(args, state), allow_val_change=True)
         else:
-            directory = os.environ.get("WANDB_DIR") or args.output_dir
+            directory = os.environ.get("WANDB_DIR") or local_dir(args.output_dir)
             os.makedirs(directory, exist_ok=True)
             label = trial_label(args, state)
             kwargs: dict[str, Any] = {
@@ -97,7 +98,7 @@ class WandbCallback(TrackingCallback):
             group = os.environ.get("WANDB_RUN_GROUP")
             if label is not None:
                 kwargs["name"] = label
-                search = os.path.basename(os.path.dirname(os.path.normpath(os.path.abspath(args.output_dir))))
+                search = os.path.basename(os.path.dirname(os.path.normpath(os.path.abspath(local_dir(args.output_dir)))))
                 kwargs["group"] = group or f"{search or 'search'}-search"
             elif group:
                 kwargs["group"] = group

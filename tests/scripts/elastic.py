@@ -151,6 +151,11 @@ if __name__ == "__main__":
                         "one run each")
     parser.add_argument("--async", dest="save_async", action="store_true", help="save_async=True")
     parser.add_argument("--runs", default=None, help="a JSON list of per-run options (see `plan`)")
+    parser.add_argument("--staging-per-rank", default=None, help="a staging folder of each process's own "
+                        "(DIR/rank-N), as on separate machines, for checkpoints in a bucket")
     opts = parser.parse_args()
+    if opts.staging_per_rank:  # Fabric's launcher starts the other processes with their LOCAL_RANK
+        os.environ["FITKIT_STAGING_DIR"] = os.path.join(opts.staging_per_rank,
+                                                        f"rank-{os.environ.get('LOCAL_RANK', '0')}")
     torch.set_num_threads(1)
     main(opts)

@@ -30,7 +30,6 @@ import dataclasses
 import logging
 import os
 import secrets
-import shutil
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -40,11 +39,11 @@ if TYPE_CHECKING:
 
 from fitkit.common.options import error_line, writes_to_output_dir
 from fitkit.common.schedule import steps_per_epoch, unplanned_steps
-from fitkit.engine.checkpoint import hf_trainer, run_lock
+from fitkit.engine.checkpoint import hf_trainer, run_lock, store
 from fitkit.engine.checkpoint.layout import CheckpointError
-from fitkit.engine.checkpoint.listing import list_checkpoints
+from fitkit.engine.checkpoint.listing import is_complete, list_checkpoints
 from fitkit.engine.checkpoint.loading import load_checkpoint, saved_state, warn_on_resume
-from fitkit.engine.checkpoint.verify import resolve, verified
+from fitkit.engine.checkpoint.verify import own_copy, resolve, verified
 from fitkit.engine.checkpoint.writing import (
     CheckpointWriter,
     Committed,
@@ -52,6 +51,7 @@ from fitkit.engine.checkpoint.writing import (
     SyncCheckpointWriter,
     checkpoint_path,
     hold,
+    remove_checkpoint,
 )
 from fitkit.engine.data.rng import rng_state
 from fitkit.engine.devices.local import strategy_name
@@ -167,6 +167,7 @@ class Checkpointer:
         self._locks: dict[str, Any] | None = None  # by real path, while `writing()` runs
         self._token: str | None = None  # this run's part of temporary names, the same on every process
         self._announce: list[Committed] = []  # committed into output_dir, `on_save` not fired yet
+        self._fetched: list[str] = []  # local copies of checkpoints downloaded from a store, removed at the end
         self.writer: CheckpointWriter = self._writer_for(args, defer_copy)
 
     def _writer_for(self, args: Any, defer_copy: bool) -> CheckpointWriter:
@@ -195,17 +196,19 @@ class Checkpointer:
         self._locks = {}
         try:
             if writes_to_output_dir(self.args):
+                store.check_sharded_save(self.args, self.fabric, strategy_name(self.fabric))
                 self._hold(self.args.output_dir, "`output_dir`")
             yield
         finally:
             self.writer.close()
+            store.discard(self._fetched, self.fabric.is_global_zero)
             locks, self._locks = self._locks, None
             for lock in locks.values():
                 if lock is not None:
                     lock.release()
 
     def _hold(self, directory: str, argument: str) -> None:
-        key = os.path.realpath(directory)
+        key = directory.rstrip("/") if store.is_url(directory) else os.path.realpath(directory)
         if self._locks is not None and key not in self._locks:
             self._locks[key] = self._on_zero(lambda: hold(directory, argument), share=False)
 
@@ -276,7 +279,8 @@ class Checkpointer:
         best = checkpoint_path(directory, state.best_global_step) if state.best_global_step else None
         # This checkpoint holds the best model, or an earlier one does (saved at the step an
         # evaluation later found best, as HF records it): kept by rotation either way.
-        if own and best and (state.best_global_step == state.global_step or os.path.isdir(best)):
+        if own and best and (state.best_global_step == state.global_step or (
+                is_complete(best) if store.is_url(best) else os.path.isdir(best))):
             state.best_model_checkpoint = best
         extra = {"rng": rng_state(), "loop": snapshot.to_payload()}
         job = SaveJob(directory, own, self.args.save_total_limit if own else limit, state, extra, self._token)
@@ -326,7 +330,26 @@ class Checkpointer:
         """`resume_from_checkpoint` resolved, else a checkpoint a callback offers through
         `checkpoint_to_resume(args)` (`OffersCheckpoint`, e.g. `BackupAndRestore`), else None.
         Verified on the global-zero process before anything is loaded (see `checkpoint.resolve`)."""
-        return self._on_zero(lambda: self._choose(callbacks))
+        return self._everywhere(lambda: self._choose(callbacks))
+
+    def _everywhere(self, choose: Callable[[], str | None]) -> str | None:
+        """The checkpoint `choose()` picks on the global-zero process, readable by every process: a
+        copy downloaded from a store is downloaded (and verified) again by a process that does not
+        see that copy (on another machine). Copies are remembered for removal at the end."""
+        def located() -> tuple[str | None, str | None, str | None]:
+            path = choose()
+            if path is None:
+                return None, None, None
+            url = store.origin(path)
+            return path, url, store.manifest_digest(path) if url else None
+
+        path, url, digest = self._on_zero(located)
+        # a copy outside this process's staging folder, or not there (another machine's /tmp): its own
+        if url and path is not None and (not store.is_staged(path) or store.manifest_digest(path) != digest):
+            path = own_copy(url, self.fabric.global_rank)
+        if path is not None and store.is_staged(path):
+            self._fetched.append(path)
+        return path
 
     def _choose(self, callbacks: Iterable[Any]) -> str | None:
         path = self._offered(callbacks)
@@ -433,7 +456,8 @@ class Checkpointer:
         if self.args.load_best_model_at_end and best and self._on_zero(lambda: hf_trainer.is_trainer_checkpoint(best)):
             hf_trainer.load_weights(self.module, best)  # recorded by the Trainer before this run resumed
         elif self.args.load_best_model_at_end and best:
-            path = self._on_zero(lambda: verified(best))
+            path = self._everywhere(lambda: verified(best))
+            assert path is not None  # verified returns its checkpoint
             load_checkpoint(self.fabric, path, module=self.module, optimizer=None)
 
     def keep_only_best(self) -> None:
@@ -443,4 +467,4 @@ class Checkpointer:
         if best and self.fabric.is_global_zero:
             for path in list_checkpoints(self.args.output_dir):
                 if os.path.abspath(path) != os.path.abspath(best):
-                    shutil.rmtree(path, ignore_errors=True)
+                    remove_checkpoint(path)

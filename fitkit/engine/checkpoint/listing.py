@@ -16,6 +16,7 @@ import json
 import os
 from typing import Any
 
+from fitkit.engine.checkpoint import store
 from fitkit.engine.checkpoint.layout import CHECKPOINT_NAME, FIX_DAMAGED, FORMAT_VERSION, MANIFEST, CheckpointError
 
 
@@ -58,6 +59,10 @@ def confined(path: str, name: Any) -> str:
 def is_complete(path: str) -> bool:
     """True when `path` holds a manifest whose files all exist, inside it, with their recorded
     sizes: cheap (no file is read), for listing; `verified` checks the content before a load."""
+    if store.is_url(path):
+        parent, name = store.split(path)
+        where = store.Store.open(parent, check=False)
+        return where.complete(name, where.checkpoints().get(name, {}))
     try:
         manifest = read_manifest(path)
         return all(isinstance(size, int) and os.path.getsize(confined(path, name)) == size
@@ -67,7 +72,12 @@ def is_complete(path: str) -> bool:
 
 
 def list_checkpoints(output_dir: str) -> list[str]:
-    """Complete checkpoints in `output_dir`, oldest first."""
+    """Complete checkpoints in `output_dir`, oldest first (in a store: found with one listing)."""
+    if store.is_url(output_dir):
+        where = store.Store.open(output_dir, check=False)
+        held = where.checkpoints()
+        done = [name for name, files in held.items() if where.complete(name, files)]
+        return [store.join(output_dir, name) for name in sorted(done, key=lambda n: int(n.split("-")[1]))]
     if not os.path.isdir(output_dir):
         return []
     found = []

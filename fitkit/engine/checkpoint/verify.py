@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
 from fitkit.common.options import error_line
-from fitkit.engine.checkpoint import hf_trainer
+from fitkit.engine.checkpoint import hf_trainer, store
 from fitkit.engine.checkpoint.layout import (
     CHECKPOINT_NAME,
     FIX_DAMAGED,
@@ -38,7 +38,11 @@ logger = logging.getLogger("fitkit")
 
 def verified(path: str) -> str:
     """`path`, after checking every file of the checkpoint against its manifest (sizes, digests,
-    JSON, paths inside it: `verify`); a CheckpointError naming the file otherwise."""
+    JSON, paths inside it: `verify`); a CheckpointError naming the file otherwise. A checkpoint
+    in a store is downloaded into the local staging folder first, and that copy (verified) is
+    returned: what a resume loads is what was checked."""
+    if store.is_url(path):
+        return _fetched(path)
     try:
         verify(path, REQUIRED)
     except OSError as err:
@@ -78,6 +82,24 @@ def verify(path: str, required: tuple[str, ...] = ()) -> dict[str, Any]:
                         f"recorded when it was written (a changed byte or an edit); {FIX_DAMAGED}")
     _check_json(path, targets)
     return manifest
+
+
+def _fetched(url: str, folder: str = "download") -> str:
+    """The checkpoint at `url` downloaded into `folder` of its staging folder and verified (errors
+    name `url`, not the local copy)."""
+    parent, name = store.split(url)
+    where = store.Store.open(parent, "`resume_from_checkpoint`")
+    local = where.fetch(name, os.path.join(store.staging(parent), folder, name))
+    try:
+        return verified(local)
+    except CheckpointError as err:
+        raise CheckpointError(str(err).replace(local, url)) from None
+
+
+def own_copy(url: str, rank: int) -> str:
+    """A process's own verified copy of the checkpoint at `url`, for one that cannot see the
+    global-zero process's copy (on another machine)."""
+    return _fetched(url, f"download-rank{rank}")
 
 
 def _check_listing(path: str, files: dict, required: tuple[str, ...]) -> None:
@@ -122,6 +144,8 @@ def resolve(resume: bool | str | None, output_dir: str) -> str | None:
     if resume is True:
         return _newest_verified(output_dir)
     path = os.fspath(resume)
+    if store.is_url(path):
+        return _resolve_url(path)
     if not os.path.exists(path):
         raise CheckpointError(
             f"`resume_from_checkpoint`={path!r} does not exist: pass a checkpoint directory "
@@ -138,15 +162,43 @@ def resolve(resume: bool | str | None, output_dir: str) -> str | None:
     return verified(path)
 
 
-def _newest_verified(output_dir: str) -> str | None:
-    theirs = hf_trainer.trainer_checkpoints(output_dir)
+def _resolve_url(url: str) -> str:
+    """A checkpoint in a store given by its URL: it must exist and be complete, then verify."""
+    parent, name = store.split(url)
+    files = store.Store.open(parent, "`resume_from_checkpoint`").checkpoints().get(name)
+    if not files:
+        raise CheckpointError(f"`resume_from_checkpoint`={url!r} does not exist: pass a checkpoint's URL "
+                              "(output_dir/checkpoint-N) or True for the newest one in `output_dir`")
+    if MANIFEST not in files:
+        raise CheckpointError(f"`resume_from_checkpoint`={url!r} is not a complete fitkit checkpoint: it has no "
+                              f"{MANIFEST} (an upload cut short, or not a fitkit checkpoint); {FIX_DAMAGED}")
+    return verified(url)
+
+
+def _complete(output_dir: str, theirs: list[str]) -> list[str]:
+    """The complete checkpoints in `output_dir`, oldest first, each incomplete one named in a
+    warning (in a store: from one listing of the prefix)."""
+    if store.is_url(output_dir):
+        where = store.Store.open(output_dir, "`output_dir`")
+        done = []
+        for name, files in where.checkpoints().items():
+            if where.complete(name, files):
+                done.append(store.join(output_dir, name))
+            else:
+                logger.warning("ignoring incomplete checkpoint %s (no valid manifest)", store.join(output_dir, name))
+        return sorted(done, key=hf_trainer.checkpoint_step)
     if os.path.isdir(output_dir):
         for name in sorted(os.listdir(output_dir)):
             full = os.path.join(output_dir, name)
             if (CHECKPOINT_NAME.match(name) and not is_complete(full) and full not in theirs) or name.startswith(
                     TMP_PREFIX):
                 logger.warning("ignoring incomplete checkpoint %s (no valid manifest)", full)
-    found = sorted(list_checkpoints(output_dir) + theirs, key=hf_trainer.checkpoint_step)
+    return list_checkpoints(output_dir)
+
+
+def _newest_verified(output_dir: str) -> str | None:
+    theirs = hf_trainer.trainer_checkpoints(output_dir)
+    found = sorted(_complete(output_dir, theirs) + theirs, key=hf_trainer.checkpoint_step)
     if not found:
         logger.warning("resume_from_checkpoint=True but %r holds no complete checkpoint; starting fresh", output_dir)
         return None

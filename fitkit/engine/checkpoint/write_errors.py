@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from fitkit.common.options import error_line
+from fitkit.common.urls import is_url
 from fitkit.engine.checkpoint.layout import MANIFEST
 from fitkit.engine.checkpoint.listing import list_checkpoints
 
@@ -42,6 +43,10 @@ def is_write_error(err: BaseException) -> bool:
 
 
 def unwritten(final: str, failure: BaseException, module: Any, optimizer: Any) -> str:
+    if is_url(final):  # a store that failed: asking it for its space or listing would fail again
+        return (f"could not write the checkpoint {final!r} ({error_line(failure)}); without its manifest it is no "
+                "checkpoint, and the earlier checkpoints in the store are intact: check the endpoint, the "
+                "credentials and the bucket's quota, then run again with resume_from_checkpoint=True to continue")
     directory = os.path.dirname(final)
     earlier = list_checkpoints(directory)
     need, basis = _space_needed(earlier[-1] if earlier else None, module, optimizer)

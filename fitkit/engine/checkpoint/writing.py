@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 from fitkit.adapters.optimizers import implementation
 from fitkit.common.wrappers import torch_optimizer, unwrapped
-from fitkit.engine.checkpoint import run_lock
+from fitkit.engine.checkpoint import run_lock, store
 from fitkit.engine.checkpoint.hf_export import export_pretrained, is_pretrained
 from fitkit.engine.checkpoint.layout import (
     ARGS_FILE,
@@ -60,7 +60,10 @@ def checkpoint_path(output_dir: str, global_step: int) -> str:
 
 
 def temporary_path(output_dir: str, global_step: int, token: str) -> str:
-    """Where the checkpoint of `global_step` is written before its rename."""
+    """Where the checkpoint of `global_step` is written before its rename (for a store: in the
+    local staging folder, before it is published)."""
+    if store.is_url(output_dir):
+        return os.path.join(store.staging(output_dir), f"{TMP_PREFIX}{global_step}-{token or os.getpid()}")
     return os.path.join(output_dir, f"{TMP_PREFIX}{global_step}-{token or os.getpid()}")
 
 
@@ -142,8 +145,10 @@ def save_checkpoint(fabric, output_dir: str, *, state, args, run: RunFiles, modu
 
 
 def prepare(output_dir: str, tmp: str) -> None:
-    """Create `output_dir` and an empty `tmp` inside it (a leftover of that name is removed)."""
-    os.makedirs(output_dir, exist_ok=True)
+    """Create `output_dir` and an empty `tmp` inside it (a leftover of that name is removed; for a
+    store, `tmp` is in the local staging folder and nothing is created in the store)."""
+    if not store.is_url(output_dir):
+        os.makedirs(output_dir, exist_ok=True)
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
 
@@ -152,11 +157,17 @@ def commit(tmp: str, final: str, files: dict[str, str], fields: dict[str, Any],
            known: dict[str, str] | None = None) -> None:
     """Complete the checkpoint being written at `tmp`: write `files` (name -> text), the manifest
     (last, with every file's digest; `known` gives digests already taken while writing), then
-    rename it to `final` (replacing one of that name)."""
+    rename it to `final` (replacing one of that name). A `final` in a store is published instead:
+    every object, the manifest last (`store.Store.publish`), and `tmp` removed."""
     for name, text in files.items():
         with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
             f.write(text)
     write_manifest(tmp, fields, known)
+    if store.is_url(final):
+        parent, name = store.split(final)
+        store.Store.open(parent, check=False).publish(tmp, name)
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
     replaced = f"{tmp}-replaced" if os.path.exists(final) else None  # a temporary name: swept when left
     if replaced:
         os.replace(final, replaced)
@@ -260,21 +271,66 @@ def rotate(output_dir: str, limit: int | None, keep: str | Iterable[str | None] 
     removable = [p for p in paths[:-1] if os.path.abspath(p) not in keep_abs]
     removed = removable[: max(len(paths) - limit, 0)]
     for path in removed:
-        shutil.rmtree(path, ignore_errors=True)
+        remove_checkpoint(path)
     return removed
 
 
+#: A checkpoint being removed on disk: renamed to this prefix first, so a removal cut short never
+#: leaves a `checkpoint-N` that is half deleted (the next run's `recover` sweeps it).
+REMOVING_PREFIX = ".removing-"
+
+
+def remove_checkpoint(path: str) -> None:
+    """Remove the committed checkpoint at `path`. On disk it is renamed out of the checkpoints'
+    names first, then deleted; in a store its manifest goes first. Either way a removal killed
+    midway leaves nothing a resume or a listing takes for a checkpoint."""
+    if store.is_url(path):
+        parent, name = store.split(path)
+        store.Store.open(parent, check=False).remove(name)
+        return
+    aside = os.path.join(os.path.dirname(path), f"{REMOVING_PREFIX}{os.path.basename(path)}")
+    try:
+        os.replace(path, aside)
+    except OSError:
+        if os.path.exists(path):
+            raise
+        return
+    shutil.rmtree(aside, ignore_errors=True)
+
+
 def hold(directory: str, argument: str) -> Any:
-    """`directory`'s lock, taken; then what an interrupted run left there is tidied (see `recover`)."""
+    """`directory`'s lock, taken; then what an interrupted run left there is tidied (see `recover`).
+    A store's URL is checked first (`store.Store.open`: a clear error for a missing package or
+    bucket, refused credentials, an endpoint that does not answer) and locked with an object."""
+    if store.is_url(directory):
+        from fitkit.engine.checkpoint import bucket_lock
+
+        held = bucket_lock.acquire(directory, argument)
+        recover_store(held.store)
+        return held
     lock = run_lock.acquire(directory, argument)
     recover(directory)
     return lock
+
+
+def recover_store(where: store.Store) -> None:
+    """Tidy what an interrupted run left in a store: `checkpoint-N` prefixes without a manifest
+    (an upload or a removal cut short) are removed, and so is the local staging folder."""
+    for name, files in where.checkpoints().items():
+        if MANIFEST not in files:
+            logger.warning("removing %s: an incomplete checkpoint an interrupted run left behind",
+                           store.join(where.url, name))
+            where.remove(name)
+    shutil.rmtree(store.staging(where.url), ignore_errors=True)
 
 
 def recover(directory: str) -> None:
     """Tidy the temporary checkpoints an interrupted run left in `directory` (call it only while
     holding the directory): one that is complete and whose `checkpoint-N` is missing (the run died
     while replacing it) becomes `checkpoint-N`; any other is removed, with a warning."""
+    for name in os.listdir(directory):
+        if name.startswith(REMOVING_PREFIX):  # a rotation cut short: it was on its way out
+            shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
     leftovers = sorted((n for n in os.listdir(directory) if n.startswith(TMP_PREFIX)),
                        key=lambda n: n.endswith("-replaced"))  # the newer content first
     for name in leftovers:
