@@ -33,8 +33,6 @@ def test_add_loss_is_answered_with_what_to_do():
     assert keras_idiom_hint(ValueError("object has no attribute 'add_loss'")) is None
 
 
-@pytest.mark.xfail(strict=True, reason="the hint is added to the first-step error in fitkit/engine/checks (rewritten "
-                                       "beside this change): `keras_idiom_hint(err) or _module_hint(...)` at merge")
 def test_add_loss_in_fit_names_the_fix():
     with pytest.raises(ValueError, match="fitkit has no add_loss.*compute_loss"):
         Model(WithAddLoss()).compile("sgd", "mse").fit(torch.randn(8, 3), torch.randn(8, 1), verbose=0)

@@ -19,6 +19,7 @@ import torch
 
 from fitkit.adapters.losses import Loss
 from fitkit.adapters.outputs import is_structure
+from fitkit.common.keras_idioms import keras_idiom_hint
 from fitkit.common.options import error_line
 from fitkit.common.tensors import tensors_of
 from fitkit.engine.checks.inputs import _probe_safe, _read_stats, _warn_non_finite, check_batch
@@ -189,7 +190,7 @@ def _module_error(pending: _Pending, own_loss: bool, err: Exception) -> ValueErr
     names, batch = pending.names, pending.batch
     assert batch is not None  # read before the forward
     try:
-        hint = _module_hint(pending.module, batch, names, own_loss)
+        hint = keras_idiom_hint(err) or _module_hint(pending.module, batch, names, own_loss)
     except Exception:  # noqa: BLE001 - a hint must never hide the module's own error
         hint = f"give {names.x} the shape and dtype the module's forward expects"
     return ValueError(f"the module raised on the first batch of `{names.name}`: inputs {_describe(batch.inputs)}; "
