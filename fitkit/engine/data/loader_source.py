@@ -7,7 +7,6 @@ as a `DataSource`, read ahead on a thread when it can be, its stateful parts sav
 
 from __future__ import annotations
 
-import copy
 import itertools
 import logging
 import weakref
@@ -15,14 +14,11 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
 
 from fitkit.engine.data.batch import Batch, split_batch
-from fitkit.engine.data.check_read import open_for_check
 from fitkit.engine.data.keras_data import class_weights_for
-from fitkit.engine.data.loader_parts import generators_of, plain_state, set_loader_epoch, stateful_parts
+from fitkit.engine.data.loader_parts import plain_state, set_loader_epoch, stateful_parts
 from fitkit.engine.data.prefetch import read_ahead
-from fitkit.engine.data.rng import rng_state, same_rng_state, set_rng_state
 from fitkit.engine.data.sampling import EpochSampler, process_group
 from fitkit.engine.data.sources import CountsSamples
 
@@ -142,17 +138,10 @@ class LoaderSource(CountsSamples):
             self.sampler.use_epoch(epoch, self.skipped(epoch, start))
         set_loader_epoch(loader, epoch)
         restored = self._load_state(epoch, start)
-        kept, self._kept = self._kept, None
-        if kept is not None and not start and not restored and same_rng_state(kept[2], rng_state()):
-            # the batch the checks read opens this pass (nothing drew since): the pass's own draw,
-            # its iterator's base seed, is the one the checks' read made
-            first, iterator = kept[0], kept[1]
-            set_rng_state(kept[3])
-        else:
-            # Create the iterator and fetch the first batch now, not lazily: samplers draw their order
-            # from the RNG at the first fetch, and a resuming caller restores the RNG right after this.
-            iterator = iter(loader)
-            first = next(iterator, _END)
+        # Create the iterator and fetch the first batch now, not lazily: samplers draw their order
+        # from the RNG at the first fetch, and a resuming caller restores the RNG right after this.
+        iterator = iter(loader)
+        first = next(iterator, _END)
         if first is _END:
             iterator = iter(())
         elif self.prefetch and not self.stateful():
@@ -187,48 +176,6 @@ class LoaderSource(CountsSamples):
         logger.debug("the Dataset of `%s` draws from the global random generators: its batches are read on the "
                      "training thread, not ahead, so the run's random numbers stay as without prefetching", self.name)
 
-    def first_batch(self) -> Batch | None:
-        """The loader's first batch, read through a fresh iterator: the global generators and the
-        loader's own are put back after, so the run draws the same numbers as without this read.
-        (A loader with worker processes starts them once more for it, unless `persistent_workers`.)
-        A continued stream (`continues`) is not read twice: its first batch is the one its first
-        step trains on."""
-        if self.continues:
-            stream = self.batches(0)
-            first = next(stream, None)
-            if first is not None:
-                self._stream = itertools.chain((first,), stream)
-            return first
-        if self.sampler is not None:
-            self.sampler.use_epoch(0)
-        generators, parts = generators_of(self.loader), self.stateful()
-        saved, states = rng_state(), [g.get_state() for g in generators]
-        positions = [copy.deepcopy(part.state_dict()) for part in parts]  # a read moves a stateful source
-        self._kept = None
-        try:
-            iterator = open_for_check(self.loader)  # a DataLoader's iterator draws its base seed here
-            opened = rng_state() if self._replayable() and not generators else None
-            raw = next(iterator, _END)
-            if raw is not _END and opened is not None and same_rng_state(opened, rng_state()):
-                # reading drew nothing: the next pass, if nothing draws before it, goes on from here
-                self._kept = (raw, iterator, saved, opened)
-        finally:
-            set_rng_state(saved)
-            for g, state in zip(generators, states):
-                g.set_state(state)
-            for part, position in zip(parts, positions):
-                part.load_state_dict(position)
-        return None if raw is _END else next(self._split(iter((raw,))))
-
-    def _replayable(self) -> bool:
-        """Whether the checked first batch may open the next pass (an evaluation's loader, say):
-        one process, a loader in storage order read on this thread with no state of its own, whose
-        reading draws no random number (checked by the caller), so the pass reads what it would."""
-        loader = self.loader
-        return (self.sampler is None and not self.distributed and isinstance(loader, DataLoader)
-                and type(loader.sampler) is torch.utils.data.SequentialSampler and loader.num_workers == 0
-                and not self.stateful())
-
     def _split(self, iterator: Iterator) -> Iterator[Batch]:
         cw = self.class_weight
         if cw is None:
@@ -250,6 +197,3 @@ class LoaderSource(CountsSamples):
     #: on across epochs, as Keras' epoch iterator does; `adapt` sets it for a fit's training data
     continues = False
     _stream: Iterator[Batch] | None = None
-    #: what `first_batch` read for the next `batches` to go on with: (raw first batch, its
-    #: iterator, the generators' state before it was opened, and after)
-    _kept: tuple[Any, Iterator, dict[str, Any], dict[str, Any]] | None = None
