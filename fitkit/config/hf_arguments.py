@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import warnings
+from collections.abc import Collection
 from typing import Any
 
 from fitkit.config.arguments import TrainingArguments
@@ -40,6 +41,27 @@ def optimizer_spec(optim: str) -> Any:
         raise ValueError(f"`optim`={optim!r} is not available in fitkit; valid names are: {', '.join(HF_OPTIMIZERS)} "
                          "(or pass an optimizer to compile)")
     return torch.optim.Adafactor if name == "adafactor" else TorchDefaults(name)
+
+
+#: The Trainer's defaults where fitkit's own differ (the optimizer, its rate and decay, the schedule,
+#: clipping, the batches' order): what `hf_trainer=True` without transformers' arguments starts from.
+TRAINER_DEFAULTS: dict[str, Any] = {"optim": "adamw_torch", "learning_rate": 5e-5, "weight_decay": 0.0,
+                                    "lr_scheduler": "linear", "max_grad_norm": 1.0, "data_order": "trainer"}
+
+
+def trainer_defaults(run: Any, given: Collection[str], compile_optimizer: Any) -> Any:
+    """`run` (with `hf_trainer=True`, not built from a `transformers.TrainingArguments`) with the
+    Trainer's defaults (`TRAINER_DEFAULTS`) in the fields nobody gave (`given`: the fields set by
+    compile, `args=` or fit). `optim` only when compile kept its default optimizer::
+
+        trainer_defaults(TrainingArguments(hf_trainer=True), {"hf_trainer"}, "adam").lr_scheduler  # "linear"
+    """
+    from fitkit.config.option_merge import DEFAULT_OPTIMIZER
+
+    values = {k: v for k, v in TRAINER_DEFAULTS.items() if k not in given}
+    if compile_optimizer != DEFAULT_OPTIMIZER:
+        values.pop("optim", None)
+    return run.settled(**values) if values else run
 
 
 def _plain(value: Any) -> Any:

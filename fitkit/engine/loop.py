@@ -35,7 +35,7 @@ from fitkit.engine.run_metrics import RunMetrics
 from fitkit.engine.running_loss import EpochLoss
 from fitkit.engine.step import Stepper
 from fitkit.events.handler import CallbackHandler
-from fitkit.events.hf_view import evaluation_record, hf_values
+from fitkit.events.hf_view import evaluated_metrics, evaluation_record, hf_values
 from fitkit.events.state import StopTraining, TrainerControl, TrainerState
 
 logger = logging.getLogger("fitkit")
@@ -347,12 +347,14 @@ class Loop(Inference, BestModel):
             started = time.perf_counter()
             metrics = self.evaluate(self.val, prefix="val_", steps=self.args.validation_steps)
             self.epoch_validation = dict(metrics)
+            record = None
             if args.hf_trainer:  # HF's record: `eval_` names and the speed (`on_evaluate` keeps fitkit's `val_`)
-                self.log(evaluation_record(hf_values(metrics) or {}, "eval", time.perf_counter() - started,
-                                           *self.evaluated))
+                record = evaluation_record(hf_values(metrics) or {}, "eval", time.perf_counter() - started,
+                                           *self.evaluated)
+                self.log(record)
             else:
                 self.log(dict(metrics))
-            self.control = cb.on_evaluate(args, state, self.control, metrics)
+            self.control = cb.on_evaluate(args, state, self.control, evaluated_metrics(metrics, args, state, record))
             if self._track_best(metrics) and args.save_strategy == "best":  # after on_evaluate, as HF
                 self.control.should_save = True
         self.control.should_evaluate = False

@@ -41,6 +41,7 @@ from fitkit.engine.overrides import StepOverrides
 from fitkit.engine.runtime import Runtime
 from fitkit.engine.step import Stepper
 from fitkit.events.handler import CallbackHandler
+from fitkit.events.hf_view import evaluated_metrics
 from fitkit.events.state import TrainerControl, TrainerState
 
 logger = logging.getLogger("fitkit")
@@ -214,7 +215,7 @@ class Trainer:
         with self._running(loop):
             metrics = loop.evaluate(source, steps=steps, keep=keep)
         self.collected = loop.collected
-        self.control = self.handler.on_evaluate(self.args, state, loop.control, metrics)
+        self.control = self.handler.on_evaluate(self.args, state, loop.control, evaluated_metrics(metrics, self.args, state))
         return metrics
 
     def predict(self, x: Any, *, batch_size: int = 32, state: TrainerState, control: TrainerControl,

@@ -85,7 +85,10 @@ class Evaluation(ModelMembers):
 
     def _evaluation_trainer(self, args: TrainingArguments, callbacks: Sequence[Any] | None,
                             verbose: int | str) -> Trainer:
-        """The engine call of one `evaluate` or `predict`: the callbacks given and Keras' line."""
+        """The engine call of one `evaluate` or `predict`: the callbacks given and Keras' line (none
+        under the Trainer face with `disable_tqdm=True` unless `verbose` is given, as the Trainer shows none)."""
+        if verbose == "auto" and args.hf_trainer and args.verbose == 0:
+            verbose = 0
         return Trainer(self.runtime, self._module_for(args), self.config, args,
                        self._handler(callbacks, *evaluation_line_for(verbose)), StepOverrides.of(self, Steps))
 
