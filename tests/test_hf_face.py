@@ -3,11 +3,12 @@ Trainer habits of issue 46, each beside the real `transformers.Trainer` on a tin
 config (dropout off), the same data and seed: every logged value within 1e-5."""
 
 import pytest
+import torch
 
 from fitkit import Model
 
 transformers = pytest.importorskip("transformers")
-from hf_tiny import accuracy, assert_same_logs, classifier, token_data  # noqa: E402
+from hf_tiny import accuracy, assert_same_logs, classifier, datasets, token_data  # noqa: E402
 
 TRAIN, EVAL = token_data(32, seed=0), token_data(16, seed=1)
 
@@ -67,3 +68,89 @@ def test_on_evaluate_metrics_carry_the_epoch_and_evaluate_prints_no_line_under_d
     assert seen["fitkit"][0][0] == seen["hf"][0][0]  # in fit: eval_loss, eval_accuracy, the speed, epoch
     assert "epoch" in seen["fitkit"][0][1]  # evaluate() after fit
     assert seen["fitkit"][1] == seen["hf"][1] == []  # only the printer's records, no progress line
+
+
+# -- TrainingArguments fields that change what a run computes (issue 46), each beside the Trainer ----------
+def both_runs(tmp_path, make_model=classifier, train=TRAIN, compare=True, **fields):
+    """The Trainer's and fitkit's log histories (and `predict`'s output) under the same
+    `args=transformers.TrainingArguments(...)`: 2 epochs of 8-sample batches, a log every step,
+    an evaluation per epoch, `fields` over those. (The Trainer's closing `total_flos` of a module
+    that is not a transformers model, 0, is left out: fitkit counts no FLOPs for it.)"""
+    out = {}
+    for who in ("hf", "fitkit"):
+        options = dict(output_dir=str(tmp_path / who), report_to="none", disable_tqdm=True, num_train_epochs=2,
+                       per_device_train_batch_size=8, logging_steps=1, eval_strategy="epoch", save_strategy="no",
+                       learning_rate=0.02, seed=0, dataloader_pin_memory=False)
+        args = transformers.TrainingArguments(**{**options, **fields})
+        if who == "hf":
+            runner = transformers.Trainer(model=make_model(), args=args, train_dataset=train, eval_dataset=EVAL,
+                                          compute_metrics=accuracy)
+            runner.train()
+            prediction = runner.predict(EVAL)
+        else:
+            runner = Model(make_model()).compile()
+            runner.fit(train, validation_data=EVAL, args=args, compute_metrics=accuracy)
+            prediction = runner.hf_predict(EVAL)
+        out[who] = runner.state.log_history, prediction
+    (theirs, hf_prediction), (ours, prediction) = out["hf"], out["fitkit"]
+    if not isinstance(runner.module, transformers.PreTrainedModel):
+        theirs = [{k: v for k, v in r.items() if k != "total_flos"} for r in theirs]
+    if compare:
+        assert_same_logs(theirs, ours)
+    return theirs, hf_prediction, prediction
+
+
+def test_adam_betas_and_epsilon_are_the_trainers(tmp_path):
+    logs, _, _ = both_runs(tmp_path, adam_beta1=0.5, adam_beta2=0.9, adam_epsilon=1e-3)
+    plain, _, _ = both_runs(tmp_path / "plain")
+    assert logs[3]["loss"] != pytest.approx(plain[3]["loss"], abs=1e-4)  # the fields changed the run
+
+
+def test_label_smoothing_is_the_trainers_label_smoother(tmp_path):
+    logs, _, _ = both_runs(tmp_path, label_smoothing_factor=0.2)
+    plain, _, _ = both_runs(tmp_path / "plain")
+    assert logs[0]["loss"] != pytest.approx(plain[0]["loss"], abs=1e-4)  # eval_loss too: compared above
+
+
+def test_dataloader_drop_last_drops_the_incomplete_batch(tmp_path):
+    logs, _, _ = both_runs(tmp_path, train=token_data(30, seed=0), dataloader_drop_last=True)
+    assert max(r["step"] for r in logs) == 6  # 3 full batches of 8 a epoch, not 4
+
+
+def test_eval_on_start_evaluates_before_the_first_step(tmp_path):
+    logs, _, _ = both_runs(tmp_path, eval_on_start=True)
+    assert "eval_loss" in logs[0] and logs[0]["step"] == 0
+
+
+def test_prediction_loss_only_computes_the_loss_alone(tmp_path):
+    logs, theirs, ours = both_runs(tmp_path, prediction_loss_only=True)
+    assert "eval_loss" in logs[4] and "eval_accuracy" not in logs[4]
+    assert ours.predictions is None and ours.label_ids is None and theirs.predictions is None
+    assert ours.metrics["test_loss"] == pytest.approx(theirs.metrics["test_loss"], abs=1e-5)
+
+
+class InfiniteOnToken1(torch.nn.Module):
+    """A classifier whose loss is infinite for a batch holding token 1 (its gradient stays finite)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = classifier()
+
+    def forward(self, input_ids, labels=None):
+        out = self.net(input_ids=input_ids, labels=labels)
+        loss = out.loss
+        if loss is not None and bool((input_ids == 1).any()):
+            loss = loss + float("inf")
+        return {"loss": loss, "logits": out.logits}
+
+
+def test_logging_nan_inf_filter_logs_the_mean_in_place_of_an_infinite_step_loss(tmp_path):
+    rows = token_data(32, seed=0).to_dict()
+    rows["input_ids"][5][0] = 1  # one training sample makes its step's loss infinite
+    train = datasets.Dataset.from_dict(rows)
+    logs, _, _ = both_runs(tmp_path, make_model=InfiniteOnToken1, train=train, logging_steps=2)
+    losses = [r["loss"] for r in logs if "loss" in r]
+    assert all(abs(loss) != float("inf") for loss in losses)  # on by default, as in the Trainer
+    unfiltered, _, _ = both_runs(tmp_path / "off", make_model=InfiniteOnToken1, train=train, logging_steps=2,
+                                 compare=False, logging_nan_inf_filter=False)
+    assert any(r.get("loss") == float("inf") for r in unfiltered)  # the Trainer's run had its infinite step

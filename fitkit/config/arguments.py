@@ -111,6 +111,10 @@ class TrainingArguments(metaclass=_TakesOtherNames):
     warmup_steps: int = 0
     warmup_ratio: float = 0.0
     max_grad_norm: float | None = None
+    adam_beta1: float | None = None  # Adam-family optimizers by name (adam, adamw, HF's `optim`): None their default
+    adam_beta2: float | None = None
+    adam_epsilon: float | None = None
+    label_smoothing_factor: float = 0.0  # HF's LabelSmoother over a loss=None module's logits and `labels` (-100 ignored)
     # -- logging, evaluation, saving
     eval_strategy: str | None = None  # None: "epoch" when there is validation data, else "no"
     eval_steps: int | float | None = None  # below 1: a fraction of max_steps (HF)
@@ -175,6 +179,11 @@ class TrainingArguments(metaclass=_TakesOtherNames):
     # the mean of the steps' losses since the last log, across epochs; `grad_norm`; `epoch` unrounded; evaluation
     # records under `eval_` names with their speed); `verbose=0` then prints each log as the Trainer's printer
     hf_trainer: bool = False
+    # -- HF Trainer fields that change what a run computes (`tests/test_hf_fields.py` compares each with the Trainer)
+    dataloader_drop_last: bool = False  # the DataLoaders fitkit builds over a Dataset drop an incomplete last batch
+    logging_nan_inf_filter: bool = False  # a nan/inf step loss is logged as the mean of the others since the last log
+    eval_on_start: bool = False  # evaluate once before the first step
+    prediction_loss_only: bool = False  # evaluation computes the loss alone (no compute_metrics, no predictions)
 
     def __post_init__(self) -> None:
         check_and_convert(self)

@@ -42,6 +42,10 @@ _FLOATS: dict[str, tuple[Callable[[float], bool], str, bool]] = {
     "weight_decay": (lambda v: v >= 0, "pass a finite number >= 0", True),
     "max_grad_norm": (lambda v: v > 0, "pass a number > 0, or None to skip clipping", True),
     "warmup_ratio": (lambda v: 0 <= v < 1, "pass a fraction in [0, 1)", False),
+    "adam_beta1": (lambda v: 0 <= v < 1, "pass a number in [0, 1), or None for the optimizer's default", True),
+    "adam_beta2": (lambda v: 0 <= v < 1, "pass a number in [0, 1), or None for the optimizer's default", True),
+    "adam_epsilon": (lambda v: v >= 0, "pass a number >= 0, or None for the optimizer's default", True),
+    "label_smoothing_factor": (lambda v: 0 <= v < 1, "pass a fraction in [0, 1) (0: no smoothing)", False),
 }
 #: Bool fields, and whether None is allowed too.
 _BOOLS: dict[str, bool] = {
@@ -49,6 +53,8 @@ _BOOLS: dict[str, bool] = {
     "save_on_sigterm": True, "save_async": False, "skip_memory_metrics": False, "log_on_each_node": False,
     "fsdp_full_checkpoint": False, "fsdp_load_once": False, "dataloader_pin_memory": False, "gradient_checkpointing": True, "prefetch": False,
     "tune_cpu_allocator": False, "predict_with_generate": False, "hf_trainer": False, "ignore_data_skip": False,
+    "dataloader_drop_last": False, "logging_nan_inf_filter": False, "eval_on_start": False,
+    "prediction_loss_only": False,
 }
 #: String fields taking one of a set of names, and whether None is allowed too.
 _CHOICES: dict[str, tuple[tuple, bool]] = {

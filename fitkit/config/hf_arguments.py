@@ -46,7 +46,8 @@ def optimizer_spec(optim: str) -> Any:
 #: The Trainer's defaults where fitkit's own differ (the optimizer, its rate and decay, the schedule,
 #: clipping, the batches' order): what `hf_trainer=True` without transformers' arguments starts from.
 TRAINER_DEFAULTS: dict[str, Any] = {"optim": "adamw_torch", "learning_rate": 5e-5, "weight_decay": 0.0,
-                                    "lr_scheduler": "linear", "max_grad_norm": 1.0, "data_order": "trainer"}
+                                    "lr_scheduler": "linear", "max_grad_norm": 1.0, "data_order": "trainer",
+                                    "logging_nan_inf_filter": True}
 
 
 def trainer_defaults(run: Any, given: Collection[str], compile_optimizer: Any) -> Any:

@@ -41,7 +41,8 @@ CARRIED = ("data_collator", "compute_metrics", "remove_unused_columns", "process
            "predict_with_generate", "generation_max_length", "generation_num_beams", "generation_config")
 #: what else of a fit's arguments `evaluate` and `predict` keep (not keywords of theirs): HF's
 #: Trainer mode (an `evaluate()` after fit logs its record) and, with it, `disable_tqdm`'s printing.
-FROM_FIT = ("hf_trainer", "data_order", "verbose")
+FROM_FIT = ("hf_trainer", "data_order", "verbose", "prediction_loss_only", "label_smoothing_factor",
+            "dataloader_drop_last")
 
 #: compile's default optimizer: it does not count as given against `args.optim`.
 DEFAULT_OPTIMIZER = "adam"

@@ -157,9 +157,10 @@ class PredictionCollector:
     @classmethod
     def of(cls, args: Any, keep: bool = False) -> PredictionCollector | None:
         """A collector for `args.compute_metrics` (None when it is not set and nothing is to be
-        kept); `keep`: also keep the gathered predictions and labels (HF's `predict`)."""
+        kept, or under HF's `prediction_loss_only`); `keep`: also keep the gathered predictions and
+        labels (HF's `predict`)."""
         fn = getattr(args, "compute_metrics", None)
-        if fn is None and not keep:
+        if (fn is None and not keep) or getattr(args, "prediction_loss_only", False):  # HF: the loss alone
             return None
         return cls(fn, getattr(args, "eval_accumulation_steps", None),
                    getattr(args, "preprocess_logits_for_metrics", None), keep)

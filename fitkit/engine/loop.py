@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -107,6 +107,9 @@ class Loop(Inference, BestModel):
             assert self.checkpointer is not None  # a resume comes from the fit's checkpointer
             self.checkpointer.restore_callbacks(resume, self.control)
         first_step = state.global_step
+        if args.eval_on_start and val is not None:  # [hf_trainer policy] HF's eval_on_start: no best tracked
+            self._evaluate_and_log()
+            self.epoch_validation = None
         self.flos = flos_count(unwrapped(self.stepper.module)) if args.hf_trainer else None
         figures = RunMetrics(self.fabric.device, memory=not args.skip_memory_metrics)
         try:
@@ -176,8 +179,10 @@ class Loop(Inference, BestModel):
         """Train on the epoch's batches; True when a callback or preemption stopped it early."""
         args, state, cb, stepper = self.args, self.state, self.handler, self.stepper
         accum = args.gradient_accumulation_steps
-        add_loss = self.loss.running.add
+        add_loss: Callable[[torch.Tensor, float], None] = self.loss.running.add
         per_step = self.loss.per_step  # HF's Trainer log: the mean of the steps' losses, not of the samples'
+        if per_step and args.logging_nan_inf_filter:  # [hf_trainer policy] HF's nan/inf step loss filter
+            add_loss = self.loss.nan_inf_filtered(lambda: state.global_step - max(self._logged_step, 0))
         flos_key, flos_factor = self.flos or ("", 0)
         metrics = self.train_metrics if self.train_metrics else None
         own_step, carry = self.overrides.train_step, self._carry
@@ -340,21 +345,11 @@ class Loop(Inference, BestModel):
 
     # -- logging, evaluating, saving ---------------------------------------------------------------
     def _log_evaluate_save(self, epoch_end: bool) -> None:
-        args, state, cb = self.args, self.state, self.handler
+        args = self.args
         if self.control.should_log:
             self._log_training(epoch_end)
         if self.control.should_evaluate and self.val is not None:
-            started = time.perf_counter()
-            metrics = self.evaluate(self.val, prefix="val_", steps=self.args.validation_steps)
-            self.epoch_validation = dict(metrics)
-            record = None
-            if args.hf_trainer:  # HF's record: `eval_` names and the speed (`on_evaluate` keeps fitkit's `val_`)
-                record = evaluation_record(hf_values(metrics) or {}, "eval", time.perf_counter() - started,
-                                           *self.evaluated)
-                self.log(record)
-            else:
-                self.log(dict(metrics))
-            self.control = cb.on_evaluate(args, state, self.control, evaluated_metrics(metrics, args, state, record))
+            metrics = self._evaluate_and_log()
             if self._track_best(metrics) and args.save_strategy == "best":  # after on_evaluate, as HF
                 self.control.should_save = True
         self.control.should_evaluate = False
@@ -365,6 +360,25 @@ class Loop(Inference, BestModel):
             self.checkpoint()
             self.control = self.checkpointer.announce(self.control)  # on_save once committed (maybe later)
         self.control.should_save = False
+
+    def _evaluate_and_log(self) -> dict[str, float]:
+        """One evaluation of the validation data in training: its record logged (HF's, under
+        `hf_trainer`), then `on_evaluate`; returns its values (`val_` names)."""
+        args, state = self.args, self.state
+        assert self.val is not None  # called with validation data only
+        started = time.perf_counter()
+        metrics = self.evaluate(self.val, prefix="val_", steps=args.validation_steps)
+        self.epoch_validation = dict(metrics)
+        record = None
+        if args.hf_trainer:  # HF's record: `eval_` names and the speed (`on_evaluate` keeps fitkit's `val_`)
+            record = evaluation_record(hf_values(metrics) or {}, "eval", time.perf_counter() - started,
+                                       *self.evaluated)
+            self.log(record)
+        else:
+            self.log(dict(metrics))
+        self.control = self.handler.on_evaluate(args, state, self.control,
+                                                evaluated_metrics(metrics, args, state, record))
+        return metrics
 
     def _log_training(self, epoch_end: bool) -> None:
         trainer = self.args.hf_trainer

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from fitkit.adapters.label_smoothing import label_smoothing_for
 from fitkit.adapters.metrics import metric_directions
 from fitkit.adapters.optimizers import build_scheduler
 from fitkit.common.schedule import epoch_batches, interval_steps, plan, steps_per_epoch
@@ -135,7 +136,8 @@ class Trainer:
         self.control = TrainerControl()
         self.checkpointer = Checkpointer(fabric, self.args, state, handler, module=wrapped, optimizer=optimizer,
                                          scheduler=scheduler, defer_copy=self.overrides.train_step is None)
-        stepper = Stepper(fabric, wrapped, optimizer, config.loss_fn, self.overrides.compute_loss)
+        stepper = Stepper(fabric, wrapped, optimizer, config.loss_fn, self.overrides.compute_loss,
+                          label_smoothing_for(self.args, wrapped))
         loop = Loop(stepper, handler, self.args, state, self.control, metrics=config.logged_metrics,
                     scheduler=scheduler, checkpointer=self.checkpointer, directions=directions,
                     overrides=self.overrides, epoch_length=batches)
@@ -251,7 +253,8 @@ class Trainer:
         state.is_world_process_zero = fabric.is_global_zero
         state.is_local_process_zero = fabric.local_rank == 0
         loss_fn, metrics = (self.config.loss_fn, self.config.logged_metrics) if self.config else (None, [])
-        stepper = Stepper(fabric, wrapped, self.runtime.optimizer, loss_fn, self.overrides.compute_loss)
+        stepper = Stepper(fabric, wrapped, self.runtime.optimizer, loss_fn, self.overrides.compute_loss,
+                          label_smoothing_for(self.args, wrapped))
         loop = Loop(stepper, self.handler, self.args, state, control, metrics=metrics, overrides=self.overrides)
         self.handler.set_run(model=self.module, running_logs=loop.running_logs)
         return loop

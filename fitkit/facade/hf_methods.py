@@ -92,10 +92,10 @@ class HFMethods(ModelMembers):
             collected = (_numpy(predictions), _numpy(labels))
         else:
             metrics, kept = self._evaluate(args, x, None, batch_size, verbose, None, None, callbacks, keep=True)
-            if kept is None:
+            if kept is None and not args.prediction_loss_only:
                 raise ValueError("`hf_predict` gathers the module's outputs, which an overridden `test_step` does "
                                  "not give: call `predict` (your `predict_step`) and `evaluate` instead")
-            collected = kept
+            collected = kept or (None, None)  # `prediction_loss_only`: the loss alone, as the Trainer's predict
         speed = (time.perf_counter() - start, x, evaluation_batch_size(args, batch_size))
         return PredictionOutput(collected[0], collected[1], self.hf_named(metrics, metric_key_prefix, speed, epoch=False))
 

@@ -126,6 +126,8 @@ def loader_options(args: Any, dataset: Any) -> dict[str, Any]:
         options["num_workers"] = workers
     if getattr(args, "dataloader_pin_memory", False) and torch.cuda.is_available():  # pinning needs a GPU
         options["pin_memory"] = True
+    if getattr(args, "dataloader_drop_last", False):  # HF's: training and evaluation loaders alike
+        options["drop_last"] = True
     return options
 
 
