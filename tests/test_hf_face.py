@@ -5,7 +5,7 @@ config (dropout off), the same data and seed: every logged value within 1e-5."""
 import pytest
 import torch
 
-from fitkit import Model
+from fitkit import Model, TrainingArguments
 
 transformers = pytest.importorskip("transformers")
 from hf_tiny import accuracy, assert_same_logs, classifier, datasets, token_data  # noqa: E402
@@ -154,3 +154,107 @@ def test_logging_nan_inf_filter_logs_the_mean_in_place_of_an_infinite_step_loss(
     unfiltered, _, _ = both_runs(tmp_path / "off", make_model=InfiniteOnToken1, train=train, logging_steps=2,
                                  compare=False, logging_nan_inf_filter=False)
     assert any(r.get("loss") == float("inf") for r in unfiltered)  # the Trainer's run had its infinite step
+
+
+# -- fields fitkit maps onto its own options: what each becomes --------------------------------------------
+def from_hf_fields(**fields):
+    from fitkit.config.hf_arguments import from_hf
+
+    return from_hf(transformers.TrainingArguments(output_dir="out", report_to="none", **fields))
+
+
+def test_torch_compile_and_jit_checkpoint_map_onto_fitkits_options():
+    assert from_hf_fields(torch_compile=True).jit_compile == {"backend": "inductor"}  # HF fills the backend in
+    assert from_hf_fields(torch_compile_mode="reduce-overhead").jit_compile == {"backend": "inductor",
+                                                                               "mode": "reduce-overhead"}
+    assert from_hf_fields(torch_compile_backend="eager").jit_compile == {"backend": "eager"}
+    assert from_hf_fields().jit_compile == "auto" and from_hf_fields(enable_jit_checkpoint=True).save_on_sigterm
+
+
+def test_tf32_is_left_to_transformers_and_generation_config_is_copied():
+    """transformers sets torch's TF32 flags itself when its arguments are built (on an Ampere GPU;
+    tf32=True is refused elsewhere): fitkit warns about nothing and keeps them."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        from_hf_fields(tf32=False)
+    assert not [w for w in caught if "tf32" in str(w.message)]
+    from fitkit.config.hf_arguments import from_hf
+
+    config = transformers.GenerationConfig(max_length=7)
+    args = transformers.Seq2SeqTrainingArguments(output_dir="out", report_to="none", generation_config=config)
+    assert from_hf(args).generation_config.max_length == 7
+
+
+def test_logging_first_step_is_the_trainers(tmp_path):
+    logs, _, _ = both_runs(tmp_path, logging_first_step=True, logging_steps=3)
+    assert logs[0]["step"] == 1 and "loss" in logs[0]
+
+
+def test_ddp_fields_build_fabrics_ddp_strategy():
+    from fitkit.engine.devices.strategies import ddp_strategy
+
+    assert ddp_strategy("ddp", from_hf_fields()) == "ddp"  # HF's defaults: Fabric's own strategy
+    assert from_hf_fields(ddp_timeout=60, ddp_static_graph=True).ddp_timeout == 60  # copied from HF's arguments
+    # (a ddp_backend in HF's own arguments makes transformers start a process group: fitkit's fields here)
+    strategy = ddp_strategy("ddp_spawn", TrainingArguments(ddp_timeout=60, ddp_backend="gloo", ddp_static_graph=True,
+                                                           ddp_find_unused_parameters=False, ddp_bucket_cap_mb=5,
+                                                           ddp_broadcast_buffers=False))
+    assert strategy._start_method == "spawn" and strategy._process_group_backend == "gloo"
+    assert strategy._timeout.total_seconds() == 60
+    assert strategy._ddp_kwargs == {"find_unused_parameters": False, "bucket_cap_mb": 5, "broadcast_buffers": False,
+                                    "static_graph": True}
+
+
+def test_use_cache_gradient_checkpointing_kwargs_and_loader_options_reach_the_model_and_loader(tmp_path):
+    seen = {}
+
+    class Spy(transformers.TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, train_dataloader=None, **kwargs):
+            seen["use_cache"] = model.config.use_cache
+            seen["checkpointing"] = model.is_gradient_checkpointing
+            seen["loader"] = train_dataloader
+
+    net = classifier()
+    net.config.use_cache = True
+    calls = []
+    enable = net.gradient_checkpointing_enable
+    net.gradient_checkpointing_enable = lambda **kw: (calls.append(kw), enable(**kw))
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to="none", disable_tqdm=True,
+                                          max_steps=1, per_device_train_batch_size=8, save_strategy="no",
+                                          gradient_checkpointing=True,
+                                          gradient_checkpointing_kwargs={"use_reentrant": False},
+                                          dataloader_num_workers=1, dataloader_persistent_workers=True,
+                                          dataloader_prefetch_factor=3, dataloader_pin_memory=False,
+                                          dataloader_multiprocessing_context="fork", dataloader_in_order=False)
+    Model(net).compile().fit(TRAIN, args=args, callbacks=[Spy()])
+    assert seen["use_cache"] is False and seen["checkpointing"]  # the Trainer sets use_cache=False too
+    assert calls == [{"gradient_checkpointing_kwargs": {"use_reentrant": False}}]
+    loader = getattr(seen["loader"], "loader", seen["loader"])
+    assert loader.persistent_workers and loader.prefetch_factor == 3 and not loader.in_order
+    assert loader.multiprocessing_context.get_start_method() == "fork"
+
+
+def test_full_determinism_turns_torchs_deterministic_algorithms_on_as_the_trainer(tmp_path):
+    import os
+
+    saved = {k: os.environ.get(k) for k in ("CUDA_LAUNCH_BLOCKING", "CUBLAS_WORKSPACE_CONFIG",
+                                            "FLASH_ATTENTION_DETERMINISTIC")}
+    try:
+        seen = {}
+        for who in ("hf", "fitkit"):
+            torch.use_deterministic_algorithms(False)
+            args = transformers.TrainingArguments(output_dir=str(tmp_path / who), report_to="none", max_steps=1,
+                                                  disable_tqdm=True, save_strategy="no", full_determinism=True,
+                                                  dataloader_pin_memory=False)
+            if who == "hf":
+                transformers.Trainer(model=classifier(), args=args, train_dataset=TRAIN).train()
+            else:
+                Model(classifier()).compile().fit(TRAIN, args=args)
+            seen[who] = torch.are_deterministic_algorithms_enabled(), os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+        assert seen["fitkit"] == seen["hf"] == (True, ":16:8")
+    finally:
+        torch.use_deterministic_algorithms(False)
+        for key, value in saved.items():
+            os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)

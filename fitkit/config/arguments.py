@@ -184,6 +184,22 @@ class TrainingArguments(metaclass=_TakesOtherNames):
     logging_nan_inf_filter: bool = False  # a nan/inf step loss is logged as the mean of the others since the last log
     eval_on_start: bool = False  # evaluate once before the first step
     prediction_loss_only: bool = False  # evaluation computes the loss alone (no compute_metrics, no predictions)
+    full_determinism: bool = False  # torch's deterministic algorithms for the process (HF's enable_full_determinism)
+    gradient_checkpointing_kwargs: dict | None = None  # given to gradient_checkpointing_enable() (use_reentrant, ...)
+    use_cache: bool | None = None  # set as the module's `config.use_cache` at fit (HF); None: left as it is
+    # DataLoader options of the loaders fitkit builds over a Dataset (HF's; the first two need workers)
+    dataloader_persistent_workers: bool = False
+    dataloader_prefetch_factor: int | None = None
+    dataloader_multiprocessing_context: str | None = None
+    dataloader_in_order: bool = True
+    # DDP (strategy "ddp", "ddp_spawn", ...): the process group's backend and timeout (seconds), and
+    # DistributedDataParallel's own options; None: Fabric's and torch's defaults
+    ddp_backend: str | None = None
+    ddp_timeout: int | None = None
+    ddp_find_unused_parameters: bool | None = None
+    ddp_bucket_cap_mb: int | None = None
+    ddp_broadcast_buffers: bool | None = None
+    ddp_static_graph: bool | None = None
 
     def __post_init__(self) -> None:
         check_and_convert(self)

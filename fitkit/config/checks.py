@@ -35,6 +35,7 @@ _INTS: dict[str, tuple[int, bool]] = {
     "num_nodes": (1, False), "steps_per_epoch": (1, True), "validation_steps": (1, True), "validation_freq": (1, False),
     "dataloader_num_workers": (0, False), "eval_accumulation_steps": (1, True),
     "generation_max_length": (1, True), "generation_num_beams": (1, True),
+    "dataloader_prefetch_factor": (1, True), "ddp_timeout": (1, True), "ddp_bucket_cap_mb": (1, True),
 }
 #: Float fields: the test of the value, what to pass instead, and whether None is allowed too.
 _FLOATS: dict[str, tuple[Callable[[float], bool], str, bool]] = {
@@ -54,7 +55,9 @@ _BOOLS: dict[str, bool] = {
     "fsdp_full_checkpoint": False, "fsdp_load_once": False, "dataloader_pin_memory": False, "gradient_checkpointing": True, "prefetch": False,
     "tune_cpu_allocator": False, "predict_with_generate": False, "hf_trainer": False, "ignore_data_skip": False,
     "dataloader_drop_last": False, "logging_nan_inf_filter": False, "eval_on_start": False,
-    "prediction_loss_only": False,
+    "prediction_loss_only": False, "use_cache": True, "dataloader_persistent_workers": False,
+    "dataloader_in_order": False, "ddp_find_unused_parameters": True, "ddp_broadcast_buffers": True,
+    "ddp_static_graph": True, "full_determinism": False,
 }
 #: String fields taking one of a set of names, and whether None is allowed too.
 _CHOICES: dict[str, tuple[tuple, bool]] = {

@@ -23,7 +23,12 @@ from fitkit.config.hf_names import HF_OPTIMIZERS, built_defaults, hf_defaults, h
 
 #: HF fields read by a rule of their own rather than copied under the same name.
 _TRANSLATED = ("fp16", "bf16", "disable_tqdm", "use_cpu", "lr_scheduler_type", "warmup_steps", "max_grad_norm",
-               "metric_for_best_model", "report_to", "num_train_epochs", "optim", "output_dir", "fsdp_config")
+               "metric_for_best_model", "report_to", "num_train_epochs", "optim", "output_dir", "fsdp_config",
+               "torch_compile", "torch_compile_backend", "torch_compile_mode", "enable_jit_checkpoint",
+               "tf32")
+
+#: HF fields transformers acts on itself when its arguments are built (torch's TF32 flags): in force for fitkit's run.
+APPLIED_BY_TRANSFORMERS = ("tf32",)
 
 #: HF fields the HF Trainer itself does not act on (the example scripts read them; the launcher sets local_rank).
 NOT_TRAINER_FIELDS = ("do_train", "do_eval", "do_predict", "local_rank")
@@ -100,6 +105,12 @@ def from_hf(hf_args: Any) -> Any:
         options["optim"] = optim
     else:
         ignored.append(f"optim={optim!r}")
+    if any(values.get(k) for k in ("torch_compile", "torch_compile_backend", "torch_compile_mode")):
+        # torch.compile with HF's backend and mode (either implies torch_compile, HF fills in the backend)
+        options["jit_compile"] = {k: values[f"torch_compile_{k}"] for k in ("backend", "mode")
+                                  if values.get(f"torch_compile_{k}") is not None} or True
+    if values.get("enable_jit_checkpoint"):  # HF's checkpoint on SIGTERM: fitkit's save_on_sigterm
+        options["save_on_sigterm"] = True
     load_once, unread = _fsdp_config(values.get("fsdp_config"))
     if load_once:
         options["fsdp_load_once"] = True
@@ -197,8 +208,24 @@ def run_optimizer(spec: Any, args: Any) -> Any:
     return optimizer_spec(args.optim) if getattr(args, "optim", None) else spec
 
 
+def full_determinism() -> None:
+    """HF's `full_determinism`: torch's deterministic algorithms only, cuDNN deterministic and
+    not benchmarking, and the environment CUDA's libraries read for it (set for the process, as
+    the Trainer sets them; the seeding is fit's own)."""
+    import os
+
+    import torch
+
+    os.environ["CUDA_LAUNCH_BLOCKING"] = "1"
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":16:8"
+    os.environ["FLASH_ATTENTION_DETERMINISTIC"] = "1"
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+
+
 def prepare_module(module: Any, args: Any) -> None:
-    """At the start of a fit: a warning for `label_names` fitkit does not take the target from;
+    """At the start of a fit: `full_determinism`; a warning for `label_names` fitkit does not take the target from;
     `gradient_checkpointing=True`: `module.gradient_checkpointing_enable()` (a Hugging Face
     model's method); a module without it gets a warning, and trains as it is."""
     names = getattr(args, "label_names", None)
@@ -209,12 +236,18 @@ def prepare_module(module: Any, args: Any) -> None:
             warnings.warn(f"`label_names`={names!r} is not honoured: fitkit takes the target from the first of the "
                           f"keys {list(LABEL_KEYS)} in a dict batch; rename the label key, or pass (inputs, target) "
                           "batches", UserWarning, stacklevel=3)
+    if getattr(args, "full_determinism", False):
+        full_determinism()
+    use_cache, config = getattr(args, "use_cache", None), getattr(module, "config", None)
+    if use_cache is not None and config is not None and hasattr(config, "use_cache"):
+        config.use_cache = use_cache  # as the Trainer sets it
     if not getattr(args, "gradient_checkpointing", False):
         return
     enable = getattr(module, "gradient_checkpointing_enable", None)
     if callable(enable):
         if not getattr(module, "is_gradient_checkpointing", False):
-            enable()
+            kwargs = getattr(args, "gradient_checkpointing_kwargs", None)
+            enable(**({"gradient_checkpointing_kwargs": kwargs} if kwargs else {}))
     else:
         warnings.warn(f"`gradient_checkpointing`=True is ignored: {type(module).__name__} has no "
                       "gradient_checkpointing_enable() method (wrap blocks in torch.utils.checkpoint yourself)",
