@@ -258,3 +258,13 @@ def test_full_determinism_turns_torchs_deterministic_algorithms_on_as_the_traine
         torch.use_deterministic_algorithms(False)
         for key, value in saved.items():
             os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+
+
+def test_lr_scheduler_kwargs_and_the_trainers_other_schedules_are_its_own(tmp_path):
+    logs, _, _ = both_runs(tmp_path, lr_scheduler_type="cosine_with_restarts", lr_scheduler_kwargs={"num_cycles": 2},
+                           warmup_steps=0.25)
+    rates = [r["learning_rate"] for r in logs if "learning_rate" in r]
+    assert rates[0] == 0.0 and any(b > a for a, b in zip(rates[2:], rates[3:]))  # warm-up, then a cycle restarts
+    polynomial, _, _ = both_runs(tmp_path / "poly", lr_scheduler_type="polynomial",
+                                 lr_scheduler_kwargs={"power": 2.0, "lr_end": 1e-4})
+    assert [r["learning_rate"] for r in polynomial if "learning_rate" in r][5] != pytest.approx(rates[5])

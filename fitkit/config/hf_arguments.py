@@ -12,6 +12,7 @@ Whatever fitkit cannot honour is named in one warning, never dropped silently::
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import warnings
 from collections.abc import Collection
@@ -25,13 +26,36 @@ from fitkit.config.hf_names import HF_OPTIMIZERS, built_defaults, hf_defaults, h
 _TRANSLATED = ("fp16", "bf16", "disable_tqdm", "use_cpu", "lr_scheduler_type", "warmup_steps", "max_grad_norm",
                "metric_for_best_model", "report_to", "num_train_epochs", "optim", "output_dir", "fsdp_config",
                "torch_compile", "torch_compile_backend", "torch_compile_mode", "enable_jit_checkpoint",
-               "tf32")
+               "tf32", "lr_scheduler_kwargs")
 
 #: HF fields transformers acts on itself when its arguments are built (torch's TF32 flags): in force for fitkit's run.
 APPLIED_BY_TRANSFORMERS = ("tf32",)
 
 #: HF fields the HF Trainer itself does not act on (the example scripts read them; the launcher sets local_rank).
 NOT_TRAINER_FIELDS = ("do_train", "do_eval", "do_predict", "local_rank")
+
+
+@dataclasses.dataclass(frozen=True)
+class HFSchedule:
+    """`lr_scheduler=` for an HF `lr_scheduler_type` fitkit has no name for, or one given
+    `lr_scheduler_kwargs`: transformers' `get_scheduler` with the Trainer's warm-up steps
+    (`warmup`: steps, or below 1 a share of the training steps, as `get_warmup_steps` counts)::
+
+        HFSchedule("cosine_with_restarts", 0.1, {"num_cycles": 2})(optimizer, 100)
+    """
+
+    name: str
+    warmup: float
+    kwargs: dict
+
+    def __call__(self, optimizer: Any, num_training_steps: int) -> Any:
+        import math
+
+        from transformers import get_scheduler
+
+        warmup = int(self.warmup) if self.warmup >= 1 else math.ceil(num_training_steps * self.warmup)
+        return get_scheduler(self.name, optimizer, num_warmup_steps=warmup, num_training_steps=num_training_steps,
+                             scheduler_specific_kwargs=self.kwargs)
 
 
 def optimizer_spec(optim: str) -> Any:
@@ -90,12 +114,13 @@ def from_hf(hf_args: Any) -> Any:
     epochs = float(values.get("num_train_epochs", 3.0))
     options["num_train_epochs"] = int(epochs) if epochs.is_integer() else epochs
     scheduler = _plain(values.get("lr_scheduler_type", "linear"))
-    if scheduler in SCHEDULERS:
-        options["lr_scheduler"] = scheduler
-    else:
-        ignored.append(f"lr_scheduler_type={scheduler!r}")
     warmup = values.get("warmup_steps", 0) or 0
-    options["warmup_ratio" if 0 < warmup < 1 else "warmup_steps"] = warmup if 0 < warmup < 1 else int(warmup)
+    kwargs = values.get("lr_scheduler_kwargs") or None
+    if scheduler in SCHEDULERS and not kwargs:
+        options["lr_scheduler"] = scheduler
+        options["warmup_ratio" if 0 < warmup < 1 else "warmup_steps"] = warmup if 0 < warmup < 1 else int(warmup)
+    else:  # the Trainer's own builder: every schedule it names, with its keywords (warm-up included)
+        options["lr_scheduler"] = HFSchedule(str(scheduler), warmup, dict(kwargs or {}))
     options["max_grad_norm"] = values.get("max_grad_norm") or None
     options["metric_for_best_model"] = _val_name(values.get("metric_for_best_model"))
     report_to = values.get("report_to") or []
