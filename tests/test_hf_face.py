@@ -45,6 +45,9 @@ class EvaluatedKeys(transformers.TrainerCallback):
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         self.keys.append(sorted(metrics))
 
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.keys.append("log")
+
 
 def test_on_evaluate_metrics_carry_the_epoch_and_evaluate_prints_no_line_under_disable_tqdm(tmp_path, capsys):
     args = transformers.TrainingArguments(output_dir=str(tmp_path / "hf"), report_to="none", disable_tqdm=True,
@@ -64,9 +67,10 @@ def test_on_evaluate_metrics_carry_the_epoch_and_evaluate_prints_no_line_under_d
             runner.evaluate(callbacks=[keys])
         printed = capsys.readouterr().out.splitlines()
         seen[who] = keys.keys, [line for line in printed if not line.startswith("{")]
-    assert "epoch" in seen["hf"][0][0]
-    assert seen["fitkit"][0][0] == seen["hf"][0][0]  # in fit: eval_loss, eval_accuracy, the speed, epoch
-    assert "epoch" in seen["fitkit"][0][1]  # evaluate() after fit
+    assert "epoch" in seen["hf"][0][1]
+    # in fit and in evaluate() after it: the record logged, then on_evaluate with eval_loss, eval_accuracy,
+    # the speed and epoch
+    assert seen["fitkit"][0] == seen["hf"][0]
     assert seen["fitkit"][1] == seen["hf"][1] == []  # only the printer's records, no progress line
 
 

@@ -207,8 +207,9 @@ class Trainer:
     # -- evaluate and predict --------------------------------------------------------------------
     def evaluate(self, x: Any, y: Any = None, *, sample_weight: Any = None, batch_size: int = 32,
                  state: TrainerState, control: TrainerControl, steps: int | None = None,
-                 keep: bool = False) -> dict[str, float]:
-        """Loss and metrics over `x`, unprefixed; fires `on_prediction_step` and `on_evaluate`.
+                 keep: bool = False, announce: bool = True) -> dict[str, float]:
+        """Loss and metrics over `x`, unprefixed; fires `on_prediction_step` and `on_evaluate`
+        (`announce=False`: the caller fires it, after logging the record, as HF's `evaluate()`).
         `keep`: the gathered predictions and labels are kept in `collected` (HF's `predict`)."""
         loop = self._eval_loop(state, control)
         source, _ = self._source(x, y, sample_weight, batch_size=batch_size, shuffle=False, seed=None, pad=False)
@@ -217,7 +218,10 @@ class Trainer:
         with self._running(loop):
             metrics = loop.evaluate(source, steps=steps, keep=keep)
         self.collected = loop.collected
-        self.control = self.handler.on_evaluate(self.args, state, loop.control, evaluated_metrics(metrics, self.args, state))
+        self.control = loop.control
+        if announce:
+            self.control = self.handler.on_evaluate(self.args, state, self.control,
+                                                    evaluated_metrics(metrics, self.args, state))
         return metrics
 
     def predict(self, x: Any, *, batch_size: int = 32, state: TrainerState, control: TrainerControl,
