@@ -272,3 +272,22 @@ def test_lr_scheduler_kwargs_and_the_trainers_other_schedules_are_its_own(tmp_pa
     polynomial, _, _ = both_runs(tmp_path / "poly", lr_scheduler_type="polynomial",
                                  lr_scheduler_kwargs={"power": 2.0, "lr_end": 1e-4})
     assert [r["learning_rate"] for r in polynomial if "learning_rate" in r][5] != pytest.approx(rates[5])
+
+
+def test_save_only_model_writes_no_optimizer_state_and_a_resume_starts_a_fresh_one(tmp_path, caplog):
+    import logging
+    import os
+
+    from fitkit.engine.checkpoint.layout import WEIGHTS
+
+    logs, _, _ = both_runs(tmp_path, save_only_model=True, save_strategy="epoch")
+    assert not os.path.exists(tmp_path / "hf" / "checkpoint-4" / "optimizer.pt")  # the Trainer's, for reference
+    saved = torch.load(tmp_path / "fitkit" / "checkpoint-4" / WEIGHTS, weights_only=True)
+    assert "model" in saved and "optimizer" not in saved and "scheduler" not in saved
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "fitkit"), report_to="none", disable_tqdm=True,
+                                          num_train_epochs=2, per_device_train_batch_size=8, save_strategy="no",
+                                          dataloader_pin_memory=False)
+    with caplog.at_level(logging.WARNING, logger="fitkit"):
+        model = Model(classifier()).compile()
+        model.fit(TRAIN, args=args, resume_from_checkpoint=str(tmp_path / "fitkit" / "checkpoint-4"))
+    assert "save_only_model" in caplog.text and model.state.global_step == 8

@@ -57,7 +57,7 @@ _BOOLS: dict[str, bool] = {
     "dataloader_drop_last": False, "logging_nan_inf_filter": False, "eval_on_start": False,
     "prediction_loss_only": False, "use_cache": True, "dataloader_persistent_workers": False,
     "dataloader_in_order": False, "ddp_find_unused_parameters": True, "ddp_broadcast_buffers": True,
-    "ddp_static_graph": True, "full_determinism": False,
+    "ddp_static_graph": True, "full_determinism": False, "save_only_model": False,
 }
 #: String fields taking one of a set of names, and whether None is allowed too.
 _CHOICES: dict[str, tuple[tuple, bool]] = {
