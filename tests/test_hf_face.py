@@ -291,3 +291,11 @@ def test_save_only_model_writes_no_optimizer_state_and_a_resume_starts_a_fresh_o
         model = Model(classifier()).compile()
         model.fit(TRAIN, args=args, resume_from_checkpoint=str(tmp_path / "fitkit" / "checkpoint-4"))
     assert "save_only_model" in caplog.text and model.state.global_step == 8
+
+
+def test_neftune_noise_is_the_trainers(tmp_path):
+    logs, _, _ = both_runs(tmp_path, neftune_noise_alpha=50.0)
+    plain, _, _ = both_runs(tmp_path / "plain")
+    assert logs[1]["loss"] != pytest.approx(plain[1]["loss"], abs=1e-6)  # the noise changed training
+    evaluated = [r["eval_loss"] for r in logs if "eval_loss" in r]
+    assert evaluated  # evaluation, in eval mode, adds none: compared with the Trainer's above

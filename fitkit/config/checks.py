@@ -47,6 +47,7 @@ _FLOATS: dict[str, tuple[Callable[[float], bool], str, bool]] = {
     "adam_beta2": (lambda v: 0 <= v < 1, "pass a number in [0, 1), or None for the optimizer's default", True),
     "adam_epsilon": (lambda v: v >= 0, "pass a number >= 0, or None for the optimizer's default", True),
     "label_smoothing_factor": (lambda v: 0 <= v < 1, "pass a fraction in [0, 1) (0: no smoothing)", False),
+    "neftune_noise_alpha": (lambda v: v > 0, "pass a number > 0 (NEFTune's alpha, 5 in its paper), or None", True),
 }
 #: Bool fields, and whether None is allowed too.
 _BOOLS: dict[str, bool] = {

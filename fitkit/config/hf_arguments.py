@@ -12,10 +12,11 @@ Whatever fitkit cannot honour is named in one warning, never dropped silently::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import warnings
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from typing import Any
 
 from fitkit.config.arguments import TrainingArguments
@@ -231,6 +232,28 @@ def is_hf_arguments(args: Any) -> bool:
 def run_optimizer(spec: Any, args: Any) -> Any:
     """The optimizer a fit builds: `args.optim` (an HF name) when set, else compile's `spec`."""
     return optimizer_spec(args.optim) if getattr(args, "optim", None) else spec
+
+
+@contextlib.contextmanager
+def neftune_noise(module: Any, args: Any) -> Iterator[None]:
+    """HF's `neftune_noise_alpha` while training runs: transformers' NEFTune hook on the input
+    embeddings of `module` (a transformers model), noise added in training mode only, removed
+    when training ends, as the Trainer activates and removes it."""
+    alpha = getattr(args, "neftune_noise_alpha", None)
+    get_embeddings = getattr(module, "get_input_embeddings", None)
+    if alpha is None or not callable(get_embeddings):
+        yield
+        return
+    from transformers.integrations.neftune import neftune_post_forward_hook
+
+    embeddings = get_embeddings()
+    embeddings.neftune_noise_alpha = alpha
+    handle = embeddings.register_forward_hook(neftune_post_forward_hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+        del embeddings.neftune_noise_alpha
 
 
 def full_determinism() -> None:

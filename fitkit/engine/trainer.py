@@ -26,7 +26,7 @@ from fitkit.adapters.optimizers import build_scheduler
 from fitkit.common.schedule import epoch_batches, interval_steps, plan, steps_per_epoch
 from fitkit.config.arguments import TrainingArguments
 from fitkit.config.compile_config import CompileConfig
-from fitkit.config.hf_arguments import prepare_module, run_optimizer
+from fitkit.config.hf_arguments import neftune_noise, prepare_module, run_optimizer
 from fitkit.engine.checkpoint.checkpointer import Checkpointer
 from fitkit.engine.checks import check_data, keeps_float64
 from fitkit.engine.data.adapt import adapt
@@ -115,7 +115,7 @@ class Trainer:
         with checkpointer.writing():  # one run writes into output_dir at a time
             resume = checkpointer.resume(checkpointer.resume_path(self.handler.callbacks), epoch_length=batches)
             try:
-                with self._running(loop):
+                with self._running(loop), neftune_noise(self.module, args):
                     loop.train(train, val, resume)
             finally:
                 self.control = loop.control
