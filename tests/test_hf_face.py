@@ -299,3 +299,9 @@ def test_neftune_noise_is_the_trainers(tmp_path):
     assert logs[1]["loss"] != pytest.approx(plain[1]["loss"], abs=1e-6)  # the noise changed training
     evaluated = [r["eval_loss"] for r in logs if "eval_loss" in r]
     assert evaluated  # evaluation, in eval mode, adds none: compared with the Trainer's above
+
+
+def test_include_num_input_tokens_seen_logs_the_trainers_count(tmp_path):
+    logs, _, _ = both_runs(tmp_path, include_num_input_tokens_seen=True)
+    assert logs[0]["num_input_tokens_seen"] == 8 * 8 and "train_tokens_per_second" in logs[0]
+    assert logs[-1]["num_input_tokens_seen"] == 2 * 32 * 8  # the closing record: the whole run's

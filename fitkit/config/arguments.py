@@ -184,6 +184,7 @@ class TrainingArguments(metaclass=_TakesOtherNames):
     logging_nan_inf_filter: bool = False  # a nan/inf step loss is logged as the mean of the others since the last log
     eval_on_start: bool = False  # evaluate once before the first step
     prediction_loss_only: bool = False  # evaluation computes the loss alone (no compute_metrics, no predictions)
+    include_num_input_tokens_seen: str | bool = "no"  # "all" / True, "non_padding": num_input_tokens_seen logged (HF)
     neftune_noise_alpha: float | None = None  # NEFTune: noise on a transformers model's input embeddings in training
     save_only_model: bool = False  # checkpoints hold the weights alone: no optimizer or scheduler state (HF)
     full_determinism: bool = False  # torch's deterministic algorithms for the process (HF's enable_full_determinism)

@@ -67,6 +67,8 @@ _CHOICES: dict[str, tuple[tuple, bool]] = {
     "log_level_replica": (LOG_LEVELS, False), "fsdp_sharding": (FSDP_SHARDING, False),
     "data_order": (DATA_ORDERS, False),
 }
+#: HF's `include_num_input_tokens_seen`: its names (True is "all", False "no").
+TOKENS_SEEN = ("no", "all", "non_padding")
 
 
 #: Fields whose checks read no other field: a copy of checked arguments that changes only these
@@ -113,6 +115,12 @@ def check_and_convert(args: Any) -> None:
         value = getattr(args, name)
         if not ((isinstance(value, str) and value in choices) or (optional and value is None)):
             fail(name, f"{did_you_mean(value, choices)}use one of {list(choices)}")
+    tokens = args.include_num_input_tokens_seen
+    if isinstance(tokens, bool):
+        set_value("include_num_input_tokens_seen", "all" if tokens else "no")
+    elif tokens not in TOKENS_SEEN:
+        fail("include_num_input_tokens_seen", f"{did_you_mean(tokens, TOKENS_SEEN)}use one of {list(TOKENS_SEEN)}, "
+             "True or False")
     _check_fractions(args, fail, set_value)
     _check_the_others(args, fail, set_value)
 

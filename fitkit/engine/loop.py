@@ -34,6 +34,7 @@ from fitkit.engine.preemption import Preemption
 from fitkit.engine.run_metrics import RunMetrics
 from fitkit.engine.running_loss import EpochLoss
 from fitkit.engine.step import Stepper
+from fitkit.engine.tokens_seen import TokensSeen
 from fitkit.events.handler import CallbackHandler
 from fitkit.events.hf_view import evaluated_metrics, evaluation_record, hf_values
 from fitkit.events.state import StopTraining, TrainerControl, TrainerState
@@ -69,6 +70,8 @@ class Loop(Inference, BestModel):
         # HF's Trainer log (`hf_trainer`): the last step's gradient norm, a device tensor read only when logged
         self.grad_norm: torch.Tensor | None = None
         self._logged_step = -1  # the step of the last training log: a step is logged once (HF)
+        self.tokens: TokensSeen | None = None  # HF's include_num_input_tokens_seen, set by `train`
+        self._train_started = 0.0
         self.flos: tuple[str, int] | None = None  # HF's FLOPs count: (the main input's key, 6 x parameters)
         self.local_flos = 0  # this process's count since the last `store_flos`
         sigterm = args.save_on_sigterm if args.save_on_sigterm is not None else args.save_strategy != "no"
@@ -107,6 +110,9 @@ class Loop(Inference, BestModel):
             assert self.checkpointer is not None  # a resume comes from the fit's checkpointer
             self.checkpointer.restore_callbacks(resume, self.control)
         first_step = state.global_step
+        # [hf_trainer policy] HF's include_num_input_tokens_seen (None: not counted)
+        self.tokens = TokensSeen.of(args, unwrapped(self.stepper.module), self.fabric, state.num_input_tokens_seen)
+        self._train_started = time.perf_counter()
         if args.eval_on_start and val is not None:  # [hf_trainer policy] HF's eval_on_start: no best tracked
             self._evaluate_and_log()
             self.epoch_validation = None
@@ -186,6 +192,7 @@ class Loop(Inference, BestModel):
         flos_key, flos_factor = self.flos or ("", 0)
         metrics = self.train_metrics if self.train_metrics else None
         own_step, carry = self.overrides.train_step, self._carry
+        tokens = self.tokens
         micro, cycle = 0, 1
         loss: torch.Tensor | None
         for i, batch in enumerate(batches, start):
@@ -194,6 +201,8 @@ class Loop(Inference, BestModel):
                 self.epoch_tokens += inputs["input_ids"].numel()
             if flos_factor and inputs.__class__ is dict and flos_key in inputs:  # a shape, no read
                 self.local_flos += flos_factor * inputs[flos_key].numel()
+            if tokens is not None:  # [hf_trainer policy] a shape (or a device sum), no host read
+                tokens.add(inputs)
             if micro == 0:
                 cycle = accum if n_batches is None else min(accum, n_batches - i)
                 self.control = cb.on_step_begin(args, state, self.control)
@@ -398,17 +407,19 @@ class Loop(Inference, BestModel):
         if self.step_means:
             logs.update(self.step_means.since_log())
         logs["learning_rate"] = self.logged_learning_rate()
-        self.log(logs)
+        self.log(logs, training=True)
 
     def logged_learning_rate(self) -> float:
         """The learning rate a training log records: the rate the last step used (HF)."""
         rate = self.step_lr if self.step_scheduler is not None else None
         return self.stepper.learning_rate() if rate is None else float(rate)
 
-    def log(self, logs: dict[str, float]) -> None:
+    def log(self, logs: dict[str, float], training: bool = False) -> None:
         state = self.state
         if state.epoch is not None:
             logs["epoch"] = state.epoch if self.args.hf_trainer else round(state.epoch, 4)
+        if self.tokens is not None:  # [hf_trainer policy] after `epoch`, as the Trainer's log adds it
+            self.tokens.record(logs, state, self._train_started if training else None)
         state.log_history.append({**logs, "step": state.global_step})
         self.control = self.handler.on_log(self.args, state, self.control, logs)
 

@@ -74,7 +74,7 @@ def evaluated_metrics(metrics: dict[str, Any], args: Any, state: Any,
 
 
 def speed_metrics(split: str, seconds: float, samples: int | None = None,
-                  steps: int | None = None) -> dict[str, float]:
+                  steps: int | None = None, tokens: int | None = None) -> dict[str, float]:
     """The Trainer's speed values (`transformers.trainer_utils.speed_metrics`) of a run that took
     `seconds`: `{split}_runtime` rounded to 4 places; unless it took no time, the rates of the
     counts given, rounded to 3::
@@ -89,6 +89,8 @@ def speed_metrics(split: str, seconds: float, samples: int | None = None,
         out[f"{split}_samples_per_second"] = round(samples / seconds, 3)
     if steps is not None:
         out[f"{split}_steps_per_second"] = round(steps / seconds, 3)
+    if tokens is not None:
+        out[f"{split}_tokens_per_second"] = round(tokens / seconds, 3)
     return out
 
 
