@@ -305,3 +305,22 @@ def test_include_num_input_tokens_seen_logs_the_trainers_count(tmp_path):
     logs, _, _ = both_runs(tmp_path, include_num_input_tokens_seen=True)
     assert logs[0]["num_input_tokens_seen"] == 8 * 8 and "train_tokens_per_second" in logs[0]
     assert logs[-1]["num_input_tokens_seen"] == 2 * 32 * 8  # the closing record: the whole run's
+
+
+def test_torch_empty_cache_steps_empties_the_cache_every_n_steps(tmp_path, monkeypatch):
+    """Which steps empty the cache (on this CPU, `empty_device_cache` itself does nothing: counted instead)."""
+    from fitkit.callbacks import empty_cache
+
+    emptied = []
+    state = {}
+
+    class Steps(transformers.TrainerCallback):
+        def on_step_end(self, args, s, control, **kwargs):
+            state["step"] = s.global_step
+
+    monkeypatch.setattr(empty_cache, "empty_device_cache", lambda: emptied.append(state["step"]))
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to="none", disable_tqdm=True,
+                                          num_train_epochs=2, per_device_train_batch_size=8, save_strategy="no",
+                                          torch_empty_cache_steps=3, use_cpu=True, dataloader_pin_memory=False)
+    Model(classifier()).compile().fit(TRAIN, args=args, callbacks=[Steps()])
+    assert emptied == [3, 6]

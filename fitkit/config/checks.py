@@ -35,7 +35,7 @@ _INTS: dict[str, tuple[int, bool]] = {
     "num_nodes": (1, False), "steps_per_epoch": (1, True), "validation_steps": (1, True), "validation_freq": (1, False),
     "dataloader_num_workers": (0, False), "eval_accumulation_steps": (1, True),
     "generation_max_length": (1, True), "generation_num_beams": (1, True),
-    "dataloader_prefetch_factor": (1, True), "ddp_timeout": (1, True), "ddp_bucket_cap_mb": (1, True),
+    "dataloader_prefetch_factor": (1, True), "torch_empty_cache_steps": (1, True), "ddp_timeout": (1, True), "ddp_bucket_cap_mb": (1, True),
 }
 #: Float fields: the test of the value, what to pass instead, and whether None is allowed too.
 _FLOATS: dict[str, tuple[Callable[[float], bool], str, bool]] = {
