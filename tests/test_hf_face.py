@@ -324,3 +324,33 @@ def test_torch_empty_cache_steps_empties_the_cache_every_n_steps(tmp_path, monke
                                           torch_empty_cache_steps=3, use_cpu=True, dataloader_pin_memory=False)
     Model(classifier()).compile().fit(TRAIN, args=args, callbacks=[Steps()])
     assert emptied == [3, 6]
+
+
+def test_include_for_metrics_gives_compute_metrics_the_inputs_and_losses(tmp_path):
+    seen = {}
+
+    def metrics_with_inputs(eval_pred):
+        parts = tuple(eval_pred)
+        seen.setdefault("parts", []).append(len(parts))
+        logits, labels, inputs, losses = parts
+        seen.setdefault("inputs", []).append(inputs)
+        return {"first_token": float(inputs[:, 0].mean()), "mean_loss": float(losses.mean())}
+
+    out = {}
+    for who in ("hf", "fitkit"):
+        args = transformers.TrainingArguments(output_dir=str(tmp_path / who), report_to="none", disable_tqdm=True,
+                                              num_train_epochs=1, per_device_train_batch_size=8,
+                                              per_device_eval_batch_size=5, eval_strategy="epoch", save_strategy="no",
+                                              include_for_metrics=["inputs", "loss"], seed=0,
+                                              dataloader_pin_memory=False)
+        if who == "hf":
+            runner = transformers.Trainer(model=classifier(), args=args, train_dataset=TRAIN, eval_dataset=EVAL,
+                                          compute_metrics=metrics_with_inputs)
+            runner.train()
+        else:
+            runner = Model(classifier()).compile()
+            runner.fit(TRAIN, validation_data=EVAL, args=args, compute_metrics=metrics_with_inputs)
+        out[who] = runner.state.log_history
+    assert_same_logs(out["hf"], out["fitkit"])
+    assert seen["parts"] == [4, 4]
+    assert (seen["inputs"][0] == seen["inputs"][1]).all() and seen["inputs"][1].shape == (16, 8)

@@ -185,6 +185,7 @@ class TrainingArguments(metaclass=_TakesOtherNames):
     eval_on_start: bool = False  # evaluate once before the first step
     prediction_loss_only: bool = False  # evaluation computes the loss alone (no compute_metrics, no predictions)
     include_num_input_tokens_seen: str | bool = "no"  # "all" / True, "non_padding": num_input_tokens_seen logged (HF)
+    include_for_metrics: list[str] | None = None  # HF's: "inputs" and / or "loss" also given to compute_metrics
     torch_empty_cache_steps: int | None = None  # the accelerator's cached memory emptied every N steps (HF)
     neftune_noise_alpha: float | None = None  # NEFTune: noise on a transformers model's input embeddings in training
     save_only_model: bool = False  # checkpoints hold the weights alone: no optimizer or scheduler state (HF)
