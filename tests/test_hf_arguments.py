@@ -67,14 +67,14 @@ def test_hf_training_arguments_are_honoured(hf_args):
 def test_hf_fields_fitkit_cannot_honour_are_named_in_one_warning(hf_args):
     import dataclasses
 
-    odd = dataclasses.replace(hf_args, adam_beta1=0.5, label_smoothing_factor=0.1, optim="adamw_8bit")
+    odd = dataclasses.replace(hf_args, use_liger_kernel=True, hub_model_id="me/model", optim="adamw_8bit")
     x, y = blobs(32, 0)
     model = Model(mlp()).compile("adam", "cross_entropy")
     with pytest.warns(UserWarning, match="cannot honour") as caught:
         model.fit(x, y, args=odd, save_strategy="no", eval_strategy="no", verbose=0)
     messages = [str(w.message) for w in caught if "cannot honour" in str(w.message)]
     assert len(messages) == 1
-    for name in ("adam_beta1", "label_smoothing_factor", "optim='adamw_8bit'"):
+    for name in ("use_liger_kernel", "hub_model_id", "optim='adamw_8bit'"):
         assert name in messages[0]
 
 
@@ -98,8 +98,8 @@ def test_hf_name_errors_say_what_to_pass():
         TrainingArguments(fp16=True, precision="bf16-mixed")
     with pytest.raises(TypeError, match="unknown option 'no_such_field'"):
         TrainingArguments(no_such_field=1)
-    with pytest.warns(UserWarning, match=r"ignored: adam_beta2, tf32 \(") as caught:
-        TrainingArguments(adam_beta2=0.9, tf32=True, num_train_epochs=2)
+    with pytest.warns(UserWarning, match=r"ignored: hub_model_id, use_liger_kernel \(") as caught:
+        TrainingArguments(use_liger_kernel=True, hub_model_id="me/model", num_train_epochs=2)
     assert len([w for w in caught if "cannot honour" in str(w.message)]) == 1
 
 

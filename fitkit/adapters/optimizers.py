@@ -129,6 +129,9 @@ FASTEST: dict[tuple[str, str], str] = {
     ("adagrad", "cuda"): "foreach", ("rmsprop", "cuda"): "foreach",
 }
 
+#: The names HF's `adam_beta1`, `adam_beta2` and `adam_epsilon` apply to (the algorithms with those two betas and eps).
+ADAM_FAMILY = ("adam", "adamw", "adamax", "nadam")
+
 #: Named optimizers whose `eps` would vanish in float16 (1e-8 underflows): used with "16-true".
 _EPS_FP16 = {"adam": 1e-4, "adamw": 1e-4, "rmsprop": 1e-4, "adagrad": 1e-4, "adamax": 1e-4, "nadam": 1e-4}
 
@@ -136,12 +139,15 @@ _EPS_FP16 = {"adam": 1e-4, "adamw": 1e-4, "rmsprop": 1e-4, "adagrad": 1e-4, "ada
 def build_optimizer(
     spec: Any, params: Iterable[torch.nn.Parameter], learning_rate: float | None, weight_decay: float | None,
     precision: str | int | None = None, module: torch.nn.Module | None = None,
+    adam: tuple[float | None, float | None, float | None] = (None, None, None),
 ) -> torch.optim.Optimizer:
     """Build the optimizer over `params` (the parameters of the module as set up by Fabric).
 
     A name builds torch's class in the fastest exact implementation for the parameters' device
     (`FASTEST`; `module` tells whether some layer makes sparse gradients, which only the default
-    implementation takes). A class, instance or callable is built as given."""
+    implementation takes). A class, instance or callable is built as given. `adam`: HF's
+    (adam_beta1, adam_beta2, adam_epsilon), each None for the name's default, for the names whose
+    algorithm has them (Adam, AdamW, Adamax, NAdam)."""
     check_optimizer(spec)
     if isinstance(spec, torch.optim.Optimizer):
         return spec
@@ -149,7 +155,7 @@ def build_optimizer(
     if weight_decay is not None:
         kwargs["weight_decay"] = weight_decay
     if isinstance(spec, (str, TorchDefaults)):
-        return _named(spec, list(params), learning_rate, kwargs, precision, module)
+        return _named(spec, list(params), learning_rate, kwargs, precision, module, adam)
     if isinstance(spec, type) and issubclass(spec, torch.optim.Optimizer):
         if learning_rate is not None:
             kwargs["lr"] = learning_rate
@@ -186,11 +192,18 @@ def named_keywords(spec: str | TorchDefaults, learning_rate: float | None,
 
 
 def _named(spec: str | TorchDefaults, params: list, learning_rate: float | None, given: dict[str, Any],
-           precision: str | int | None, module: torch.nn.Module | None) -> torch.optim.Optimizer:
+           precision: str | int | None, module: torch.nn.Module | None,
+           adam: tuple[float | None, float | None, float | None] = (None, None, None)) -> torch.optim.Optimizer:
     """A named optimizer in the fastest exact implementation for the parameters' device."""
     name = spec.name if isinstance(spec, TorchDefaults) else spec.lower()
     cls = TORCH_CLASSES[name] if isinstance(spec, TorchDefaults) else OPTIMIZERS[name][0]
     kwargs = named_keywords(spec, learning_rate, given.get("weight_decay"))
+    beta1, beta2, eps = adam
+    if name in ADAM_FAMILY and (beta1 is not None or beta2 is not None):
+        first, second = kwargs.get("betas", (0.9, 0.999))
+        kwargs["betas"] = (first if beta1 is None else beta1, second if beta2 is None else beta2)
+    if name in ADAM_FAMILY and eps is not None:
+        kwargs["eps"] = eps
     if str(precision) in ("16-true", "16") and name in _EPS_FP16:
         kwargs["eps"] = _EPS_FP16[name]  # pure float16 weights: keep the denominator representable
     kind = None if issubclass(cls, keras_optimizers.ForeachOptimizer) else fastest_implementation(name, params, module)

@@ -111,6 +111,10 @@ class TrainingArguments(metaclass=_TakesOtherNames):
     warmup_steps: int = 0
     warmup_ratio: float = 0.0
     max_grad_norm: float | None = None
+    adam_beta1: float | None = None  # Adam-family optimizers by name (adam, adamw, HF's `optim`): None their default
+    adam_beta2: float | None = None
+    adam_epsilon: float | None = None
+    label_smoothing_factor: float = 0.0  # HF's LabelSmoother over a loss=None module's logits and `labels` (-100 ignored)
     # -- logging, evaluation, saving
     eval_strategy: str | None = None  # None: "epoch" when there is validation data, else "no"
     eval_steps: int | float | None = None  # below 1: a fraction of max_steps (HF)
@@ -177,6 +181,32 @@ class TrainingArguments(metaclass=_TakesOtherNames):
     # the mean of the steps' losses since the last log, across epochs; `grad_norm`; `epoch` unrounded; evaluation
     # records under `eval_` names with their speed); `verbose=0` then prints each log as the Trainer's printer
     hf_trainer: bool = False
+    # -- HF Trainer fields that change what a run computes (`tests/test_hf_fields.py` compares each with the Trainer)
+    dataloader_drop_last: bool = False  # the DataLoaders fitkit builds over a Dataset drop an incomplete last batch
+    logging_nan_inf_filter: bool = False  # a nan/inf step loss is logged as the mean of the others since the last log
+    eval_on_start: bool = False  # evaluate once before the first step
+    prediction_loss_only: bool = False  # evaluation computes the loss alone (no compute_metrics, no predictions)
+    include_num_input_tokens_seen: str | bool = "no"  # "all" / True, "non_padding": num_input_tokens_seen logged (HF)
+    include_for_metrics: list[str] | None = None  # HF's: "inputs" and / or "loss" also given to compute_metrics
+    torch_empty_cache_steps: int | None = None  # the accelerator's cached memory emptied every N steps (HF)
+    neftune_noise_alpha: float | None = None  # NEFTune: noise on a transformers model's input embeddings in training
+    save_only_model: bool = False  # checkpoints hold the weights alone: no optimizer or scheduler state (HF)
+    full_determinism: bool = False  # torch's deterministic algorithms for the process (HF's enable_full_determinism)
+    gradient_checkpointing_kwargs: dict | None = None  # given to gradient_checkpointing_enable() (use_reentrant, ...)
+    use_cache: bool | None = None  # set as the module's `config.use_cache` at fit (HF); None: left as it is
+    # DataLoader options of the loaders fitkit builds over a Dataset (HF's; the first two need workers)
+    dataloader_persistent_workers: bool = False
+    dataloader_prefetch_factor: int | None = None
+    dataloader_multiprocessing_context: str | None = None
+    dataloader_in_order: bool = True
+    # DDP (strategy "ddp", "ddp_spawn", ...): the process group's backend and timeout (seconds), and
+    # DistributedDataParallel's own options; None: Fabric's and torch's defaults
+    ddp_backend: str | None = None
+    ddp_timeout: int | None = None
+    ddp_find_unused_parameters: bool | None = None
+    ddp_bucket_cap_mb: int | None = None
+    ddp_broadcast_buffers: bool | None = None
+    ddp_static_graph: bool | None = None
 
     def __post_init__(self) -> None:
         check_and_convert(self)

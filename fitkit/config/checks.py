@@ -35,6 +35,7 @@ _INTS: dict[str, tuple[int, bool]] = {
     "num_nodes": (1, False), "steps_per_epoch": (1, True), "validation_steps": (1, True), "validation_freq": (1, False),
     "dataloader_num_workers": (0, False), "eval_accumulation_steps": (1, True),
     "generation_max_length": (1, True), "generation_num_beams": (1, True),
+    "dataloader_prefetch_factor": (1, True), "torch_empty_cache_steps": (1, True), "ddp_timeout": (1, True), "ddp_bucket_cap_mb": (1, True),
 }
 #: Float fields: the test of the value, what to pass instead, and whether None is allowed too.
 _FLOATS: dict[str, tuple[Callable[[float], bool], str, bool]] = {
@@ -42,6 +43,11 @@ _FLOATS: dict[str, tuple[Callable[[float], bool], str, bool]] = {
     "weight_decay": (lambda v: v >= 0, "pass a finite number >= 0", True),
     "max_grad_norm": (lambda v: v > 0, "pass a number > 0, or None to skip clipping", True),
     "warmup_ratio": (lambda v: 0 <= v < 1, "pass a fraction in [0, 1)", False),
+    "adam_beta1": (lambda v: 0 <= v < 1, "pass a number in [0, 1), or None for the optimizer's default", True),
+    "adam_beta2": (lambda v: 0 <= v < 1, "pass a number in [0, 1), or None for the optimizer's default", True),
+    "adam_epsilon": (lambda v: v >= 0, "pass a number >= 0, or None for the optimizer's default", True),
+    "label_smoothing_factor": (lambda v: 0 <= v < 1, "pass a fraction in [0, 1) (0: no smoothing)", False),
+    "neftune_noise_alpha": (lambda v: v > 0, "pass a number > 0 (NEFTune's alpha, 5 in its paper), or None", True),
 }
 #: Bool fields, and whether None is allowed too.
 _BOOLS: dict[str, bool] = {
@@ -49,6 +55,10 @@ _BOOLS: dict[str, bool] = {
     "save_on_sigterm": True, "save_async": False, "skip_memory_metrics": False, "log_on_each_node": False,
     "fsdp_full_checkpoint": False, "fsdp_load_once": False, "dataloader_pin_memory": False, "gradient_checkpointing": True, "prefetch": False,
     "tune_cpu_allocator": False, "predict_with_generate": False, "hf_trainer": False, "ignore_data_skip": False,
+    "dataloader_drop_last": False, "logging_nan_inf_filter": False, "eval_on_start": False,
+    "prediction_loss_only": False, "use_cache": True, "dataloader_persistent_workers": False,
+    "dataloader_in_order": False, "ddp_find_unused_parameters": True, "ddp_broadcast_buffers": True,
+    "ddp_static_graph": True, "full_determinism": False, "save_only_model": False,
 }
 #: String fields taking one of a set of names, and whether None is allowed too.
 _CHOICES: dict[str, tuple[tuple, bool]] = {
@@ -57,6 +67,8 @@ _CHOICES: dict[str, tuple[tuple, bool]] = {
     "log_level_replica": (LOG_LEVELS, False), "fsdp_sharding": (FSDP_SHARDING, False),
     "data_order": (DATA_ORDERS, False),
 }
+#: HF's `include_num_input_tokens_seen`: its names (True is "all", False "no").
+TOKENS_SEEN = ("no", "all", "non_padding")
 
 
 #: Fields whose checks read no other field: a copy of checked arguments that changes only these
@@ -103,6 +115,12 @@ def check_and_convert(args: Any) -> None:
         value = getattr(args, name)
         if not ((isinstance(value, str) and value in choices) or (optional and value is None)):
             fail(name, f"{did_you_mean(value, choices)}use one of {list(choices)}")
+    tokens = args.include_num_input_tokens_seen
+    if isinstance(tokens, bool):
+        set_value("include_num_input_tokens_seen", "all" if tokens else "no")
+    elif tokens not in TOKENS_SEEN:
+        fail("include_num_input_tokens_seen", f"{did_you_mean(tokens, TOKENS_SEEN)}use one of {list(TOKENS_SEEN)}, "
+             "True or False")
     _check_fractions(args, fail, set_value)
     _check_the_others(args, fail, set_value)
 

@@ -21,7 +21,7 @@ from fitkit.adapters.optimizers import check_optimizer
 from fitkit.adapters.outputs import LossParts, OutputMetric
 from fitkit.common.options import FIT_DEFAULTS, check_output_dir
 from fitkit.config.arguments import TrainingArguments, _jsonable
-from fitkit.config.hf_arguments import from_hf, hf_explicit, is_hf_arguments
+from fitkit.config.hf_arguments import from_hf, hf_explicit, is_hf_arguments, trainer_defaults
 
 
 @dataclass(frozen=True)
@@ -73,10 +73,11 @@ class CompileConfig:
         own `batch_size`, `epochs`, `shuffle` and `max_steps` means "not given"; any other option
         set to None is the value None. The devices and `output_dir` are checked here, before anything runs."""
         from fitkit.config.devices import check_devices
-        from fitkit.config.option_merge import explicit_fields, merge
+        from fitkit.config.option_merge import canonical_names, explicit_fields, merge
 
         explicit: set[str] = set()
-        if args is not None and not isinstance(args, TrainingArguments) and is_hf_arguments(args):
+        hf_given = args is not None and not isinstance(args, TrainingArguments) and is_hf_arguments(args)
+        if hf_given:
             explicit = hf_explicit(args)
             args = from_hf(args)  # a transformers.TrainingArguments: its values under fitkit's names
         elif isinstance(args, TrainingArguments):
@@ -89,6 +90,9 @@ class CompileConfig:
             run = self.args.replace(**given) if given else self.args
         else:  # compile < args= < fit's keywords, conflicts named (fitkit.config.option_merge)
             run = merge(self.args, self.argument_options, self.optimizer, args, explicit, given)
+        if run.hf_trainer and not hf_given:  # the Trainer face chosen by name: the Trainer's defaults
+            named = canonical_names({**self.argument_options, **given}).keys() | explicit
+            run = trainer_defaults(run, named, self.optimizer)
         check_devices(run)
         check_output_dir(run)
         return run

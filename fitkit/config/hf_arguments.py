@@ -12,8 +12,11 @@ Whatever fitkit cannot honour is named in one warning, never dropped silently::
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import enum
 import warnings
+from collections.abc import Collection, Iterator
 from typing import Any
 
 from fitkit.config.arguments import TrainingArguments
@@ -22,10 +25,38 @@ from fitkit.config.hf_names import HF_OPTIMIZERS, built_defaults, hf_defaults, h
 
 #: HF fields read by a rule of their own rather than copied under the same name.
 _TRANSLATED = ("fp16", "bf16", "disable_tqdm", "use_cpu", "lr_scheduler_type", "warmup_steps", "max_grad_norm",
-               "metric_for_best_model", "report_to", "num_train_epochs", "optim", "output_dir", "fsdp_config")
+               "metric_for_best_model", "report_to", "num_train_epochs", "optim", "output_dir", "fsdp_config",
+               "torch_compile", "torch_compile_backend", "torch_compile_mode", "enable_jit_checkpoint",
+               "tf32", "lr_scheduler_kwargs")
+
+#: HF fields transformers acts on itself when its arguments are built (torch's TF32 flags): in force for fitkit's run.
+APPLIED_BY_TRANSFORMERS = ("tf32",)
 
 #: HF fields the HF Trainer itself does not act on (the example scripts read them; the launcher sets local_rank).
 NOT_TRAINER_FIELDS = ("do_train", "do_eval", "do_predict", "local_rank")
+
+
+@dataclasses.dataclass(frozen=True)
+class HFSchedule:
+    """`lr_scheduler=` for an HF `lr_scheduler_type` fitkit has no name for, or one given
+    `lr_scheduler_kwargs`: transformers' `get_scheduler` with the Trainer's warm-up steps
+    (`warmup`: steps, or below 1 a share of the training steps, as `get_warmup_steps` counts)::
+
+        HFSchedule("cosine_with_restarts", 0.1, {"num_cycles": 2})(optimizer, 100)
+    """
+
+    name: str
+    warmup: float
+    kwargs: dict
+
+    def __call__(self, optimizer: Any, num_training_steps: int) -> Any:
+        import math
+
+        from transformers import get_scheduler
+
+        warmup = int(self.warmup) if self.warmup >= 1 else math.ceil(num_training_steps * self.warmup)
+        return get_scheduler(self.name, optimizer, num_warmup_steps=warmup, num_training_steps=num_training_steps,
+                             scheduler_specific_kwargs=self.kwargs)
 
 
 def optimizer_spec(optim: str) -> Any:
@@ -40,6 +71,28 @@ def optimizer_spec(optim: str) -> Any:
         raise ValueError(f"`optim`={optim!r} is not available in fitkit; valid names are: {', '.join(HF_OPTIMIZERS)} "
                          "(or pass an optimizer to compile)")
     return torch.optim.Adafactor if name == "adafactor" else TorchDefaults(name)
+
+
+#: The Trainer's defaults where fitkit's own differ (the optimizer, its rate and decay, the schedule,
+#: clipping, the batches' order): what `hf_trainer=True` without transformers' arguments starts from.
+TRAINER_DEFAULTS: dict[str, Any] = {"optim": "adamw_torch", "learning_rate": 5e-5, "weight_decay": 0.0,
+                                    "lr_scheduler": "linear", "max_grad_norm": 1.0, "data_order": "trainer",
+                                    "logging_nan_inf_filter": True}
+
+
+def trainer_defaults(run: Any, given: Collection[str], compile_optimizer: Any) -> Any:
+    """`run` (with `hf_trainer=True`, not built from a `transformers.TrainingArguments`) with the
+    Trainer's defaults (`TRAINER_DEFAULTS`) in the fields nobody gave (`given`: the fields set by
+    compile, `args=` or fit). `optim` only when compile kept its default optimizer::
+
+        trainer_defaults(TrainingArguments(hf_trainer=True), {"hf_trainer"}, "adam").lr_scheduler  # "linear"
+    """
+    from fitkit.config.option_merge import DEFAULT_OPTIMIZER
+
+    values = {k: v for k, v in TRAINER_DEFAULTS.items() if k not in given}
+    if compile_optimizer != DEFAULT_OPTIMIZER:
+        values.pop("optim", None)
+    return run.settled(**values) if values else run
 
 
 def _plain(value: Any) -> Any:
@@ -62,12 +115,13 @@ def from_hf(hf_args: Any) -> Any:
     epochs = float(values.get("num_train_epochs", 3.0))
     options["num_train_epochs"] = int(epochs) if epochs.is_integer() else epochs
     scheduler = _plain(values.get("lr_scheduler_type", "linear"))
-    if scheduler in SCHEDULERS:
-        options["lr_scheduler"] = scheduler
-    else:
-        ignored.append(f"lr_scheduler_type={scheduler!r}")
     warmup = values.get("warmup_steps", 0) or 0
-    options["warmup_ratio" if 0 < warmup < 1 else "warmup_steps"] = warmup if 0 < warmup < 1 else int(warmup)
+    kwargs = values.get("lr_scheduler_kwargs") or None
+    if scheduler in SCHEDULERS and not kwargs:
+        options["lr_scheduler"] = scheduler
+        options["warmup_ratio" if 0 < warmup < 1 else "warmup_steps"] = warmup if 0 < warmup < 1 else int(warmup)
+    else:  # the Trainer's own builder: every schedule it names, with its keywords (warm-up included)
+        options["lr_scheduler"] = HFSchedule(str(scheduler), warmup, dict(kwargs or {}))
     options["max_grad_norm"] = values.get("max_grad_norm") or None
     options["metric_for_best_model"] = _val_name(values.get("metric_for_best_model"))
     report_to = values.get("report_to") or []
@@ -77,6 +131,12 @@ def from_hf(hf_args: Any) -> Any:
         options["optim"] = optim
     else:
         ignored.append(f"optim={optim!r}")
+    if any(values.get(k) for k in ("torch_compile", "torch_compile_backend", "torch_compile_mode")):
+        # torch.compile with HF's backend and mode (either implies torch_compile, HF fills in the backend)
+        options["jit_compile"] = {k: values[f"torch_compile_{k}"] for k in ("backend", "mode")
+                                  if values.get(f"torch_compile_{k}") is not None} or True
+    if values.get("enable_jit_checkpoint"):  # HF's checkpoint on SIGTERM: fitkit's save_on_sigterm
+        options["save_on_sigterm"] = True
     load_once, unread = _fsdp_config(values.get("fsdp_config"))
     if load_once:
         options["fsdp_load_once"] = True
@@ -174,8 +234,46 @@ def run_optimizer(spec: Any, args: Any) -> Any:
     return optimizer_spec(args.optim) if getattr(args, "optim", None) else spec
 
 
+@contextlib.contextmanager
+def neftune_noise(module: Any, args: Any) -> Iterator[None]:
+    """HF's `neftune_noise_alpha` while training runs: transformers' NEFTune hook on the input
+    embeddings of `module` (a transformers model), noise added in training mode only, removed
+    when training ends, as the Trainer activates and removes it."""
+    alpha = getattr(args, "neftune_noise_alpha", None)
+    get_embeddings = getattr(module, "get_input_embeddings", None)
+    if alpha is None or not callable(get_embeddings):
+        yield
+        return
+    from transformers.integrations.neftune import neftune_post_forward_hook
+
+    embeddings = get_embeddings()
+    embeddings.neftune_noise_alpha = alpha
+    handle = embeddings.register_forward_hook(neftune_post_forward_hook)
+    try:
+        yield
+    finally:
+        handle.remove()
+        del embeddings.neftune_noise_alpha
+
+
+def full_determinism() -> None:
+    """HF's `full_determinism`: torch's deterministic algorithms only, cuDNN deterministic and
+    not benchmarking, and the environment CUDA's libraries read for it (set for the process, as
+    the Trainer sets them; the seeding is fit's own)."""
+    import os
+
+    import torch
+
+    os.environ["CUDA_LAUNCH_BLOCKING"] = "1"
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":16:8"
+    os.environ["FLASH_ATTENTION_DETERMINISTIC"] = "1"
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+
+
 def prepare_module(module: Any, args: Any) -> None:
-    """At the start of a fit: a warning for `label_names` fitkit does not take the target from;
+    """At the start of a fit: `full_determinism`; a warning for `label_names` fitkit does not take the target from;
     `gradient_checkpointing=True`: `module.gradient_checkpointing_enable()` (a Hugging Face
     model's method); a module without it gets a warning, and trains as it is."""
     names = getattr(args, "label_names", None)
@@ -186,12 +284,18 @@ def prepare_module(module: Any, args: Any) -> None:
             warnings.warn(f"`label_names`={names!r} is not honoured: fitkit takes the target from the first of the "
                           f"keys {list(LABEL_KEYS)} in a dict batch; rename the label key, or pass (inputs, target) "
                           "batches", UserWarning, stacklevel=3)
+    if getattr(args, "full_determinism", False):
+        full_determinism()
+    use_cache, config = getattr(args, "use_cache", None), getattr(module, "config", None)
+    if use_cache is not None and config is not None and hasattr(config, "use_cache"):
+        config.use_cache = use_cache  # as the Trainer sets it
     if not getattr(args, "gradient_checkpointing", False):
         return
     enable = getattr(module, "gradient_checkpointing_enable", None)
     if callable(enable):
         if not getattr(module, "is_gradient_checkpointing", False):
-            enable()
+            kwargs = getattr(args, "gradient_checkpointing_kwargs", None)
+            enable(**({"gradient_checkpointing_kwargs": kwargs} if kwargs else {}))
     else:
         warnings.warn(f"`gradient_checkpointing`=True is ignored: {type(module).__name__} has no "
                       "gradient_checkpointing_enable() method (wrap blocks in torch.utils.checkpoint yourself)",

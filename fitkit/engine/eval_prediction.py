@@ -40,12 +40,12 @@ class EvalPrediction:
     outputs other than the loss) and `label_ids`, NumPy arrays over the whole evaluation set.
     Unpacks as `predictions, label_ids = eval_pred`."""
 
-    def __init__(self, predictions: Any, label_ids: Any, inputs: Any = None) -> None:
-        self.predictions, self.label_ids, self.inputs = predictions, label_ids, inputs
+    def __init__(self, predictions: Any, label_ids: Any, inputs: Any = None, losses: Any = None) -> None:
+        self.predictions, self.label_ids, self.inputs, self.losses = predictions, label_ids, inputs, losses
 
     def _items(self) -> tuple:
-        return (self.predictions, self.label_ids) if self.inputs is None else (
-            self.predictions, self.label_ids, self.inputs)
+        """HF's elements: the predictions and labels, then the inputs and losses that were kept."""
+        return (self.predictions, self.label_ids, *(v for v in (self.inputs, self.losses) if v is not None))
 
     def __iter__(self):
         return iter(self._items())
@@ -147,9 +147,13 @@ class PredictionCollector:
 
     def __init__(self, compute_metrics: Callable[[EvalPrediction], Mapping[str, Any]] | None,
                  accumulation_steps: int | None = None, preprocess: Callable[[Any, Any], Any] | None = None,
-                 keep: bool = False, post_process: Callable[[Any], Any] | None = None) -> None:
+                 keep: bool = False, post_process: Callable[[Any], Any] | None = None,
+                 include: Any = ()) -> None:
         self.compute_metrics, self.preprocess, self.keep = compute_metrics, preprocess, keep
         self.post_process = post_process
+        # HF's `include_for_metrics`: the main input ("inputs") and each sample's loss ("loss") kept too
+        self.inputs = BatchJoiner("inputs", accumulation_steps) if "inputs" in include else None
+        self.losses = BatchJoiner("losses", accumulation_steps) if "loss" in include else None
         self.kept: tuple[Any, Any] | None = None  # with `keep`: (predictions, label_ids) after `compute`
         self.predictions = BatchJoiner("predictions", accumulation_steps)
         self.labels = BatchJoiner("label_ids", accumulation_steps)
@@ -158,17 +162,24 @@ class PredictionCollector:
     @classmethod
     def of(cls, args: Any, keep: bool = False) -> PredictionCollector | None:
         """A collector for `args.compute_metrics` (None when it is not set and nothing is to be
-        kept); `keep`: also keep the gathered predictions and labels (HF's `predict`)."""
+        kept, or under HF's `prediction_loss_only`); `keep`: also keep the gathered predictions and
+        labels (HF's `predict`)."""
         fn = getattr(args, "compute_metrics", None)
-        if fn is None and not keep:
+        if (fn is None and not keep) or getattr(args, "prediction_loss_only", False):  # HF: the loss alone
             return None
         return cls(fn, getattr(args, "eval_accumulation_steps", None),
                    getattr(args, "preprocess_logits_for_metrics", None), keep,
-                   getattr(args, "post_process_function", None))
+                   getattr(args, "post_process_function", None),
+                   getattr(args, "include_for_metrics", None) or ())
 
-    def add(self, outputs: Any, target: Any, generated: tuple[torch.Tensor, Any] | None = None) -> None:
+    def add(self, outputs: Any, target: Any, generated: tuple[torch.Tensor, Any] | None = None,
+            inputs: Any = None, loss: torch.Tensor | None = None, size: int = 0) -> None:
         """One batch: its outputs and target, or with `predict_with_generate` the `generated`
-        (ids, target) pair (`generated_ids`)."""
+        (ids, target) pair (`generated_ids`); its main input and loss when they are kept."""
+        if self.inputs is not None and isinstance(inputs, torch.Tensor):
+            self.inputs.add(inputs)
+        if self.losses is not None and loss is not None:
+            self.losses.add(loss.detach().reshape(1).repeat(size))  # the batch's loss for each sample (HF)
         if generated is not None:
             predictions, target = generated
         else:
@@ -205,7 +216,10 @@ class PredictionCollector:
         elif labels is None:  # the Trainer calls compute_metrics only with labels
             return {}
         else:
-            values = self.compute_metrics(EvalPrediction(predictions, labels))
+            inputs, losses = (None if j is None or not j else
+                              _numpy(gather_blocks(fabric, j.joined()) if fabric.world_size > 1 else j.joined())
+                              for j in (self.inputs, self.losses))
+            values = self.compute_metrics(EvalPrediction(predictions, labels, inputs, losses))
         if not isinstance(values, Mapping):
             raise TypeError(f"`compute_metrics` must return a dict of values, e.g. {{'accuracy': 0.9}}; "
                             f"got {type(values).__name__}")

@@ -61,6 +61,7 @@ class Inference:
         metrics = self.val_metrics if prefix else MetricSet(self.metric_specs)
         metrics.reset()
         collector = PredictionCollector.of(self.args, keep)  # HF's compute_metrics, when set
+        main_key = getattr(unwrapped(stepper.module), "main_input_name", "input_ids")  # HF's include_for_metrics
         total = torch.zeros((), device=fabric.device, dtype=torch.float64)
         count, batches, with_loss, measured = 0, 0, False, bool(metrics)
         self.control = self.handler.on_evaluate_begin(self.args, self.state, self.control, running_logs=self.running_logs)
@@ -84,7 +85,8 @@ class Inference:
                 if measured and batch.target is not None:
                     metrics.update(out, batch.target, batch.sample_weight)
                 if collector is not None:
-                    collector.add(out, batch.target, self._generated(batch))
+                    main = batch.inputs.get(main_key) if isinstance(batch.inputs, dict) else None
+                    collector.add(out, batch.target, self._generated(batch), main, loss, size)
                 if steps_end:  # what a Keras-style batch-end method reads, and the event
                     self.running_logs.evaluated_batch(EvalSums(total if with_loss else None, count, metrics, None))
                     self._prediction_step(batch, out, loss, carry)

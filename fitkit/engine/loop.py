@@ -14,7 +14,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -36,7 +36,9 @@ from fitkit.engine.run_context import RunContext
 from fitkit.engine.run_metrics import RunMetrics
 from fitkit.engine.running_loss import EpochLoss
 from fitkit.engine.step import Stepper
+from fitkit.engine.tokens_seen import TokensSeen
 from fitkit.events.handler import CallbackHandler
+from fitkit.events.hf_view import evaluated_metrics
 from fitkit.events.state import StopTraining, TrainerControl, TrainerState
 
 logger = logging.getLogger("fitkit")
@@ -74,6 +76,8 @@ class Loop(Inference, BestModel):
         self.loss = EpochLoss(self.fabric, per_step=self.policy.per_step_loss)
         # the last step's gradient norm when the policy measures it: a device tensor read only when logged
         self.grad_norm: torch.Tensor | None = None
+        self.tokens: TokensSeen | None = None  # HF's include_num_input_tokens_seen, set by `train`
+        self._train_started = 0.0
         self.flos: tuple[str, int] | None = None  # the policy's FLOPs count: (the main input's key, factor)
         self.local_flos = 0  # this process's count since the last `store_flos`
         sigterm = args.save_on_sigterm if args.save_on_sigterm is not None else args.save_strategy != "no"
@@ -110,6 +114,12 @@ class Loop(Inference, BestModel):
             assert self.checkpointer is not None  # a resume comes from the fit's checkpointer
             self.checkpointer.restore_callbacks(resume, self.control)
         first_step = state.global_step
+        # HF's include_num_input_tokens_seen (None: not counted)
+        self.tokens = TokensSeen.of(args, unwrapped(self.stepper.module), self.fabric, state.num_input_tokens_seen)
+        self._train_started = time.perf_counter()
+        if args.eval_on_start and val is not None:  # HF's eval_on_start: no best tracked
+            self._evaluate_and_log()
+            self.epoch_validation = None
         self.flos = self.policy.flos(unwrapped(self.stepper.module))
         figures = RunMetrics(self.fabric.device, memory=not args.skip_memory_metrics)
         try:
@@ -191,11 +201,12 @@ class Loop(Inference, BestModel):
         """Train on the epoch's batches; True when a callback or preemption stopped it early."""
         args, state, cb, stepper = self.args, self.state, self.handler, self.stepper
         accum = args.gradient_accumulation_steps
-        add_loss = self.loss.running.add
+        add_loss: Callable[[torch.Tensor, float], None] = self.policy.loss_adder(self.loss, state, args)
         per_step = self.loss.per_step  # HF's Trainer log: the mean of the steps' losses, not of the samples'
         flos_key, flos_factor = self.flos or ("", 0)
         metrics = self.train_metrics if self.train_metrics else None
         own_step, carry = self.overrides.train_step, self._carry
+        tokens = self.tokens
         micro, cycle = 0, 1
         loss: torch.Tensor | None
         for i, batch in enumerate(batches, start):
@@ -204,6 +215,8 @@ class Loop(Inference, BestModel):
                 self.epoch_tokens += inputs["input_ids"].numel()
             if flos_factor and inputs.__class__ is dict and flos_key in inputs:  # a shape, no read
                 self.local_flos += flos_factor * inputs[flos_key].numel()
+            if tokens is not None:  # HF's include_num_input_tokens_seen: a shape (or a device sum), no host read
+                tokens.add(inputs)
             if micro == 0:
                 cycle = accum if n_batches is None else min(accum, n_batches - i)
                 self.control = cb.on_step_begin(args, state, self.control)
@@ -359,16 +372,11 @@ class Loop(Inference, BestModel):
 
     # -- logging, evaluating, saving ---------------------------------------------------------------
     def _log_evaluate_save(self, epoch_end: bool) -> None:
-        args, state, cb = self.args, self.state, self.handler
+        args = self.args
         if self.control.should_log:
             self._log_training(epoch_end)
         if self.control.should_evaluate and self.val is not None:
-            started = time.perf_counter()
-            with self.stepper.ending_epoch() if epoch_end else contextlib.nullcontext():
-                metrics = self.evaluate(self.val, prefix="val_", steps=self.args.validation_steps)
-            self.epoch_validation = dict(metrics)
-            self.log(self.policy.evaluation_record(metrics, time.perf_counter() - started, self.evaluated))
-            self.control = cb.on_evaluate(args, state, self.control, metrics)
+            metrics = self._evaluate_and_log(epoch_end)
             if self._track_best(metrics) and args.save_strategy == "best":  # after on_evaluate, as HF
                 self.control.should_save = True
         self.control.should_evaluate = False
@@ -380,10 +388,25 @@ class Loop(Inference, BestModel):
             self.control = self.checkpointer.announce(self.control)  # on_save once committed (maybe later)
         self.control.should_save = False
 
+    def _evaluate_and_log(self, epoch_end: bool = False) -> dict[str, float]:
+        """One evaluation of the validation data in training: the policy's record of it logged,
+        then `on_evaluate`; returns its values (`val_` names)."""
+        args, state = self.args, self.state
+        assert self.val is not None  # called with validation data only
+        started = time.perf_counter()
+        with self.stepper.ending_epoch() if epoch_end else contextlib.nullcontext():
+            metrics = self.evaluate(self.val, prefix="val_", steps=args.validation_steps)
+        self.epoch_validation = dict(metrics)
+        record = self.policy.evaluation_record(metrics, time.perf_counter() - started, self.evaluated)
+        self.log(record)
+        self.control = self.handler.on_evaluate(args, state, self.control,
+                                                evaluated_metrics(metrics, args, state, record))
+        return metrics
+
     def _log_training(self, epoch_end: bool) -> None:
         record = self.policy.training_record(self, epoch_end)
         if record is not None:
-            self.log(record)
+            self.log(record, training=True)
 
     def step_record(self) -> dict[str, float]:
         """The training values since the last log: the loss mean (one host read), the gradient
@@ -404,10 +427,12 @@ class Loop(Inference, BestModel):
         rate = self.step_lr if self.step_scheduler is not None else None
         return self.stepper.learning_rate() if rate is None else float(rate)
 
-    def log(self, logs: dict[str, float]) -> None:
+    def log(self, logs: dict[str, float], training: bool = False) -> None:
         state = self.state
         if state.epoch is not None:
             logs["epoch"] = self.policy.epoch(state.epoch)
+        if self.tokens is not None:  # after `epoch`, as the Trainer's log adds it
+            self.tokens.record(logs, state, self._train_started if training else None)
         state.log_history.append({**logs, "step": state.global_step})
         self.control = self.handler.on_log(self.args, state, self.control, logs)
 

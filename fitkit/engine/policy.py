@@ -12,6 +12,7 @@ branch of its own on the face::
 | a step's gradient norm | not measured | measured, logged as `grad_norm` |
 | FLOPs (`total_flos`) | not counted | 6 x parameters x input tokens |
 | the training record | the epoch's values at an epoch end; a step's since the last log | the same step record at a step and at an epoch end, a step logged once |
+| a nan / inf step loss | added as it is | `logging_nan_inf_filter`: the mean of the steps since the last log |
 | `epoch` in a record | rounded to 4 digits | as is |
 | the evaluation record | `val_` names | `eval_` names and the speed (`eval_runtime`, ...) |
 | retention at the end | every checkpoint the limit kept | `save_total_limit=1`: the best alone |
@@ -21,11 +22,14 @@ branch of its own on the face::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fitkit.events.hf_view import evaluation_record, hf_values
 
 if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
     from fitkit.config.arguments import TrainingArguments
     from fitkit.engine.checkpoint.checkpointer import Checkpointer
 
@@ -41,6 +45,10 @@ class KerasPolicy:
     def flos(self, module: Any) -> tuple[str, int] | None:
         """What a step counts as FLOPs: nothing on this face."""
         return None
+
+    def loss_adder(self, loss: Any, state: Any, args: TrainingArguments) -> Callable[[torch.Tensor, float], None]:
+        """What adds a step's loss to the epoch's running sum (`EpochLoss.running.add`)."""
+        return loss.running.add
 
     def training_record(self, loop: Any, epoch_end: bool) -> dict[str, float] | None:
         """The training values to log now: at an epoch's end the epoch's values (put together
@@ -79,6 +87,13 @@ class TrainerPolicy(KerasPolicy):
         if not callable(count):
             return None
         return getattr(module, "main_input_name", "input_ids"), 6 * int(count(exclude_embeddings=True))
+
+    def loss_adder(self, loss: Any, state: Any, args: TrainingArguments) -> Callable[[torch.Tensor, float], None]:
+        """`logging_nan_inf_filter` (on by default): a nan or inf step loss counts as the mean of the
+        steps' losses since the last log, as the Trainer's does (on the device, no host read)."""
+        if not args.logging_nan_inf_filter:
+            return loss.running.add
+        return loss.nan_inf_filtered(lambda: state.global_step - max(self._logged_step, 0))
 
     def training_record(self, loop: Any, epoch_end: bool) -> dict[str, float] | None:
         step = loop.state.global_step

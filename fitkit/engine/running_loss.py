@@ -14,7 +14,7 @@ losses back from the checkpoint) the same bits as an uninterrupted one.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -108,6 +108,7 @@ class EpochLoss:
         self.run_loss, self.run_count = 0.0, 0.0
         self._closed: tuple[float, float] | None = None
         self._fresh = True  # `running` has seen nothing yet: the first epoch can keep it
+        self._since_log: torch.Tensor | None = None  # `nan_inf_filtered`: the steps' sum since the last log
 
     def new_epoch(self) -> None:
         if self.per_step and self._closed is not None:
@@ -150,7 +151,21 @@ class EpochLoss:
         mean = (total - self.logged_loss + carried_loss) / (count - self.logged_count + carried_count)
         self.logged_loss, self.logged_count = total, count
         self.carried = (0.0, 0)
+        self._since_log = None
         return mean
+
+    def nan_inf_filtered(self, steps_since_log: Callable[[], int]) -> Callable[[torch.Tensor, float], None]:
+        """HF's `logging_nan_inf_filter` (`per_step`): an `add` that takes a nan or inf step loss
+        as the sum of the steps' losses since the last log over `1 + steps_since_log()`, as the
+        Trainer does; on the device (a `where`, no host read)."""
+        def add(loss: torch.Tensor, size: float) -> None:
+            loss = loss.detach()
+            since = self._since_log if self._since_log is not None else torch.zeros_like(loss, dtype=torch.float32)
+            kept = torch.where(torch.isfinite(loss), loss, since / (1 + steps_since_log()))
+            self._since_log = since + kept
+            self.running.add(kept, size)
+
+        return add
 
     def unlogged(self) -> tuple[float, float]:
         """`per_step`: the sums of the closed epochs' steps after their last log, which the next

@@ -139,8 +139,8 @@ class Runtime:
             assert wrapped is not None  # `setup` comes first
             _check_bound_to(spec, wrapped)
             params = parameter_groups(wrapped, spec, args)  # HF's decay groups, when they apply
-            opt = build_optimizer(spec, params, args.learning_rate, args.weight_decay,
-                                  precision=args.precision, module=wrapped)
+            opt = build_optimizer(spec, params, args.learning_rate, args.weight_decay, precision=args.precision,
+                                  module=wrapped, adam=(args.adam_beta1, args.adam_beta2, args.adam_epsilon))
             saved, self.restore_optimizer = self.restore_optimizer, None
             if saved is not None:  # `Model.load`: continue from the saved optimizer state
                 opt.load_state_dict(saved)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from fitkit.adapters.label_smoothing import smoothed_loss
 from fitkit.adapters.losses import Loss
 from fitkit.common.frozen import overrides_train, train_plan
 from fitkit.common.wrappers import torch_optimizer
@@ -48,8 +49,11 @@ class Stepper:
     key_args: TrainingArguments
 
     def __init__(self, fabric: Any, module: torch.nn.Module, optimizer: Any, loss: Loss | None,
-                 compute_loss: Callable[..., torch.Tensor] | None = None) -> None:
+                 compute_loss: Callable[..., torch.Tensor] | None = None,
+                 label_smoothing: tuple[float, bool] | None = None) -> None:
         self.fabric = fabric
+        # HF's `label_smoothing_factor` for a module computing its own loss: (factor, shift), see adapters.label_smoothing
+        self.label_smoothing = label_smoothing
         self.module = module  # as set up by Fabric: what callbacks and checkpoints see
         self.optimizer = optimizer  # Fabric's wrapper
         self.loss: LossFn | None = loss
@@ -88,6 +92,9 @@ class Stepper:
             return self._forward_with_compute_loss(batch, with_loss, module)
         inputs, target = batch.inputs, batch.target
         if loss_fn is None and with_loss and target is not None:
+            if self.label_smoothing is not None and isinstance(inputs, dict):  # the Trainer's LabelSmoother
+                out = module(**inputs)
+                return smoothed_loss(out, target, *self.label_smoothing), metric_outputs(out)
             out = module(**inputs, labels=target) if isinstance(inputs, dict) else module(*inputs, target)
             return scalar_loss(model_loss(out)), metric_outputs(out)
         out = module(**inputs) if isinstance(inputs, dict) else module(*inputs)

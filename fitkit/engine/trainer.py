@@ -20,13 +20,14 @@ from typing import Any
 
 import torch
 
+from fitkit.adapters.label_smoothing import label_smoothing_for
 from fitkit.adapters.metric_specs import metric_directions
 from fitkit.adapters.optimizers import build_scheduler
 from fitkit.common.schedule import epoch_batches, interval_steps, plan, steps_per_epoch
 from fitkit.common.wrappers import torch_optimizer
 from fitkit.config.arguments import TrainingArguments
 from fitkit.config.compile_config import CompileConfig
-from fitkit.config.hf_arguments import prepare_module, run_optimizer
+from fitkit.config.hf_arguments import neftune_noise, prepare_module, run_optimizer
 from fitkit.engine.checkpoint.checkpointer import Checkpointer
 from fitkit.engine.checks import check_data, keeps_float64
 from fitkit.engine.data.adapt import adapt
@@ -46,6 +47,7 @@ from fitkit.engine.run_context import RunContext
 from fitkit.engine.runtime import Runtime
 from fitkit.engine.step import Stepper
 from fitkit.events.handler import CallbackHandler
+from fitkit.events.hf_view import evaluated_metrics
 from fitkit.events.state import TrainerControl, TrainerState
 
 logger = logging.getLogger("fitkit")
@@ -120,7 +122,7 @@ class Trainer:
         with checkpointer.writing():  # one run writes into output_dir at a time
             resume = checkpointer.resume(checkpointer.resume_path(self.handler.callbacks), epoch_length=batches)
             try:
-                with self._running(loop):
+                with self._running(loop), neftune_noise(self.module, args):
                     loop.train(train, val, resume)
             finally:
                 self.control = loop.control
@@ -147,7 +149,8 @@ class Trainer:
         assert args is not None  # a fit's context has its settled arguments
         self.checkpointer = Checkpointer(fabric, args, state, handler, module=wrapped, optimizer=optimizer,
                                          scheduler=scheduler, defer_copy=self.overrides.train_step is None)
-        stepper = Stepper(fabric, wrapped, optimizer, config.loss_fn, self.overrides.compute_loss)
+        stepper = Stepper(fabric, wrapped, optimizer, config.loss_fn, self.overrides.compute_loss,
+                          label_smoothing_for(args, wrapped))
         stepper.freeze_norms = self.context.policy.freezes_frozen_norms
         loop = Loop(stepper, handler, self.context, state, self.control, metrics=config.logged_metrics,
                     scheduler=scheduler, checkpointer=self.checkpointer, directions=directions,
@@ -219,8 +222,9 @@ class Trainer:
     # -- evaluate and predict --------------------------------------------------------------------
     def evaluate(self, x: Any, y: Any = None, *, sample_weight: Any = None, batch_size: int = 32,
                  state: TrainerState, control: TrainerControl, steps: int | None = None,
-                 keep: bool = False) -> dict[str, float]:
-        """Loss and metrics over `x`, unprefixed; fires `on_prediction_step` and `on_evaluate`.
+                 keep: bool = False, announce: bool = True) -> dict[str, float]:
+        """Loss and metrics over `x`, unprefixed; fires `on_prediction_step` and `on_evaluate`
+        (`announce=False`: the caller fires it, after logging the record, as HF's `evaluate()`).
         `keep`: the gathered predictions and labels are kept in `collected` (HF's `predict`)."""
         loop = self._eval_loop(state, control)
         source, _ = self._source(x, y, sample_weight, batch_size=batch_size, shuffle=False, seed=None, pad=False)
@@ -229,7 +233,10 @@ class Trainer:
         with self._running(loop):
             metrics = loop.evaluate(source, steps=steps, keep=keep)
         self.collected = loop.collected
-        self.control = self.handler.on_evaluate(self.args, state, loop.control, metrics)
+        self.control = loop.control
+        if announce:
+            self.control = self.handler.on_evaluate(self.args, state, self.control,
+                                                    evaluated_metrics(metrics, self.args, state))
         return metrics
 
     def predict(self, x: Any, *, batch_size: int = 32, state: TrainerState, control: TrainerControl,
@@ -265,7 +272,8 @@ class Trainer:
         state.is_world_process_zero = fabric.is_global_zero
         state.is_local_process_zero = fabric.local_rank == 0
         loss_fn, metrics = (self.config.loss_fn, self.config.logged_metrics) if self.config else (None, [])
-        stepper = Stepper(fabric, wrapped, self.runtime.optimizer, loss_fn, self.overrides.compute_loss)
+        stepper = Stepper(fabric, wrapped, self.runtime.optimizer, loss_fn, self.overrides.compute_loss,
+                          label_smoothing_for(self.args, wrapped))
         self.context = RunContext(self.args, policy_for(self.args))
         loop = Loop(stepper, self.handler, self.context, state, control, metrics=metrics, overrides=self.overrides)
         self.handler.set_run(model=self.module, running_logs=loop.running_logs)

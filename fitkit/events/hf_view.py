@@ -48,11 +48,33 @@ def hf_name(key: str) -> str:
 
 def hf_values(values: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """A copy of `values` under HF names (`val_*` -> `eval_*`)."""
+    if isinstance(values, TrainerMetrics):
+        return dict(values.hf)
     return None if values is None else {hf_name(k): v for k, v in values.items()}
 
 
+class TrainerMetrics(dict):
+    """An evaluation's values under fitkit's names (`val_loss`) that also hold, as `hf`, the
+    Trainer's record of the same evaluation (`eval_loss`, the speed, `epoch`): what a callback
+    from transformers receives as `on_evaluate`'s metrics (`hf_values`)."""
+
+    hf: dict[str, Any]
+
+
+def evaluated_metrics(metrics: dict[str, Any], args: Any, state: Any,
+                      record: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What `on_evaluate` receives: `metrics`, with the `epoch` reached under the Trainer face
+    (`hf_trainer`), as the Trainer's `evaluate()` adds it before `on_evaluate`; `record`, the
+    evaluation's logged record under HF's names, is what transformers' callbacks then see."""
+    if not getattr(args, "hf_trainer", False) or state.epoch is None:
+        return metrics
+    out = TrainerMetrics(metrics, epoch=state.epoch)
+    out.hf = dict(record) if record is not None else {**(hf_values(metrics) or {}), "epoch": state.epoch}
+    return out
+
+
 def speed_metrics(split: str, seconds: float, samples: int | None = None,
-                  steps: int | None = None) -> dict[str, float]:
+                  steps: int | None = None, tokens: int | None = None) -> dict[str, float]:
     """The Trainer's speed values (`transformers.trainer_utils.speed_metrics`) of a run that took
     `seconds`: `{split}_runtime` rounded to 4 places; unless it took no time, the rates of the
     counts given, rounded to 3::
@@ -67,6 +89,8 @@ def speed_metrics(split: str, seconds: float, samples: int | None = None,
         out[f"{split}_samples_per_second"] = round(samples / seconds, 3)
     if steps is not None:
         out[f"{split}_steps_per_second"] = round(steps / seconds, 3)
+    if tokens is not None:
+        out[f"{split}_tokens_per_second"] = round(tokens / seconds, 3)
     return out
 
 

@@ -14,8 +14,15 @@ from fitkit.events.handler import TrainerCallback
 
 
 def defaults_for(args: Any, given: Sequence[Any]) -> list[TrainerCallback]:
-    """The display and the trackers for a fit with `args`, except classes already in `given`."""
-    return [*display_for(args, given), *reporters_for(args, given)]
+    """The display and the trackers for a fit with `args`, except classes already in `given`;
+    HF's `torch_empty_cache_steps` as an `EmptyDeviceCache` callback."""
+    extra: list[TrainerCallback] = []
+    every = getattr(args, "torch_empty_cache_steps", None)
+    if every:
+        from fitkit.callbacks.empty_cache import EmptyDeviceCache
+
+        extra.append(EmptyDeviceCache(every))
+    return [*display_for(args, given), *reporters_for(args, given), *extra]
 
 
 def display_for(args: Any, given: Sequence[Any]) -> list[TrainerCallback]:

@@ -50,7 +50,9 @@ class Evaluation(ModelMembers):
                                                          callbacks=callbacks, return_dict=return_dict,
                                                          metric_key_prefix=metric_key_prefix, **data_options))
         start = time.perf_counter()
-        metrics, _ = self._evaluate(args, x, y, batch_size, verbose, sample_weight, steps, callbacks)
+        # the Trainer face: `on_evaluate` after the record is logged, with it (`hf_logged`), as HF's evaluate()
+        metrics, _ = self._evaluate(args, x, y, batch_size, verbose, sample_weight, steps, callbacks,
+                                    announce=not args.hf_trainer)
         speed = (time.perf_counter() - start, x if steps is None else None, evaluation_batch_size(args, batch_size))
         logged = self.hf_logged(args, metrics, metric_key_prefix, speed, callbacks)  # as HF's trainer.evaluate() logs
         if metric_key_prefix is not None:  # HF's record: the one logged, when it was
@@ -59,11 +61,12 @@ class Evaluation(ModelMembers):
 
     def _evaluate(self, args: TrainingArguments, x: Any, y: Any, batch_size: int | None, verbose: int | str,
                   sample_weight: Any, steps: int | None, callbacks: Sequence[Any] | None,
-                  keep: bool = False) -> tuple[dict[str, float], tuple[Any, Any] | None]:
-        """One evaluation in this process: its values and, with `keep`, (predictions, label_ids)."""
+                  keep: bool = False, announce: bool = True) -> tuple[dict[str, float], tuple[Any, Any] | None]:
+        """One evaluation in this process: its values and, with `keep`, (predictions, label_ids);
+        `announce=False`: `on_evaluate` is left to the caller."""
         trainer = self._evaluation_trainer(args, callbacks, verbose)
         metrics = trainer.evaluate(x, y, sample_weight=sample_weight, batch_size=evaluation_batch_size(args, batch_size),
-                                   state=self.state, control=self.control, steps=steps, keep=keep)
+                                   state=self.state, control=self.control, steps=steps, keep=keep, announce=announce)
         self.control = trainer.control
         return metrics, trainer.collected
 
@@ -85,7 +88,10 @@ class Evaluation(ModelMembers):
 
     def _evaluation_trainer(self, args: TrainingArguments, callbacks: Sequence[Any] | None,
                             verbose: int | str) -> Trainer:
-        """The engine call of one `evaluate` or `predict`: the callbacks given and Keras' line."""
+        """The engine call of one `evaluate` or `predict`: the callbacks given and Keras' line (none
+        under the Trainer face with `disable_tqdm=True` unless `verbose` is given, as the Trainer shows none)."""
+        if verbose == "auto" and args.hf_trainer and args.verbose == 0:
+            verbose = 0
         return Trainer(self.runtime, self._module_for(args), self.config, args,
                        self._handler(callbacks, *evaluation_line_for(verbose)), StepOverrides.of(self, Steps))
 

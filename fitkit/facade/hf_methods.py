@@ -19,7 +19,7 @@ from typing import Any
 from fitkit.config.arguments import TrainingArguments
 from fitkit.config.option_merge import CARRIED, for_evaluation
 from fitkit.engine.eval_prediction import PredictionOutput
-from fitkit.events.hf_view import evaluation_record
+from fitkit.events.hf_view import evaluated_metrics, evaluation_record
 from fitkit.facade.evaluation import evaluation_batch_size
 from fitkit.facade.members import ModelMembers
 
@@ -63,7 +63,8 @@ class HFMethods(ModelMembers):
                   speed: tuple[float, Any, int], callbacks: Sequence[Any] | None) -> dict[str, Any] | None:
         """Under HF's arguments (`hf_trainer`), `evaluate` logs its record as the Trainer's
         `evaluate()` does: HF's names (`eval_loss`, the speed, `epoch`) appended with the step to
-        `state.log_history` and sent to `on_log` (printed under `disable_tqdm`); returns it."""
+        `state.log_history` and sent to `on_log` (printed under `disable_tqdm`), then
+        `on_evaluate` with it; returns it."""
         if not args.hf_trainer:
             return None
         record = self.hf_named(metrics, prefix or "eval", speed)
@@ -71,7 +72,12 @@ class HFMethods(ModelMembers):
         from fitkit.facade.defaults import display_for
 
         printer = display_for(args, callbacks or ()) if args.verbose == 0 else []
-        self._handler(callbacks, *printer).on_log(args, self.state, self.control, dict(record))
+        handler = self._handler(callbacks, *printer)
+        logs = dict(record)
+        self.control = handler.on_log(args, self.state, self.control, logs)
+        # then on_evaluate with the same record (transformers' callbacks) and fitkit's names (the others)
+        self.control = handler.on_evaluate(args, self.state, self.control,
+                                           evaluated_metrics(metrics, args, self.state, logs))
         return record
 
     def hf_predict(self, test_dataset: Any = None, *, metric_key_prefix: str = "test", batch_size: int | None = None,
@@ -92,10 +98,10 @@ class HFMethods(ModelMembers):
             collected = (_numpy(predictions), _numpy(labels))
         else:
             metrics, kept = self._evaluate(args, x, None, batch_size, verbose, None, None, callbacks, keep=True)
-            if kept is None:
+            if kept is None and not args.prediction_loss_only:
                 raise ValueError("`hf_predict` gathers the module's outputs, which an overridden `test_step` does "
                                  "not give: call `predict` (your `predict_step`) and `evaluate` instead")
-            collected = kept
+            collected = kept or (None, None)  # `prediction_loss_only`: the loss alone, as the Trainer's predict
         speed = (time.perf_counter() - start, x, evaluation_batch_size(args, batch_size))
         return PredictionOutput(collected[0], collected[1], self.hf_named(metrics, metric_key_prefix, speed, epoch=False))
 

@@ -14,7 +14,7 @@ from fitkit.config.arguments import TrainingArguments
 from fitkit.config.names import ALIASES
 
 FIT_OPTIONS = ("validation_data", "validation_split", "callbacks", "class_weight", "sample_weight", "batch_size",
-               "epochs", "shuffle", "max_steps")
+               "epochs", "shuffle", "max_steps", "args")
 #: Optuna's directions, and the short spellings accepted for them.
 DIRECTIONS = {"minimize": "minimize", "maximize": "maximize", "min": "minimize", "max": "maximize"}
 _SPEED = ("runtime", "per_second", "samples_per_second", "steps_per_second", "flos", "epoch", "step")

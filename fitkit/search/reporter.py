@@ -1,6 +1,10 @@
 """Reporting a trial's evaluations to Optuna, on a step that does not depend on the batch size
 or the number of processes, so that pruners compare trials at the same point of training.
 
+Under the Trainer face (`hf_trainer`, as `args=transformers.TrainingArguments(...)` sets it),
+`compute_objective` gets what the Trainer passes: each evaluation's record (`eval_loss`,
+`eval_<metric>`, the speed, `epoch`), once per evaluation; the last one is the trial's objective.
+
 The step is in epochs: with `eval_strategy="epoch"` (the default with validation data) the
 epoch number (1, 2, 3, ...); with `eval_strategy="steps"` the thousandths of an epoch seen
 (`round(state.epoch * 1000)`: 500 is half an epoch), since such evaluations fall mid-epoch.
@@ -15,6 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from fitkit.events.handler import Order, TrainerCallback
+from fitkit.events.hf_view import hf_values
 
 #: Steps reported per epoch by evaluations made every so many optimizer steps.
 STEPS_PER_EPOCH = 1000
@@ -44,6 +49,8 @@ class TrialReporter(TrainerCallback):
         self.reported = set(reported)
         self.metrics: dict[str, float] = {}
         self.pruned = self.preempted = False
+        #: under the Trainer face, `compute_objective` of the last evaluation's record (the trial's objective)
+        self.objective: Any = None
         # Optuna's NopPruner never prunes: asking it reads the trial back from the storage for nothing
         from optuna.pruners import NopPruner
 
@@ -53,14 +60,18 @@ class TrialReporter(TrainerCallback):
         self.metrics.update({k: v for k, v in (logs or {}).items() if isinstance(v, (int, float))})
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
-        self.metrics.update(metrics or {})
+        self.metrics.update({k: v for k, v in (metrics or {}).items() if k != "epoch"})
+        leader = self.fabric is None or self.fabric.is_global_zero
+        if args.hf_trainer and leader:  # the Trainer's call: this evaluation's record (`eval_loss`, ..., `epoch`)
+            self.objective = self.compute_objective(hf_values(metrics) or {})
         if self.multi:
             return  # Optuna does not prune multi-objective studies
         prune = False
-        if self.fabric is None or self.fabric.is_global_zero:
+        if leader:
             step = report_step(args, state)
             if step is not None and step not in self.reported:
-                self.trial.report(self.compute_objective(dict(self.metrics)), step=step)
+                value = self.objective if args.hf_trainer else self.compute_objective(dict(self.metrics))
+                self.trial.report(value, step=step)
                 self.reported.add(step)
             prune = self._may_prune and self.trial.should_prune()
         if self.fabric is not None and self.fabric.world_size > 1:

@@ -75,9 +75,14 @@ class Search:
         self.hp_space, self.compute_objective, self.hp_name = hp_space, compute_objective, hp_name
         self.direction = direction
         self.multi = isinstance(direction, list)
-        self.optimize_kwargs, self.fit_options = optimize_kwargs, fit_options
+        self.optimize_kwargs = optimize_kwargs
         names = set(TrainingArguments.names()) | set(ALIASES)
-        self.args = model.training_arguments(**{k: v for k, v in fit_options.items() if k in names})
+        # the script's `args=` (HF's search takes the Trainer's arguments), the options given over it
+        self.args = model.training_arguments(fit_options.get("args"), **{k: v for k, v in fit_options.items()
+                                                                         if k in names})
+        self.with_args = "args" in fit_options  # then each trial's fit gets the search's arguments, replaced
+        self.fit_options = {k: v for k, v in fit_options.items() if k not in names and k != "args"} if (
+            self.with_args) else fit_options
         self.fabric = model.launch(self.args)
         self.distributed = self.fabric.world_size > 1
         self.study: Study | None = None  # set by `lead`
@@ -175,7 +180,7 @@ class Search:
             raise _Surplus(f"trial {trial.number}: the study already has n_trials={self.n_trials} trials")
         resumed_from = trial.user_attrs.get(RESUMED_FROM)
         output_dir = trial.user_attrs.get(OUTPUT_DIR) if resumed_from is not None else None
-        output_dir = output_dir or os.path.join(self.args.output_dir, f"run-{trial.number}")
+        output_dir = output_dir or os.path.join(self.args.output_dir, self._run_name(trial))
         trial.set_user_attr(OUTPUT_DIR, output_dir)
         params = parameters(self.hp_space, trial)
         check_params(params)
@@ -193,6 +198,11 @@ class Search:
             self.preempted = trial.number
             raise
 
+    def _run_name(self, trial: Any) -> str:
+        """The trial's folder under `output_dir`: `run-{number}`, or `hp_name(trial)` under the
+        Trainer face, as the Trainer names it."""
+        return self.hp_name(trial) if self.hp_name is not None and self.args.hf_trainer else f"run-{trial.number}"
+
     def fresh_model(self, trial: Any, params: dict[str, Any], structure: bytes | None = None) -> Any:
         """The trial's model, seeded first as HF's; under strategy="fsdp" built as `fit` builds it
         (`module_for_trial`: `structure` is rank 0's module under fsdp_load_once)."""
@@ -206,13 +216,14 @@ class Search:
         import optuna
 
         reporter = TrialReporter(trial, self.compute_objective, self.multi, self.fabric, reported or ())
-        trial_options = {**self.fit_options, **params, "output_dir": plan["output_dir"]}
-        if plan["resume"]:
-            trial_options["resume_from_checkpoint"] = True
+        trial_options = self._trial_options(params, plan)
         extra_callbacks = list(trial_options.pop("callbacks", None) or ())
         try:
             history = trial_model.fit(self.x, self.y, callbacks=extra_callbacks + [reporter], **trial_options)
             metrics = dict(reporter.metrics) or {k: v[-1] for k, v in history.history.items()}
+            if self.args.hf_trainer and reporter.objective is None:  # no evaluation in training: one now (HF)
+                reporter.objective = self.compute_objective(trial_model.evaluate(metric_key_prefix="eval",
+                                                                                 verbose=0))
         except SystemExit:
             if reporter.preempted:  # SIGTERM: the checkpoint is written, the trial is to be resumed
                 raise _Preempted(f"trial {trial.number} preempted (SIGTERM): checkpointed, queued to resume") from None
@@ -228,7 +239,20 @@ class Search:
             trial.set_user_attr(BEST_CHECKPOINT, best_checkpoint)
         if reporter.pruned:
             raise optuna.TrialPruned(f"pruned at {trial.number}")
-        return objective_value(self.compute_objective(metrics), self.direction)
+        # the Trainer face: the last evaluation's objective, as the Trainer returns it (no call of its own)
+        value = reporter.objective if self.args.hf_trainer else self.compute_objective(metrics)
+        return objective_value(value, self.direction)
+
+    def _trial_options(self, params: dict[str, Any], plan: dict[str, Any]) -> dict[str, Any]:
+        """The trial's `fit` options: the search's, the trial's values and folder over them. With
+        `args=`, the trial's values replace the fields of the search's arguments (as the Trainer
+        sets them on its `args`), so a value the script's arguments set is no conflict."""
+        over = {**params, "output_dir": plan["output_dir"]}
+        if plan["resume"]:
+            over["resume_from_checkpoint"] = True
+        if not self.with_args:
+            return {**self.fit_options, **over}
+        return {**self.fit_options, "args": self.args.replace(**over)}
 
 
 def _trial(study: Any, number: int) -> Any:

@@ -42,7 +42,7 @@ from fitkit.common.schedule import steps_per_epoch, unplanned_steps
 from fitkit.engine.checkpoint import hf_trainer, run_lock, store
 from fitkit.engine.checkpoint.layout import CheckpointError
 from fitkit.engine.checkpoint.listing import is_complete, list_checkpoints
-from fitkit.engine.checkpoint.loading import load_checkpoint, saved_state, warn_on_resume
+from fitkit.engine.checkpoint.loading import holds_optimizer, load_checkpoint, saved_state, warn_on_resume
 from fitkit.engine.checkpoint.verify import own_copy, resolve, verified
 from fitkit.engine.checkpoint.writing import (
     CheckpointWriter,
@@ -176,6 +176,8 @@ class Checkpointer:
         save's copy of the weights may wait for the next forward and backward (False where an
         overridden `train_step` steps the optimizer itself)."""
         parts = {"module": self.module, "optimizer": self.optimizer, "scheduler": self.scheduler}
+        if getattr(args, "save_only_model", False):  # HF's: the weights alone, no optimizer or scheduler state
+            parts["optimizer"] = parts["scheduler"] = None
         if getattr(args, "save_async", False):
             strategy = strategy_name(self.fabric)
             if "DeepSpeed" not in strategy:
@@ -383,7 +385,12 @@ class Checkpointer:
             return None
         if hf_trainer.is_trainer_checkpoint(path):
             return self._resume_trainer(path, epoch_length)
-        payload = load_checkpoint(self.fabric, path, module=self.module, optimizer=self.optimizer)
+        optimizer = self.optimizer
+        if optimizer is not None and not holds_optimizer(path):
+            logger.warning("%s was written with save_only_model=True: it holds no optimizer or scheduler state; the "
+                           "run goes on from its weights with a fresh optimizer", path)
+            optimizer = None
+        payload = load_checkpoint(self.fabric, path, module=self.module, optimizer=optimizer)
         if self.scheduler is not None and "scheduler" in payload:
             self.scheduler.load_state_dict(payload["scheduler"])
         saved = saved_state(path)

@@ -87,6 +87,12 @@ def check_fits(path: str, *, module, optimizer) -> None:
             raise CheckpointError(f"cannot resume from {path!r}: {problem}; {_FIX_MISMATCH}")
 
 
+def holds_optimizer(path: str) -> bool:
+    """False for a fitkit checkpoint written without the optimizer's state (`save_only_model`)."""
+    manifest = _manifest(path)
+    return not manifest or manifest.get("optimizer") is not None
+
+
 def _manifest(path: str) -> dict:
     try:
         with open(os.path.join(path, MANIFEST), encoding="utf-8") as f:

@@ -210,6 +210,7 @@ def _dataset_source(x: Dataset, *, batch_size: int, shuffle: bool, seed: int | N
         source = LoaderSource(DataLoader(x, batch_size=batch_size, generator=g, **options))
     else:
         sampler = EpochSampler(len(x), shuffle, seed, per_batch=batch_size if as_trainer else None)  # type: ignore[arg-type]
+        sampler.drop_last = bool(options.get("drop_last", False))  # dealt batches: the incomplete round dropped
         loader = DataLoader(x, batch_size=batch_size, sampler=sampler, generator=g, **options)
         source = LoaderSource(loader, num_samples=len(x))  # type: ignore[arg-type]
         source.sampler = sampler

@@ -128,8 +128,17 @@ def loader_options(args: Any, dataset: Any) -> dict[str, Any]:
     workers = getattr(args, "dataloader_num_workers", 0) or 0
     if workers:
         options["num_workers"] = workers
+        if getattr(args, "dataloader_persistent_workers", False):
+            options["persistent_workers"] = True
+        for name in ("prefetch_factor", "multiprocessing_context"):
+            if getattr(args, "dataloader_" + name, None) is not None:
+                options[name] = getattr(args, "dataloader_" + name)
+    if not getattr(args, "dataloader_in_order", True):
+        options["in_order"] = False
     if getattr(args, "dataloader_pin_memory", False) and torch.cuda.is_available():  # pinning needs a GPU
         options["pin_memory"] = True
+    if getattr(args, "dataloader_drop_last", False):  # HF's: training and evaluation loaders alike
+        options["drop_last"] = True
     return options
 
 

@@ -115,12 +115,12 @@ class EpochSampler(torch.utils.data.DistributedSampler):
     def __len__(self) -> int:
         world_size = self.num_replicas
         if self.per_batch is not None and world_size > 1:
-            return batches_per_process(self.size, self.per_batch, world_size) * self.per_batch
+            return batches_per_process(self.size, self.per_batch, world_size, self.drop_last) * self.per_batch
         return math.ceil(self.size / world_size)
 
     def __iter__(self) -> Iterator[int]:
         order = epoch_permutation(self.size, self.seed, self.epoch) if self.shuffle else torch.arange(self.size)
         rank, world_size = process_group()
         if self.per_batch is not None:
-            return iter(deal_batches(order, self.skip, rank, world_size, self.per_batch).tolist())
+            return iter(deal_batches(order, self.skip, rank, world_size, self.per_batch, self.drop_last).tolist())
         return iter(deal(order, self.skip, rank, world_size).tolist())

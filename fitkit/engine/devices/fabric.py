@@ -18,6 +18,7 @@ from fitkit.engine.devices.local import local_fabric
 from fitkit.engine.devices.quiet import QuietWhenSpawned, import_lightning, quiet_lightning
 from fitkit.engine.devices.strategies import (
     SPAWN_STRATEGIES,
+    ddp_strategy,
     deepspeed_strategy,
     fsdp2_strategy,
     is_deepspeed,
@@ -101,6 +102,8 @@ def _fabric(args: TrainingArguments, accelerator: str) -> Any:
                                   sharding=args.fsdp_sharding, tune_allocator=args.tune_cpu_allocator)
         if precision in ("bf16-mixed", "16-mixed"):
             precision = "32-true"  # FSDP2's MixedPrecisionPolicy does the casting
+    else:
+        strategy = ddp_strategy(strategy, args)  # HF's ddp_* options, when set
     quiet_lightning(args)  # Lightning's banner and notices only when `log_level` asks
     fabric = Fabric(accelerator=accelerator, devices=devices, strategy=strategy, precision=precision,
                     num_nodes=args.num_nodes)

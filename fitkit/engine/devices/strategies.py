@@ -127,3 +127,33 @@ def fsdp2_strategy(precision: str | None, wrap: Any = None, full_checkpoint: boo
     strategy = FSDP2Strategy(parallelize_fn=lambda module, mesh: strategy.parallelize(module, mesh),
                              save_distributed_checkpoint=not full_checkpoint)
     return strategy
+
+
+#: Fabric's DDP names and the start method each means.
+DDP_START: dict[str, Any] = {"ddp": "popen", "ddp_spawn": "spawn", "ddp_fork": "fork", "ddp_notebook": "fork"}
+#: HF's default `ddp_timeout` (seconds): torch's default process-group timeout, which Fabric uses too.
+DEFAULT_DDP_TIMEOUT = 1800
+
+
+def ddp_strategy(strategy: Any, args: Any) -> Any:
+    """A DDP strategy name (`DDP_START`) as Fabric's `DDPStrategy` with HF's `ddp_*` options
+    (`ddp_backend`, `ddp_timeout` in seconds, `ddp_find_unused_parameters`, `ddp_bucket_cap_mb`,
+    `ddp_broadcast_buffers`, `ddp_static_graph`); the name itself when none is set (or for
+    another strategy)::
+
+        ddp_strategy("ddp", TrainingArguments(ddp_timeout=60, ddp_backend="gloo"))  # DDPStrategy(...)
+    """
+    if not isinstance(strategy, str) or strategy not in DDP_START:
+        return strategy
+    model_options = {name: getattr(args, f"ddp_{name}", None) for name in
+                     ("find_unused_parameters", "bucket_cap_mb", "broadcast_buffers", "static_graph")}
+    model_options = {k: v for k, v in model_options.items() if v is not None}
+    backend, timeout = getattr(args, "ddp_backend", None), getattr(args, "ddp_timeout", None)
+    if not model_options and backend is None and timeout in (None, DEFAULT_DDP_TIMEOUT):
+        return strategy
+    import datetime
+
+    from lightning_fabric.strategies import DDPStrategy
+
+    return DDPStrategy(start_method=DDP_START[strategy], process_group_backend=backend,
+                       timeout=datetime.timedelta(seconds=timeout or DEFAULT_DDP_TIMEOUT), **model_options)
