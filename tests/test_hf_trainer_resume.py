@@ -17,7 +17,7 @@ import torch
 
 from fitkit import Model
 from fitkit.engine.checkpoint import CheckpointError
-from fitkit.engine.checkpoint.hf_trainer import position
+from fitkit.engine.checkpoint.trainer_checkpoints import position
 
 transformers = pytest.importorskip("transformers")
 
@@ -252,7 +252,7 @@ def test_pytorch_model_bin_resumes_like_safetensors(hf_run, tmp_path):
 
 
 def test_weights_tied_to_another_are_loaded_through_it(tmp_path):
-    from fitkit.engine.checkpoint.hf_trainer import load_weights
+    from fitkit.engine.checkpoint.trainer_checkpoints import load_weights
 
     def masked_lm(seed):
         transformers.set_seed(seed)

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 from fitkit.common.options import error_line, writes_to_output_dir
 from fitkit.common.schedule import steps_per_epoch, unplanned_steps
-from fitkit.engine.checkpoint import hf_trainer, run_lock, store
+from fitkit.engine.checkpoint import run_lock, store, trainer_checkpoints
 from fitkit.engine.checkpoint.layout import CheckpointError
 from fitkit.engine.checkpoint.listing import is_complete, list_checkpoints
 from fitkit.engine.checkpoint.loading import holds_optimizer, load_checkpoint, saved_state, warn_on_resume
@@ -357,9 +357,9 @@ class Checkpointer:
         path = self._offered(callbacks)
         args = self.args
         if args.save_strategy != "no" or args.save_on_sigterm:  # this run writes checkpoint-N into output_dir
-            hf_trainer.guard_output_dir(args.output_dir, path)
-            if path is not None and hf_trainer.is_trainer_checkpoint(path):
-                later = hf_trainer.replaced_later(args.output_dir, path)
+            trainer_checkpoints.guard_output_dir(args.output_dir, path)
+            if path is not None and trainer_checkpoints.is_trainer_checkpoint(path):
+                later = trainer_checkpoints.replaced_later(args.output_dir, path)
                 if later:
                     logger.warning("resuming from the Trainer's %s: this run's checkpoints of the same steps replace "
                                    "the Trainer's later ones (%s), as the Trainer's own resume would", path,
@@ -383,7 +383,7 @@ class Checkpointer:
         this run, None: unknown) places a Trainer checkpoint's step in this run's data."""
         if path is None:
             return None
-        if hf_trainer.is_trainer_checkpoint(path):
+        if trainer_checkpoints.is_trainer_checkpoint(path):
             return self._resume_trainer(path, epoch_length)
         optimizer = self.optimizer
         if optimizer is not None and not holds_optimizer(path):
@@ -409,20 +409,20 @@ class Checkpointer:
     def _resume_trainer(self, path: str, epoch_length: int | None) -> LoopSnapshot:
         """Continue from a checkpoint of the Hugging Face Trainer as the Trainer would: weights,
         optimizer and scheduler loaded, its `TrainerState` taken, the epoch and micro-batch it
-        continues at counted in this run's data (`hf_trainer.position`), its RNG states set back
+        continues at counted in this run's data (`trainer_checkpoints.position`), its RNG states set back
         after the skipped batches (at the start of the epoch on an epoch boundary)."""
         args, fabric = self.args, self.fabric
-        hf_trainer.load_weights(self.module, path)
-        hf_trainer.load_optimizer(self.optimizer, path)
-        hf_trainer.load_scheduler(self.scheduler, path)
-        saved = hf_trainer.trainer_state(path)
+        trainer_checkpoints.load_weights(self.module, path)
+        trainer_checkpoints.load_optimizer(self.optimizer, path)
+        trainer_checkpoints.load_scheduler(self.scheduler, path)
+        saved = trainer_checkpoints.trainer_state(path)
         for f in dataclasses.fields(TrainerState):
             if f.name not in PLAN_FIELDS:
                 setattr(self.state, f.name, getattr(saved, f.name))
         warn_on_resume(args, self.state, saved)
-        epoch, batch = hf_trainer.position(saved.global_step, epoch_length, args.gradient_accumulation_steps,
+        epoch, batch = trainer_checkpoints.position(saved.global_step, epoch_length, args.gradient_accumulation_steps,
                                            args.ignore_data_skip)
-        rng = hf_trainer.read_rng(path, fabric.global_rank, fabric.world_size)
+        rng = trainer_checkpoints.read_rng(path, fabric.global_rank, fabric.world_size)
         logger.info("resuming from the Trainer's checkpoint %s at step %d (epoch %d, after %d batches of it)", path,
                     saved.global_step, epoch, batch)
         # Mid-epoch the Trainer sets its RNG back once the skipped batches are drawn: `epoch_rng` does the same.
@@ -460,8 +460,8 @@ class Checkpointer:
         """With `load_best_model_at_end`, put the best checkpoint's weights back into the module
         (verified first)."""
         best = self.state.best_model_checkpoint
-        if self.args.load_best_model_at_end and best and self._on_zero(lambda: hf_trainer.is_trainer_checkpoint(best)):
-            hf_trainer.load_weights(self.module, best)  # recorded by the Trainer before this run resumed
+        if self.args.load_best_model_at_end and best and self._on_zero(lambda: trainer_checkpoints.is_trainer_checkpoint(best)):
+            trainer_checkpoints.load_weights(self.module, best)  # recorded by the Trainer before this run resumed
         elif self.args.load_best_model_at_end and best:
             path = self._everywhere(lambda: verified(best))
             assert path is not None  # verified returns its checkpoint

@@ -6,7 +6,7 @@ Usage::
     path = resolve(True, "out")                # the newest one that verifies
 
 Manifests of format 1 (written before digests existed) are checked by size only. A checkpoint
-of the Hugging Face Trainer (no manifest) is checked for its files (`hf_trainer.checked`).
+of the Hugging Face Trainer (no manifest) is checked for its files (`trainer_checkpoints.checked`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
 from fitkit.common.options import error_line
-from fitkit.engine.checkpoint import hf_trainer, store
+from fitkit.engine.checkpoint import store, trainer_checkpoints
 from fitkit.engine.checkpoint.layout import (
     CHECKPOINT_NAME,
     FIX_DAMAGED,
@@ -131,7 +131,7 @@ def _check_json(path: str, targets: dict[str, str]) -> None:
 def resolve(resume: bool | str | None, output_dir: str) -> str | None:
     """The checkpoint to resume from, verified (`verified`): for `True` the newest one in
     `output_dir` that verifies, else the path given, which must verify. A checkpoint of the
-    Hugging Face Trainer counts too (checked by `hf_trainer.checked`): with `True` the one of the
+    Hugging Face Trainer counts too (checked by `trainer_checkpoints.checked`): with `True` the one of the
     highest step is taken, fitkit's or the Trainer's.
 
     With `True`, incomplete checkpoint directories are skipped with a warning, and so is each
@@ -151,13 +151,13 @@ def resolve(resume: bool | str | None, output_dir: str) -> str | None:
             f"`resume_from_checkpoint`={path!r} does not exist: pass a checkpoint directory "
             "(output_dir/checkpoint-N) or True for the newest one in `output_dir`"
         )
-    if hf_trainer.is_trainer_checkpoint(path):
-        return hf_trainer.checked(path)
+    if trainer_checkpoints.is_trainer_checkpoint(path):
+        return trainer_checkpoints.checked(path)
     if not os.path.isfile(os.path.join(path, MANIFEST)):
         raise CheckpointError(
             f"`resume_from_checkpoint`={path!r} is not a complete fitkit checkpoint: expected a directory "
             f"holding {MANIFEST} with the files it lists ({WEIGHTS}, {STATE_FILE}), or a checkpoint of the "
-            f"Hugging Face Trainer ({STATE_FILE}, {hf_trainer.WEIGHT_FILES[0]}, {hf_trainer.OPTIMIZER_FILE}, ...)"
+            f"Hugging Face Trainer ({STATE_FILE}, {trainer_checkpoints.WEIGHT_FILES[0]}, {trainer_checkpoints.OPTIMIZER_FILE}, ...)"
         )
     return verified(path)
 
@@ -186,7 +186,7 @@ def _complete(output_dir: str, theirs: list[str]) -> list[str]:
                 done.append(store.join(output_dir, name))
             else:
                 logger.warning("ignoring incomplete checkpoint %s (no valid manifest)", store.join(output_dir, name))
-        return sorted(done, key=hf_trainer.checkpoint_step)
+        return sorted(done, key=trainer_checkpoints.checkpoint_step)
     if os.path.isdir(output_dir):
         for name in sorted(os.listdir(output_dir)):
             full = os.path.join(output_dir, name)
@@ -197,14 +197,14 @@ def _complete(output_dir: str, theirs: list[str]) -> list[str]:
 
 
 def _newest_verified(output_dir: str) -> str | None:
-    theirs = hf_trainer.trainer_checkpoints(output_dir)
-    found = sorted(_complete(output_dir, theirs) + theirs, key=hf_trainer.checkpoint_step)
+    theirs = trainer_checkpoints.trainer_checkpoints(output_dir)
+    found = sorted(_complete(output_dir, theirs) + theirs, key=trainer_checkpoints.checkpoint_step)
     if not found:
         logger.warning("resume_from_checkpoint=True but %r holds no complete checkpoint; starting fresh", output_dir)
         return None
     for path in reversed(found):
         try:
-            return hf_trainer.checked(path) if path in theirs else verified(path)
+            return trainer_checkpoints.checked(path) if path in theirs else verified(path)
         except CheckpointError as err:
             logger.warning("skipping checkpoint %s, which fails verification (%s); trying the one before it",
                            path, err)
