@@ -5,7 +5,7 @@ Usage::
     verified("out/checkpoint-40")              # every file's size and digest, the JSON, the listing
     path = resolve(True, "out")                # the newest one that verifies
 
-Manifests of format 1 (written before digests existed) are checked by size only. A checkpoint
+Every manifest records a digest of each file (format 2; no released version wrote another). A checkpoint
 of the Hugging Face Trainer (no manifest) is checked for its files (`trainer_checkpoints.checked`).
 """
 
@@ -53,14 +53,12 @@ def verified(path: str) -> str:
 
 def verify(path: str, required: tuple[str, ...] = ()) -> dict[str, Any]:
     """Check the checkpoint at `path` before it is loaded and return its manifest: every file
-    inside it listed, with its size and digest (size only for format 1), every JSON file
+    inside it listed, with its size and digest, every JSON file
     parsing, and each of `required` (a file, or a directory of files) present. Raises a
     CheckpointError naming the first file that differs and the fix."""
     manifest = read_manifest(path)
     files, digests, algorithm = manifest["files"], manifest.get("digests"), manifest.get("digest")
-    # Digests recorded (format 2 always) must be checkable: a format-1 manifest given some is refused too.
-    if (manifest["version"] >= 2 or digests is not None) and (
-            not isinstance(digests, dict) or algorithm not in READABLE_DIGESTS):
+    if not isinstance(digests, dict) or algorithm not in READABLE_DIGESTS:
         raise CheckpointError(f"checkpoint {path!r}: its manifest records no digests it can check; {FIX_DAMAGED}")
     targets = {name: confined(path, name) for name in files}
     _check_listing(path, files, required)
@@ -69,17 +67,14 @@ def verify(path: str, required: tuple[str, ...] = ()) -> dict[str, Any]:
         if actual != size:
             state = "is missing" if actual is None else f"has {actual} bytes where {size!r} were written"
             raise CheckpointError(f"checkpoint {path!r} is damaged: {name} {state} (truncated or replaced); {FIX_DAMAGED}")
-    if digests is None:
-        logger.info("checkpoint %s was written before digests existed (format 1): sizes checked only", path)
-    else:
-        names = list(files)
-        with ThreadPoolExecutor(max_workers=max(1, min(len(names), os.cpu_count() or 1, 8))) as pool:
-            found = pool.map(lambda n: file_digest(targets[n], cast(str, algorithm)), names)  # in READABLE_DIGESTS
-            for name, digest in zip(names, found):
-                if digest != digests.get(name):
-                    raise CheckpointError(
-                        f"checkpoint {path!r} is corrupted: the {algorithm} digest of {name} differs from the one "
-                        f"recorded when it was written (a changed byte or an edit); {FIX_DAMAGED}")
+    names = list(files)
+    with ThreadPoolExecutor(max_workers=max(1, min(len(names), os.cpu_count() or 1, 8))) as pool:
+        found = pool.map(lambda n: file_digest(targets[n], cast(str, algorithm)), names)  # in READABLE_DIGESTS
+        for name, digest in zip(names, found):
+            if digest != digests.get(name):
+                raise CheckpointError(
+                    f"checkpoint {path!r} is corrupted: the {algorithm} digest of {name} differs from the one "
+                    f"recorded when it was written (a changed byte or an edit); {FIX_DAMAGED}")
     _check_json(path, targets)
     return manifest
 
