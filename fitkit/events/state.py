@@ -182,9 +182,12 @@ class TrainerState:
 
     @classmethod
     def load_from_json(cls, json_path: str) -> TrainerState:
-        """Create a state from the JSON written by `save_to_json`."""
+        """Create a state from the JSON written by `save_to_json` (fitkit's or the HF Trainer's:
+        keys fitkit does not know are left out); ValueError when it holds no JSON object."""
         with open(json_path, encoding="utf-8") as f:
             data = json.load(f)
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 

@@ -81,11 +81,7 @@ def trainer_state(path: str) -> TrainerState:
     """The Trainer's `trainer_state.json` as fitkit's `TrainerState` (the Trainer's own field
     names; keys fitkit does not know are left out); CheckpointError when unreadable."""
     try:
-        with open(os.path.join(path, STATE_FILE), encoding="utf-8") as f:
-            data = json.load(f)
-        if not isinstance(data, dict):
-            raise ValueError("not a JSON object")
-        return TrainerState(**{k: v for k, v in data.items() if k in TrainerState.__dataclass_fields__})
+        return TrainerState.load_from_json(os.path.join(path, STATE_FILE))
     except (OSError, ValueError, TypeError) as err:
         raise CheckpointError(f"Trainer checkpoint {path!r}: {STATE_FILE} cannot be read ({error_line(err)}); "
                               f"{_FIX_OTHER}") from None
