@@ -88,9 +88,10 @@ def check_fits(path: str, *, module, optimizer) -> None:
 
 
 def holds_optimizer(path: str) -> bool:
-    """False for a fitkit checkpoint written without the optimizer's state (`save_only_model`)."""
+    """False for a fitkit checkpoint written without the optimizer's state (`save_only_model`: its
+    manifest records the optimizer as null); a manifest that does not record it at all holds it."""
     manifest = _manifest(path)
-    return not manifest or manifest.get("optimizer") is not None
+    return "optimizer" not in manifest or manifest["optimizer"] is not None
 
 
 def _manifest(path: str) -> dict:
