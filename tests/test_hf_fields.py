@@ -6,6 +6,7 @@ import dataclasses
 import enum
 import os
 import re
+import typing
 import warnings
 
 import pytest
@@ -20,6 +21,9 @@ CHOSEN = {"eval_strategy": "epoch", "logging_strategy": "epoch", "save_strategy"
           "log_level": "info", "log_level_replica": "info", "fsdp": "full_shard", "debug": "underflow_overflow",
           "include_for_metrics": ["inputs"], "output_dir": "elsewhere", "torch_compile_mode": "reduce-overhead",
           "torch_compile_backend": "eager"}
+
+
+DECLARED = typing.get_type_hints(transformers.Seq2SeqTrainingArguments)
 
 
 def other_value(field, default):
@@ -37,7 +41,9 @@ def other_value(field, default):
         return default + "_x" if default else "custom"
     if isinstance(default, (dict, list)):
         return {"k": 1} if isinstance(default, dict) else ["x"]
-    kind = str(field.type)
+    # the declared type: HfArgumentParser (the example ports use it) rewrites `field.type` of the
+    # dataclass in place, `dict | str | None` becoming `str`, so a test after it would see another type
+    kind = str(DECLARED.get(field.name, field.type))
     for word, value in (("bool", True), ("int", 3), ("float", 0.5), ("dict", {"k": 1})):
         if word in kind:
             return value
