@@ -116,13 +116,11 @@ def _keras_apply(model, loss, weights):
         model.optimizer.apply([w.value.grad for w in weights], weights)
 
 
-def test_the_guides_loss_tracker_and_metric_objects_give_keras_values_per_epoch():
-    keras = real_keras()
-    x, y, _ = _partial_data()
-    kinner, net = twin_dense(keras, 4, 1)
+def _keras_guide(keras, inner):
+    """The guide's model, in Keras: a `Mean` loss tracker and a `MeanAbsoluteError`, listed."""
 
     class KerasGuide(keras.Model):
-        def __init__(self, inner):
+        def __init__(self):
             super().__init__()
             self.inner = inner
             self.loss_tracker = keras.metrics.Mean(name="loss")
@@ -150,6 +148,14 @@ def test_the_guides_loss_tracker_and_metric_objects_give_keras_values_per_epoch(
         @property
         def metrics(self):
             return [self.loss_tracker, self.mae_metric]
+
+    return KerasGuide()
+
+
+def test_the_guides_loss_tracker_and_metric_objects_give_keras_values_per_epoch():
+    keras = real_keras()
+    x, y, _ = _partial_data()
+    kinner, net = twin_dense(keras, 4, 1)
 
     class Guide(Model):
         def __init__(self, module):
@@ -179,7 +185,7 @@ def test_the_guides_loss_tracker_and_metric_objects_give_keras_values_per_epoch(
         def metrics(self):
             return [self.loss_tracker, self.mae_metric]
 
-    kmodel = KerasGuide(kinner)
+    kmodel = _keras_guide(keras, kinner)
     kmodel.compile(keras.optimizers.SGD(0.01))
     model = Guide(net).compile("sgd", learning_rate=0.01)
     fit = dict(batch_size=16, epochs=3, shuffle=False, verbose=0)

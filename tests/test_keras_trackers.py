@@ -11,45 +11,9 @@ import pytest
 import torch
 import torchmetrics
 from keras_real import real_keras, twin_dense
-from test_custom_step_metrics import _keras_apply, _partial_data
+from test_custom_step_metrics import _keras_guide, _partial_data
 
 from fitkit import Model
-
-
-def _keras_guide(keras, inner):
-    """The guide's model, in Keras: a `Mean` loss tracker and a `MeanAbsoluteError`, listed."""
-
-    class KerasGuide(keras.Model):
-        def __init__(self):
-            super().__init__()
-            self.inner = inner
-            self.loss_tracker = keras.metrics.Mean(name="loss")
-            self.mae_metric = keras.metrics.MeanAbsoluteError(name="mae")
-
-        def call(self, x):
-            return self.inner(x)
-
-        def train_step(self, data):
-            x, y = data
-            y_pred = self(x, training=True)
-            loss = torch.nn.functional.mse_loss(y_pred, y)
-            _keras_apply(self, loss, list(self.trainable_weights))
-            self.loss_tracker.update_state(loss)
-            self.mae_metric.update_state(y, y_pred)
-            return {"loss": self.loss_tracker.result(), "mae": self.mae_metric.result()}
-
-        def test_step(self, data):
-            x, y = data
-            y_pred = self(x, training=False)
-            self.loss_tracker.update_state(torch.nn.functional.mse_loss(y_pred, y))
-            self.mae_metric.update_state(y, y_pred)
-            return {"loss": self.loss_tracker.result(), "mae": self.mae_metric.result()}
-
-        @property
-        def metrics(self):
-            return [self.loss_tracker, self.mae_metric]
-
-    return KerasGuide()
 
 
 def _trackers(keras, kind):
