@@ -94,15 +94,6 @@ class DataSource:
         for a mid-epoch checkpoint; None when it has none (a resume then re-reads or skips)."""
         return None
 
-    def first_batch(self) -> Batch | None:
-        """One batch to check before training (None when there is none), read without moving any
-        random number generator: the run goes on exactly as without it."""
-        saved = rng_state()
-        try:
-            return next(iter(self.batches(0)), None)
-        finally:
-            set_rng_state(saved)
-
 
 class CountsSamples(DataSource):
     """Data whose batches are cut from one order of the epoch's samples dealt to the processes
