@@ -207,6 +207,13 @@ class TrainingArguments(metaclass=_TakesOtherNames):
     ddp_bucket_cap_mb: int | None = None
     ddp_broadcast_buffers: bool | None = None
     ddp_static_graph: bool | None = None
+    # Evaluation (HF's): outside training, the module cast to bf16 / fp16 in place (it stays so) before evaluating
+    bf16_full_eval: bool = False
+    fp16_full_eval: bool = False
+    eval_do_concat_batches: bool = True  # False: compute_metrics and hf_predict get lists of per-batch arrays
+    batch_eval_metrics: bool = False  # compute_metrics(eval_pred, compute_result=...) per batch; the last call's dict
+    eval_use_gather_object: bool = False  # several processes: non-tensor outputs gathered as objects (pickled)
+    restore_callback_states_from_checkpoint: bool = True  # a resume gives callbacks their states (HF's default: False)
 
     def __post_init__(self) -> None:
         check_and_convert(self)

@@ -59,6 +59,8 @@ _BOOLS: dict[str, bool] = {
     "prediction_loss_only": False, "use_cache": True, "dataloader_persistent_workers": False,
     "dataloader_in_order": False, "ddp_find_unused_parameters": True, "ddp_broadcast_buffers": True,
     "ddp_static_graph": True, "full_determinism": False, "save_only_model": False,
+    "bf16_full_eval": False, "fp16_full_eval": False, "eval_do_concat_batches": False, "batch_eval_metrics": False,
+    "eval_use_gather_object": False, "restore_callback_states_from_checkpoint": False,
 }
 #: String fields taking one of a set of names, and whether None is allowed too.
 _CHOICES: dict[str, tuple[tuple, bool]] = {

@@ -77,7 +77,7 @@ def optimizer_spec(optim: str) -> Any:
 #: clipping, the batches' order): what `hf_trainer=True` without transformers' arguments starts from.
 TRAINER_DEFAULTS: dict[str, Any] = {"optim": "adamw_torch", "learning_rate": 5e-5, "weight_decay": 0.0,
                                     "lr_scheduler": "linear", "max_grad_norm": 1.0, "data_order": "trainer",
-                                    "logging_nan_inf_filter": True}
+                                    "logging_nan_inf_filter": True, "restore_callback_states_from_checkpoint": False}
 
 
 def trainer_defaults(run: Any, given: Collection[str], compile_optimizer: Any) -> Any:

@@ -12,6 +12,7 @@ arguments are built. transformers is imported only when a collator is built for 
 from __future__ import annotations
 
 import functools
+import inspect
 import re
 from collections.abc import Callable
 from typing import Any, NoReturn
@@ -25,9 +26,21 @@ def check_habit_fields(args: Any, fail: Callable[[str, str], NoReturn]) -> None:
     if pc is not None and not (callable(getattr(pc, "save_pretrained", None)) or callable(getattr(pc, "pad", None))):
         fail("processing_class", "pass a Hugging Face tokenizer, feature extractor or processor (it has "
              "save_pretrained()), or None")
+    if args.batch_eval_metrics and not _takes_compute_result(args.compute_metrics):
+        fail("batch_eval_metrics", "`compute_metrics` must then take a `compute_result` argument, True at the last "
+             "batch, when it returns the metrics: `def compute_metrics(eval_pred, compute_result=False)`")
     problem = check_exclusions(args.exclude_from_weight_decay)
     if problem:
         fail("exclude_from_weight_decay", problem)
+
+
+def _takes_compute_result(compute_metrics: Any) -> bool:
+    """Whether `compute_metrics` (None passes) names a `compute_result` parameter, as the Trainer
+    requires under `batch_eval_metrics` (one whose signature cannot be read passes)."""
+    try:
+        return compute_metrics is None or "compute_result" in inspect.signature(compute_metrics).parameters
+    except (TypeError, ValueError):
+        return True
 
 
 def check_exclusions(value: Any) -> str | None:

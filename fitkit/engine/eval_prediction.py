@@ -21,8 +21,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from fitkit.common.tensors import tensors_of
-from fitkit.engine.gather import BatchJoiner, gather_blocks
+from fitkit.common.tensors import map_tensors, tensors_of
+from fitkit.engine.gather import BatchJoiner, gather_batches, gather_blocks
 
 
 class PredictionOutput(NamedTuple):
@@ -143,24 +143,33 @@ def _to_length(ids: Any, config: Any, pad: int) -> Any:
 
 class PredictionCollector:
     """Collects one evaluation's predictions and targets (detached, on their device), then calls
-    `compute_metrics` once with them gathered."""
+    `compute_metrics` once with them gathered; HF's `batch_eval_metrics`: once per batch instead,
+    with that batch's tensors and `compute_result` True at the last, whose dict is the metrics;
+    `eval_do_concat_batches=False`: lists of per-batch arrays in place of the joined ones."""
 
-    def __init__(self, compute_metrics: Callable[[EvalPrediction], Mapping[str, Any]] | None,
+    def __init__(self, compute_metrics: Callable[..., Mapping[str, Any]] | None,
                  accumulation_steps: int | None = None, preprocess: Callable[[Any, Any], Any] | None = None,
                  keep: bool = False, post_process: Callable[[Any], Any] | None = None,
-                 include: Any = ()) -> None:
+                 include: Any = (), concat: bool = True, per_batch: bool = False, objects: bool = False,
+                 world_size: int = 1) -> None:
         self.compute_metrics, self.preprocess, self.keep = compute_metrics, preprocess, keep
-        self.post_process = post_process
+        self.post_process, self.concat, self.objects = post_process, concat, objects
+        # HF's batch_eval_metrics: on one process, each batch as it comes (nothing kept for the metrics)
+        self.per_batch, self.online = per_batch, per_batch and world_size == 1 and compute_metrics is not None
+        self.batch_values: Any = None  # the last per-batch call's return (compute_result=True: the metrics)
+        self.waiting: tuple[EvalPrediction, bool] | None = None  # the batch `settle` hands to compute_metrics
+        self.rows: int | None = None  # the first batch's samples (per-batch calls on several processes)
+        self.include = include
         # HF's `include_for_metrics`: the main input ("inputs") and each sample's loss ("loss") kept too
-        self.inputs = BatchJoiner("inputs", accumulation_steps) if "inputs" in include else None
-        self.losses = BatchJoiner("losses", accumulation_steps) if "loss" in include else None
+        self.inputs = BatchJoiner("inputs", accumulation_steps, concat=concat) if "inputs" in include else None
+        self.losses = BatchJoiner("losses", accumulation_steps, concat=concat) if "loss" in include else None
         self.kept: tuple[Any, Any] | None = None  # with `keep`: (predictions, label_ids) after `compute`
-        self.predictions = BatchJoiner("predictions", accumulation_steps)
-        self.labels = BatchJoiner("label_ids", accumulation_steps)
+        self.predictions = BatchJoiner("predictions", accumulation_steps, concat=concat)
+        self.labels = BatchJoiner("label_ids", accumulation_steps, concat=concat)
         self.chunk_rows: int | None = None  # rows per transfer between processes (with accumulation)
 
     @classmethod
-    def of(cls, args: Any, keep: bool = False) -> PredictionCollector | None:
+    def of(cls, args: Any, keep: bool = False, world_size: int = 1) -> PredictionCollector | None:
         """A collector for `args.compute_metrics` (None when it is not set and nothing is to be
         kept, or under HF's `prediction_loss_only`); `keep`: also keep the gathered predictions and
         labels (HF's `predict`)."""
@@ -170,62 +179,118 @@ class PredictionCollector:
         return cls(fn, getattr(args, "eval_accumulation_steps", None),
                    getattr(args, "preprocess_logits_for_metrics", None), keep,
                    getattr(args, "post_process_function", None),
-                   getattr(args, "include_for_metrics", None) or ())
+                   getattr(args, "include_for_metrics", None) or (), getattr(args, "eval_do_concat_batches", True),
+                   getattr(args, "batch_eval_metrics", False), getattr(args, "eval_use_gather_object", False),
+                   world_size)
 
     def add(self, outputs: Any, target: Any, generated: tuple[torch.Tensor, Any] | None = None,
-            inputs: Any = None, loss: torch.Tensor | None = None, size: int = 0) -> None:
+            inputs: Any = None, loss: torch.Tensor | None = None, size: int = 0, last: bool = False,
+            batch_inputs: Any = None) -> None:
         """One batch: its outputs and target, or with `predict_with_generate` the `generated`
-        (ids, target) pair (`generated_ids`); its main input and loss when they are kept."""
-        if self.inputs is not None and isinstance(inputs, torch.Tensor):
-            self.inputs.add(inputs)
-        if self.losses is not None and loss is not None:
-            self.losses.add(loss.detach().reshape(1).repeat(size))  # the batch's loss for each sample (HF)
-        if generated is not None:
-            predictions, target = generated
-        else:
-            predictions = predictions_of(outputs)
+        (ids, target) pair (`generated_ids`); its main input and loss when they are kept; `last`:
+        it is the evaluation's last batch, `batch_inputs` its inputs (HF's `batch_eval_metrics`)."""
+        # the batch's loss for each sample (HF), when kept
+        losses = loss.detach().reshape(1).repeat(size) if loss is not None and "loss" in self.include else None
+        predictions, target = generated if generated is not None else (predictions_of(outputs), target)
         if self.preprocess is not None:  # per batch, before gathering (HF's preprocess_logits_for_metrics)
             predictions = self.preprocess(predictions, target)
+        if self.online:
+            if target is not None:  # called by `settle`, after the batch's on_prediction_step (HF's order)
+                kept = {k: v for k, v in (("inputs", batch_inputs), ("loss", losses)) if k in self.include}
+                self.waiting = (EvalPrediction(predictions, target, kept.get("inputs"), kept.get("loss")), last)
+            if not self.keep:  # HF's evaluate keeps nothing; its predict keeps the predictions
+                return
+        if self.inputs is not None and isinstance(inputs, torch.Tensor):
+            self.inputs.add(inputs)
+        if self.losses is not None and losses is not None:
+            self.losses.add(losses)
         self.predictions.add(predictions)
         if target is not None:
             self.labels.add(target)
-        if self.predictions.every and self.chunk_rows is None:
+        if self.rows is None:
             rows = tensors_of(predictions)
-            self.chunk_rows = max(1, rows[0].shape[0] * self.predictions.every) if rows and rows[0].dim() else None
+            self.rows = rows[0].shape[0] if rows and rows[0].dim() else None
+        if self.predictions.every and self.chunk_rows is None:
+            self.chunk_rows = max(1, self.rows * self.predictions.every) if self.rows else None
+
+    def settle(self) -> None:
+        """HF's `batch_eval_metrics`: `compute_metrics` over the batch just added (if it had
+        labels), `compute_result` True at the last; its return is kept."""
+        if self.waiting is not None:
+            eval_pred, last = self.waiting
+            self.waiting = None
+            fn = self.compute_metrics
+            assert fn is not None  # `online` implies it is set
+            self.batch_values = fn(eval_pred, compute_result=last)
+
+    def _gathered(self, fabric: Any, joiner: BatchJoiner | None, chunk: int | None = None) -> Any:
+        """What `joiner` holds, over every process (None for an empty or absent one)."""
+        if joiner is None or not joiner:
+            return None
+        if not self.concat:
+            return gather_batches(fabric, joiner.joined(), objects=self.objects) if fabric.world_size > 1 \
+                else joiner.joined()
+        if fabric.world_size > 1:
+            return gather_blocks(fabric, joiner.joined(), chunk_rows=chunk, objects=self.objects)
+        return joiner.joined()
 
     def compute(self, fabric: Any, prefix: str) -> dict[str, float]:
         """`compute_metrics` over everything added (joined over the processes of `fabric`, padded
         with -100 across batches and processes), its values named `prefix + name` (an `eval_` it
         already has is replaced by the prefix)."""
-        if not self.predictions:
+        if not self.predictions and not self.online:
             return {}
-        predictions, labels = self.predictions.joined(), self.labels.joined()
-        if fabric.world_size > 1:
-            chunk = None
-            if self.predictions.every:  # the same on every process: one chunk size agreed by all
-                chunk = int(fabric.all_gather(torch.tensor([self.chunk_rows or 0], device=fabric.device)).max()) or None
-            predictions = gather_blocks(fabric, predictions, chunk_rows=chunk)
-            labels = gather_blocks(fabric, labels, chunk_rows=chunk) if labels is not None else None
-        predictions, labels = _numpy(predictions), _numpy(labels)
+        chunk = None
+        if fabric.world_size > 1 and self.predictions.every:  # the same on every process: one chunk size
+            chunk = int(fabric.all_gather(torch.tensor([self.chunk_rows or 0], device=fabric.device)).max()) or None
+        predictions, labels = (self._gathered(fabric, j, chunk) for j in (self.predictions, self.labels))
         if self.keep:
-            self.kept = (predictions, labels)
+            self.kept = (_numpy(predictions), _numpy(labels))
         if self.compute_metrics is None:
             return {}
-        if self.post_process is not None:  # run_qa.py's QuestionAnsweringTrainer: metrics of the processed output
-            values = self.compute_metrics(self.post_process(predictions))
+        if self.online:
+            values = self.batch_values
+            if values is None:  # no batch with labels, or None returned at the last
+                return {}
+        elif self.post_process is not None:  # run_qa.py's QuestionAnsweringTrainer: metrics of the processed output
+            values = self.compute_metrics(self.post_process(_numpy(predictions)))
         elif labels is None:  # the Trainer calls compute_metrics only with labels
             return {}
         else:
-            inputs, losses = (None if j is None or not j else
-                              _numpy(gather_blocks(fabric, j.joined()) if fabric.world_size > 1 else j.joined())
-                              for j in (self.inputs, self.losses))
-            values = self.compute_metrics(EvalPrediction(predictions, labels, inputs, losses))
-        if not isinstance(values, Mapping):
-            raise TypeError(f"`compute_metrics` must return a dict of values, e.g. {{'accuracy': 0.9}}; "
-                            f"got {type(values).__name__}")
-        out = {}
-        for key, value in values.items():
-            name = key[len("eval_"):] if key.startswith("eval_") else key
-            out[prefix + name] = float(value) if isinstance(value, (int, float, np.number)) else value
-        return out
+            inputs, losses = (self._gathered(fabric, j) for j in (self.inputs, self.losses))
+            if self.per_batch:  # several processes: the gathered rows, a step of every process at a time
+                values = self._per_step(fabric, predictions, labels, inputs, losses)
+            else:
+                values = self.compute_metrics(EvalPrediction(_numpy(predictions), _numpy(labels), _numpy(inputs),
+                                                             _numpy(losses)))
+        return named_metrics(values, prefix)
 
+    def _per_step(self, fabric: Any, predictions: Any, labels: Any, inputs: Any, losses: Any) -> Any:
+        """HF's `batch_eval_metrics` over the gathered values of several processes: one call per
+        `rows x world_size` samples, in order (a step of the Trainer's), `compute_result` at the last."""
+        step = (self.rows or 1) * fabric.world_size
+        total = tensors_of(labels)[0].shape[0]
+        fn, values = self.compute_metrics, None
+        assert fn is not None  # called only when set
+        for at in range(0, total, step):
+            def part(value: Any, at: int = at) -> Any:
+                return None if value is None else map_tensors(lambda t: t[at: at + step].to(fabric.device), value)
+
+            values = fn(EvalPrediction(part(predictions), part(labels), part(inputs), part(losses)),
+                        compute_result=at + step >= total)
+        return values
+
+
+def named_metrics(values: Any, prefix: str) -> dict[str, Any]:
+    """`compute_metrics`' dict under `prefix` (an `eval_` it already has replaced by it), NumPy
+    numbers and one-element tensors as Python numbers (HF's `denumpify_detensorize`)."""
+    if not isinstance(values, Mapping):
+        raise TypeError(f"`compute_metrics` must return a dict of values, e.g. {{'accuracy': 0.9}}; "
+                        f"got {type(values).__name__}")
+    out = {}
+    for key, value in values.items():
+        name = key[len("eval_"):] if key.startswith("eval_") else key
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.item()
+        out[prefix + name] = float(value) if isinstance(value, (int, float, np.number)) else value
+    return out

@@ -9,7 +9,9 @@ pads each batch to its own length) are padded to the longest with -100 and conca
 
 `every` (HF's `eval_accumulation_steps`) moves what was gathered to the CPU every that many
 batches, so the device holds at most that many batches of outputs; `gather_blocks` then sends
-such CPU tensors between processes in chunks of rows of the same size.
+such CPU tensors between processes in chunks of rows of the same size. `concat=False` (HF's
+`eval_do_concat_batches=False`) keeps one item per batch, each its own size: `gather_batches`
+joins the lists of every process.
 """
 
 from __future__ import annotations
@@ -64,8 +66,8 @@ class BatchJoiner:
     names the values in errors; `every` (`eval_accumulation_steps`) moves them to the CPU every
     that many batches."""
 
-    def __init__(self, what: str = "outputs", every: int | None = None, pad: int = PAD) -> None:
-        self.what, self.every, self.pad = what, every, pad
+    def __init__(self, what: str = "outputs", every: int | None = None, pad: int = PAD, concat: bool = True) -> None:
+        self.what, self.every, self.pad, self.concat = what, every, pad, concat
         self.pending: list = []  # on their device, since the last move to the CPU
         self.moved: list = []  # chunks already on the CPU
         self.count = 0
@@ -77,21 +79,31 @@ class BatchJoiner:
     def add(self, value: Any) -> None:
         if not isinstance(value, torch.Tensor) or value.requires_grad:
             value = map_tensors(torch.Tensor.detach, value)
-        self._check(value)
+        if self.concat:
+            self._check(value)
         self.pending.append(value)
         self.count += 1
         if self.every and len(self.pending) >= self.every:
             self._move()
 
     def _move(self) -> None:
-        if self.pending:
+        if self.pending and not self.concat:
+            self.moved += [map_tensors(lambda t: t.cpu(), p) for p in self.pending]
+            self.pending = []
+        elif self.pending:
             self.moved.append(map_tensors(lambda t: t.cpu(), pad_concat(self.pending, self.pad)))
             self.pending = []
 
     def joined(self) -> Any:
-        """Everything added, joined in order (None when nothing was); on the CPU with `every`."""
+        """Everything added, joined in order (None when nothing was); on the CPU with `every`;
+        without `concat`, the list of the batches' values."""
         if not self.count:
             return None
+        if not self.concat:
+            if self.every:
+                self._move()
+                return list(self.moved)
+            return list(self.pending)
         if self.every:
             self._move()
             return pad_concat(self.moved, self.pad)
@@ -119,12 +131,67 @@ class BatchJoiner:
                     "pad or crop the other dimensions to one size in your collator or model")
 
 
-def gather_blocks(fabric: Any, value: Any, pad: int = PAD, chunk_rows: int | None = None) -> Any:
+def gather_blocks(fabric: Any, value: Any, pad: int = PAD, chunk_rows: int | None = None,
+                  objects: bool = False) -> Any:
     """Every process's contiguous block of `value`, joined in rank order (= input order), each
     tensor's second dimension padded with `pad` to the longest over the processes. A collective
     call: every process calls it with the same structure. With `chunk_rows`, rows travel that
-    many at a time through the device and come back to the CPU (for values kept on the CPU)."""
+    many at a time through the device and come back to the CPU (for values kept on the CPU).
+    `objects` (HF's `eval_use_gather_object`): `value` travels pickled, on the CPU, as
+    Accelerate's `gather_object` sends it (`torch.distributed.all_gather_object`): tensors are
+    then joined as above, lists of other values (strings, ...) joined into one, in rank order."""
+    if objects:
+        import torch.distributed as dist
+
+        everyone: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, map_tensors(lambda t: t.detach().cpu(), value))
+        return _join_objects(everyone, pad)
     return map_tensors(lambda t: _gather_tensor(fabric, t, pad, chunk_rows), value)
+
+
+def _join_objects(values: list, pad: int) -> Any:
+    """The values of every process (one structure each) joined: tensors by rows, lists of
+    plain values into one list, None kept."""
+    first = values[0]
+    if isinstance(first, torch.Tensor):
+        return _join([v if v.dim() else v.reshape(1) for v in values], pad)
+    if isinstance(first, dict):
+        return {k: _join_objects([v[k] for v in values], pad) for k in first}
+    nested = isinstance(first, (tuple, list)) and any(isinstance(x, (torch.Tensor, dict, tuple, list)) for x in first)
+    if nested:
+        return type(first)(_join_objects([v[i] for v in values], pad) for i in range(len(first)))
+    if isinstance(first, (tuple, list)):
+        return [x for v in values for x in v]
+    return None if all(v is None for v in values) else list(values)
+
+
+def gather_batches(fabric: Any, parts: list, pad: int = PAD, objects: bool = False) -> list:
+    """Every process's list of per-batch values (`BatchJoiner(concat=False)`), joined in rank
+    order into one list, each batch with its own shape. A collective call."""
+    sizes = [[n for t in tensors_of(p) for n in (t.shape[0] if t.dim() else 1, t.shape[1] if t.dim() > 1 else 0)]
+             for p in parts]
+    every_size = gather_blocks(fabric, torch.tensor(sizes, device=fabric.device), objects=objects).tolist()
+    joined = gather_blocks(fabric, pad_concat(parts, pad), pad, objects=objects)
+    starts = [0] * len(tensors_of(joined))
+    out = []
+    for row in every_size:
+        out.append(map_tensors(_Cut(row, starts), joined))
+    return out
+
+
+class _Cut:
+    """One batch's piece of each joined tensor, in `tensors_of` order: its rows from `starts`
+    (moved on past them) and its own width (`row`: rows and width of each tensor)."""
+
+    def __init__(self, row: list[int], starts: list[int]) -> None:
+        self.row, self.starts, self.index = row, starts, 0
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        i, self.index = self.index, self.index + 1
+        rows, width = self.row[2 * i], self.row[2 * i + 1]
+        part = t[self.starts[i]: self.starts[i] + rows]
+        self.starts[i] += rows
+        return part[:, :width] if t.dim() > 1 else part
 
 
 def _gather_tensor(fabric: Any, t: torch.Tensor, pad: int, chunk_rows: int | None) -> torch.Tensor:

@@ -6,7 +6,7 @@ input order, also under several processes. `Loop` inherits it.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -60,7 +60,7 @@ class Inference:
         fabric, stepper, carry = self.fabric, self.stepper, self._carry["on_prediction_step"]
         metrics = self.val_metrics if prefix else MetricSet(self.metric_specs)
         metrics.reset()
-        collector = PredictionCollector.of(self.args, keep)  # HF's compute_metrics, when set
+        collector = PredictionCollector.of(self.args, keep, fabric.world_size)  # HF's compute_metrics, when set
         main_key = getattr(unwrapped(stepper.module), "main_input_name", "input_ids")  # HF's include_for_metrics
         total = torch.zeros((), device=fabric.device, dtype=torch.float64)
         count, batches, with_loss, measured = 0, 0, False, bool(metrics)
@@ -68,7 +68,9 @@ class Inference:
         listens = self.handler.has_listeners  # an event nobody hears is not fired per batch
         begins, steps_end = listens("on_prediction_step_begin"), listens("on_prediction_step")
         with stepper.inference(fast=True) as mode, stopping(source):
-            for batch in first(source.batches(0), steps):
+            # HF's batch_eval_metrics: the last batch known as it comes (read one ahead, as Accelerate reads)
+            marked = with_last(first(source.batches(0), steps), collector is not None and collector.online)
+            for batch, last in marked:
                 if begins:
                     self.control = self.handler.on_prediction_step_begin(self.args, self.state, self.control)
                 try:
@@ -86,10 +88,12 @@ class Inference:
                     metrics.update(out, batch.target, batch.sample_weight)
                 if collector is not None:
                     main = batch.inputs.get(main_key) if isinstance(batch.inputs, dict) else None
-                    collector.add(out, batch.target, self._generated(batch), main, loss, size)
+                    collector.add(out, batch.target, self._generated(batch), main, loss, size, last, batch.inputs)
                 if steps_end:  # what a Keras-style batch-end method reads, and the event
                     self.running_logs.evaluated_batch(EvalSums(total if with_loss else None, count, metrics, None))
                     self._prediction_step(batch, out, loss, carry)
+                if collector is not None and collector.online:  # HF's batch_eval_metrics, after the event
+                    collector.settle()
         if fabric.world_size > 1:
             total = fabric.all_reduce(total, reduce_op="sum")
             count = int(fabric.all_reduce(torch.tensor(count, device=fabric.device), reduce_op="sum"))
@@ -200,6 +204,30 @@ def _normal(t: torch.Tensor) -> torch.Tensor:
     """`t`, or a copy when it was made under inference mode (one batch's output, not joined by a
     copy): the user's tensors take part in autograd and in-place updates later."""
     return t.clone() if t.is_inference() else t
+
+
+def cast_for_full_eval(module: torch.nn.Module, args: TrainingArguments) -> None:
+    """HF's `bf16_full_eval` / `fp16_full_eval`: `module` cast in place to that dtype, as the
+    Trainer's `evaluate` and `predict` cast it when not training (it stays so afterwards; the
+    evaluations inside a fit run at the training precision)."""
+    if args.bf16_full_eval and args.fp16_full_eval:
+        raise ValueError("`bf16_full_eval`=True and `fp16_full_eval`=True: pass only one of them")
+    if args.bf16_full_eval or args.fp16_full_eval:
+        module.to(dtype=torch.bfloat16 if args.bf16_full_eval else torch.float16)
+
+
+def with_last(batches: Iterable[Batch], lookahead: bool) -> Iterator[tuple[Batch, bool]]:
+    """Each batch and whether it is the last; with `lookahead` the next batch is read before a
+    batch is handed out (without, every batch is marked False)."""
+    if not lookahead:
+        yield from ((batch, False) for batch in batches)
+        return
+    it = iter(batches)
+    current = next(it, None)
+    while current is not None:
+        following = next(it, None)
+        yield current, following is None
+        current = following
 
 
 def first(batches: Iterable[Batch], steps: int | None) -> Iterable[Batch]:

@@ -24,7 +24,7 @@ from fitkit.adapters.label_smoothing import label_smoothing_for
 from fitkit.adapters.metric_specs import metric_directions
 from fitkit.adapters.optimizers import build_scheduler
 from fitkit.common.schedule import epoch_batches, interval_steps, plan, steps_per_epoch
-from fitkit.common.wrappers import torch_optimizer
+from fitkit.common.wrappers import torch_optimizer, unwrapped
 from fitkit.config.arguments import TrainingArguments
 from fitkit.config.compile_config import CompileConfig
 from fitkit.config.hf_arguments import neftune_noise, prepare_module, run_optimizer
@@ -40,6 +40,7 @@ from fitkit.engine.data.rng import seed_everything, set_rng_state
 from fitkit.engine.data.sources import DataSource, TensorSource
 from fitkit.engine.devices.fabric import release_at_exit
 from fitkit.engine.devices.host_allocator import keep_freed_memory
+from fitkit.engine.inference import cast_for_full_eval
 from fitkit.engine.loop import Loop
 from fitkit.engine.overrides import StepOverrides
 from fitkit.engine.policy import policy_for
@@ -268,6 +269,7 @@ class Trainer:
 
     def _eval_loop(self, state: TrainerState, control: TrainerControl) -> Loop:
         fabric, wrapped = self.runtime.setup(self.module, self.args)
+        cast_for_full_eval(unwrapped(wrapped), self.args)  # HF's bf16 / fp16_full_eval: outside training only
         self.state, self.control = state, control
         state.is_world_process_zero = fabric.is_global_zero
         state.is_local_process_zero = fabric.local_rank == 0

@@ -95,15 +95,21 @@ class HFMethods(ModelMembers):
         if self.runtime.must_spawn(args):
             metrics, predictions, labels = self._spawned("hf_collect", args, dict(
                 x=x, batch_size=batch_size, verbose=verbose, callbacks=callbacks, **data_options))
-            collected = (_numpy(predictions), _numpy(labels))
+            collected, trainer = (_numpy(predictions), _numpy(labels)), None
         else:
-            metrics, kept = self._evaluate(args, x, None, batch_size, verbose, None, None, callbacks, keep=True)
+            trainer = self._evaluation_trainer(args, callbacks, verbose)
+            metrics = trainer.evaluate(x, None, batch_size=evaluation_batch_size(args, batch_size), state=self.state,
+                                       control=self.control, keep=True, announce=False)
+            self.control, kept = trainer.control, trainer.collected
             if kept is None and not args.prediction_loss_only:
                 raise ValueError("`hf_predict` gathers the module's outputs, which an overridden `test_step` does "
                                  "not give: call `predict` (your `predict_step`) and `evaluate` instead")
             collected = kept or (None, None)  # `prediction_loss_only`: the loss alone, as the Trainer's predict
         speed = (time.perf_counter() - start, x, evaluation_batch_size(args, batch_size))
-        return PredictionOutput(collected[0], collected[1], self.hf_named(metrics, metric_key_prefix, speed, epoch=False))
+        record = self.hf_named(metrics, metric_key_prefix, speed, epoch=False)
+        if trainer is not None:  # the Trainer's predict ends with on_predict and its metrics (not on_evaluate)
+            self.control = trainer.handler.on_predict(args, self.state, self.control, dict(record))
+        return PredictionOutput(collected[0], collected[1], record)
 
     def hf_collect(self, x: Any, batch_size: int | None = None, verbose: int | str = 0,
                    callbacks: Sequence[Any] | None = None, **data_options: Any) -> tuple:

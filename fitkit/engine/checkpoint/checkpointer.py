@@ -431,8 +431,9 @@ class Checkpointer:
 
     def restore_callbacks(self, resume: LoopSnapshot | None, control: TrainerControl) -> None:
         """Give the callbacks their saved states (and the control flags) back; call it after
-        `on_train_begin`, which resets Keras-style callbacks."""
-        if resume:
+        `on_train_begin`, which resets Keras-style callbacks. With
+        `restore_callback_states_from_checkpoint=False` (HF's default) none of them, as the Trainer."""
+        if resume and self.args.restore_callback_states_from_checkpoint:
             self.handler.load_states(resume.callbacks, control)
 
     def restore_epoch(self, loop: TrainingLoop, resume: LoopSnapshot, train: Any) -> int:
