@@ -76,7 +76,7 @@ def predictions_of(outputs: Any) -> Any:
 def _numpy(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         value = value.detach()
-        if value.dtype in (torch.bfloat16, torch.float16):
+        if value.dtype == torch.bfloat16:  # NumPy has no bfloat16 (float16 stays, as in HF's nested_numpify)
             value = value.float()
         return value.cpu().numpy()
     if isinstance(value, (tuple, list)):
