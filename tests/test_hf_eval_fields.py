@@ -191,7 +191,37 @@ def test_hf_predict_fires_on_predict_with_its_metrics_not_on_evaluate(tmp_path):
     theirs, ours = events["hf"].seen, events["fitkit"].seen
     assert [name for name, _ in ours] == [name for name, _ in theirs]
     assert [name for name, _ in theirs][-4:] == ["on_prediction_step"] * 3 + ["on_predict"]
-    for (name, their_metrics), (_, our_metrics) in zip(theirs, ours):
+    for (_, their_metrics), (_, our_metrics) in zip(theirs, ours):
         if their_metrics is not None:
             same_metrics(their_metrics, our_metrics)
     assert ours[-1][1] == runs["fitkit"][1].metrics  # the metrics hf_predict returns
+
+
+def counted_accuracy(eval_pred, compute_result=False):
+    """A batch-wise accuracy whose running counts live on the function (one per process)."""
+    logits, labels = eval_pred
+    counts = counted_accuracy.__dict__.setdefault("counts", [0, 0])
+    counts[0] += int((torch.as_tensor(logits).argmax(-1) == torch.as_tensor(labels)).sum())
+    counts[1] += len(labels)
+    if compute_result:
+        right, total = counts
+        counts[:] = [0, 0]
+        return {"accuracy": right / total}
+    return None
+
+
+@pytest.mark.slow
+def test_two_processes_gather_lists_of_batches_objects_and_batch_metrics_as_one():
+    """Two CPU processes (ddp_spawn, gloo) give what one process gives: the batches of every process
+    in order (`eval_do_concat_batches=False`, sent pickled with `eval_use_gather_object`), and
+    `batch_eval_metrics` over the gathered steps."""
+    fields = dict(eval_do_concat_batches=False, eval_use_gather_object=True, batch_eval_metrics=True,
+                  compute_metrics=counted_accuracy, per_device_eval_batch_size=3, hf_trainer=True)
+    alone = Model(classifier()).compile(**fields).hf_predict(EVAL)
+    spawned = Model(classifier()).compile(**fields, devices=2, strategy="ddp_spawn", accelerator="cpu")
+    both_ranks = spawned.hf_predict(EVAL)
+    assert isinstance(both_ranks.predictions, list) and len(both_ranks.predictions) == 2 * 3  # 7 samples a rank
+    np.testing.assert_allclose(np.concatenate(both_ranks.predictions), np.concatenate(alone.predictions), atol=1e-5)
+    np.testing.assert_array_equal(np.concatenate(both_ranks.label_ids), np.concatenate(alone.label_ids))
+    assert both_ranks.metrics["test_accuracy"] == pytest.approx(alone.metrics["test_accuracy"], abs=1e-9)
+    assert both_ranks.metrics["test_loss"] == pytest.approx(alone.metrics["test_loss"], abs=1e-5)

@@ -266,3 +266,34 @@ def test_weights_tied_to_another_are_loaded_through_it(tmp_path):
     for (name, a), b in zip(saved.state_dict().items(), loaded.state_dict().values()):
         assert torch.equal(a, b), name
     assert loaded.cls.predictions.decoder.weight is loaded.bert.embeddings.word_embeddings.weight
+
+
+class CountedSteps(transformers.TrainerCallback, transformers.trainer_callback.ExportableState):
+    """A stateful transformers callback counting optimizer steps: what a resume gives back to it."""
+
+    def __init__(self, steps=0):
+        self.steps = steps
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.steps += 1
+
+    def state(self):
+        return {"args": {}, "attributes": {"steps": self.steps}}
+
+
+@pytest.mark.parametrize("restore", [False, True])
+def test_callback_states_come_back_only_with_restore_callback_states_from_checkpoint(tmp_path, restore):
+    transformers.Trainer(model=tiny_bert(0), args=hf_args(tmp_path / "first", max_steps=8), train_dataset=TRAIN,
+                         eval_dataset=EVAL, callbacks=[CountedSteps()]).train()
+    checkpoint = str(tmp_path / "first" / "checkpoint-8")
+    ours = CountedSteps()
+    trainer = transformers.Trainer(model=tiny_bert(7), train_dataset=TRAIN, eval_dataset=EVAL, callbacks=[CountedSteps()],
+                                   args=hf_args(tmp_path / "hf", restore_callback_states_from_checkpoint=restore))
+    trainer.train(resume_from_checkpoint=checkpoint)
+    # the Trainer restores into a new instance of the callback, fitkit into the one given
+    theirs = next(cb for cb in trainer.callback_handler.callbacks if isinstance(cb, CountedSteps))
+    Model(tiny_bert(9)).compile().fit(
+        TRAIN, validation_data=EVAL, args=hf_args(tmp_path / "fitkit", restore_callback_states_from_checkpoint=restore),
+        callbacks=[ours], resume_from_checkpoint=checkpoint, verbose=0)
+    # the Trainer's default (False) restores no callback's state; True: the 8 steps counted before come back
+    assert ours.steps == theirs.steps == (STEPS_PER_EPOCH * EPOCHS if restore else STEPS_PER_EPOCH * EPOCHS - 8)

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from fitkit.common.tensors import map_tensors, tensors_of
-from fitkit.engine.gather import BatchJoiner, gather_batches, gather_blocks
+from fitkit.engine.gather import BatchJoiner, gather_batches, gather_blocks, pad_concat
 
 
 class PredictionOutput(NamedTuple):
@@ -268,6 +268,9 @@ class PredictionCollector:
     def _per_step(self, fabric: Any, predictions: Any, labels: Any, inputs: Any, losses: Any) -> Any:
         """HF's `batch_eval_metrics` over the gathered values of several processes: one call per
         `rows x world_size` samples, in order (a step of the Trainer's), `compute_result` at the last."""
+        if not self.concat:  # the steps cut from every sample in order, whatever the batches kept
+            predictions, labels, inputs, losses = (None if v is None else pad_concat(v)
+                                                   for v in (predictions, labels, inputs, losses))
         step = (self.rows or 1) * fabric.world_size
         total = tensors_of(labels)[0].shape[0]
         fn, values = self.compute_metrics, None

@@ -115,13 +115,11 @@ class HFMethods(ModelMembers):
                    callbacks: Sequence[Any] | None = None, **data_options: Any) -> tuple:
         """`hf_predict`'s work in one process of a spawn strategy: (metrics, predictions,
         label_ids) with tensors, which travel back to the calling process."""
-        import torch
-
         args = self._evaluation_arguments("hf_predict", data_options)
         metrics, kept = self._evaluate(args, x, None, batch_size, verbose, None, None, callbacks, keep=True)
         if kept is None:
             raise ValueError("`hf_predict` gathers the module's outputs, which an overridden `test_step` does not give")
-        as_tensors = [None if v is None else torch.from_numpy(v) if hasattr(v, "dtype") else v for v in kept]
+        as_tensors = [_tensors(v) for v in kept]  # lists too (`eval_do_concat_batches=False`)
         return metrics, as_tensors[0], as_tensors[1]
 
     def save_model(self, output_dir: str | None = None) -> str:
@@ -148,6 +146,17 @@ class HFMethods(ModelMembers):
 
 
 def _numpy(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return type(value)(_numpy(v) for v in value)
     if value is None or not hasattr(value, "numpy"):
         return value
     return value.numpy()
+
+
+def _tensors(value: Any) -> Any:
+    """NumPy arrays (in lists and tuples too) as tensors, which travel back from a spawned process."""
+    import torch
+
+    if isinstance(value, (list, tuple)):
+        return type(value)(_tensors(v) for v in value)
+    return torch.from_numpy(value) if hasattr(value, "dtype") and not isinstance(value, torch.Tensor) else value
