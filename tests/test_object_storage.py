@@ -560,3 +560,38 @@ def test_other_fsspec_protocols_hold_checkpoints_too(tmp_path, workdir, scheme):
     assert first.start == 8
     assert [os.path.basename(p) for p in writing.list_checkpoints(url)] == ["checkpoint-12"]
     assert _local_files(workdir / "cwd") == [] and _local_files(workdir / "staging") == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_search_trial_killed_mid_run_is_resumed_from_the_bucket_by_another_worker(s3_server, tmp_path,
+                                                                                      monkeypatch):
+    optuna = pytest.importorskip("optuna")
+    import test_search_cluster as cluster
+
+    monkeypatch.setenv("FITKIT_STAGING_DIR", str(tmp_path / "staging"))
+    monkeypatch.chdir(tmp_path)
+    url, storage, final = s3_server.bucket() + "/search", f"sqlite:///{tmp_path / 'study.db'}", tmp_path / "final"
+    final.mkdir()
+    # 6 steps an epoch, 3 epochs, checkpoints every 4 steps: killed (-9) at step 9, after checkpoint-8
+    first = cluster.start(storage, url, "--n-trials", 1, "--hold", 9, "--final", final)
+    cluster.wait_for(first, "HOLD")
+    first.kill()
+    first.communicate()
+    assert f"run-0/checkpoint-8/{layout.MANIFEST}" in s3_server.keys(url)
+    code, out = cluster.finish(cluster.start(storage, url, "--n-trials", 1, "--final", final))  # trial 0 goes stale
+    assert code == 0, out
+    assert "BEGIN run-0 8\n" in out  # the re-run of trial 0 resumed from its checkpoint in the bucket
+    study = optuna.load_study(study_name="search", storage=storage)
+    resumed = next(t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE)
+    assert resumed.user_attrs["output_dir"] == f"{url}/run-0" and resumed.user_attrs["resumed_from"] is not None
+    assert resumed.user_attrs["best_checkpoint"].startswith(f"{url}/run-0/checkpoint-")
+    # the same trial uninterrupted, on local disk: the same reports and weights, bit for bit
+    code, out = cluster.finish(cluster.start(f"sqlite:///{tmp_path / 'ref.db'}", tmp_path / "ref", "--n-trials", 1,
+                                             "--enqueue", json.dumps(resumed.params)))
+    assert code == 0, out
+    reference = optuna.load_study(study_name="search", storage=f"sqlite:///{tmp_path / 'ref.db'}").trials[0]
+    assert resumed.intermediate_values == reference.intermediate_values
+    got, want = torch.load(final / "run-0.pt"), torch.load(tmp_path / "ref" / "run-0" / "final.pt")
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    assert not os.path.exists(tmp_path / "s3:") and _local_files(tmp_path / "staging") == []
