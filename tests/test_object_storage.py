@@ -394,6 +394,31 @@ def test_tracking_files_stay_local_beside_a_bucket(s3_server, workdir):
 
 
 # -- FSDP: sharded checkpoints in the bucket, resumed on another number of processes ---------------
+def _shard_reads(logs, rank):
+    """What the process `rank` read of the DCP shard files (`__R_0.distcp`) in the bucket:
+    `(files read whole, {file: [offsets of the byte ranges read]})`."""
+    whole, ranges = set(), {}
+    with open(logs / f"reads-rank-{rank}.txt") as f:
+        for key, span in (line.split() for line in f):
+            if key.endswith(".distcp"):
+                if span == "whole":
+                    whole.add(os.path.basename(key))
+                else:
+                    ranges.setdefault(os.path.basename(key), []).append(int(span[len("bytes="):].split("-")[0]))
+    return sorted(whole), ranges
+
+
+def _records(s3_server, checkpoint, tmp_path):
+    """The records of a DCP checkpoint in the bucket: `{(file, offset): name}` (from its .metadata)."""
+    from fitkit.engine.checkpoint.elastic import safe_reader
+
+    folder = tmp_path / "metadata"
+    folder.mkdir()
+    s3_server.fs().get_file(f"{checkpoint[5:]}/state.pt/.metadata", str(folder / ".metadata"))
+    return {(info.relative_path, info.offset): index.fqn
+            for index, info in safe_reader(str(folder)).read_metadata().storage_data.items()}
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_fsdp_checkpoints_in_the_bucket_resume_on_one_process_and_on_two_machines(s3_server, tmp_path):
@@ -406,24 +431,42 @@ def test_fsdp_checkpoints_in_the_bucket_resume_on_one_process_and_on_two_machine
     url = s3_server.bucket()
 
     def launch(name, *args, world=1):
-        results = tmp_path / name
+        results, logs = tmp_path / name, tmp_path / f"reads-{name}"
         results.mkdir()
+        logs.mkdir()
         proc = subprocess.run([sys.executable, script, "--results", str(results), "--output", f"{url}/{name}",
-                               "--staging-per-rank", str(tmp_path / f"staging-{name}"), *args],
-                              capture_output=True, text=True, timeout=600)
+                               "--staging-per-rank", str(tmp_path / f"staging-{name}"), "--log-reads", str(logs),
+                               *args], capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        return _results(results, 0, world)
+        return _results(results, 0, world), logs
 
-    writer = launch("fsdp2", "--strategy", "fsdp", "--devices", "2", "--max-steps", str(CUT), world=2)
+    # the uninterrupted run, which leaves its checkpoint of step CUT in the bucket on its way
+    writer, _ = launch("fsdp2", "--strategy", "fsdp", "--devices", "2", "--save-steps", str(CUT), world=2)
     checkpoint = f"{url}/fsdp2/0/checkpoint-{CUT}"
-    assert any(k.startswith(f"checkpoint-{CUT}/state.pt/") for k in s3_server.keys(f"{url}/fsdp2/0"))  # DCP shards
-    on1 = launch("on1", "--init-seed", "7", "--resume", checkpoint)
-    _check_resumed(writer, on1, 48)
-    # two processes, each with a staging folder of its own (two machines): each downloads its copy
-    on2 = launch("on2", "--strategy", "fsdp", "--devices", "2", "--init-seed", "7", "--resume", checkpoint, world=2)
+    shards = [k for k in s3_server.keys(f"{url}/fsdp2/0") if k.startswith(f"checkpoint-{CUT}/state.pt/__")]
+    assert sorted(os.path.basename(k) for k in shards) == ["__0_0.distcp", "__1_0.distcp"]  # one per process
+    # two processes, each with a staging folder of its own (two machines): each reads its own shards alone
+    on2, logs = launch("on2", "--strategy", "fsdp", "--devices", "2", "--init-seed", "7", "--resume", checkpoint,
+                       world=2)
     _check_resumed(writer, on2, 48)
+    assert [r["end"] for r in on2] == [r["end"] for r in writer]  # the uninterrupted run's weights, bit for bit
+    records = _records(s3_server, checkpoint, tmp_path)
+    for rank in (0, 1):
+        whole, ranges = _shard_reads(logs, rank)
+        assert whole == [f"__{rank}_0.distcp"]  # its own shards; of the other's file ...
+        shared = [records[(f"__{1 - rank}_0.distcp", at)] for at in ranges.get(f"__{1 - rank}_0.distcp", [])]
+        # ... only what DCP writes once for every process: the optimizer's settings and step counts
+        assert all(".param_groups." in name or name.endswith(".step") for name in shared), shared
+    assert _shard_reads(logs, 0)[1] or _shard_reads(logs, 1)[1]  # (DCP wrote those into one of the files)
     assert _local_files(tmp_path / "staging-on2") == []  # every copy removed at the end
-    assert list((tmp_path / "staging-on2" / "rank-1").glob("*/download-rank1"))  # rank 1 downloaded its own
+    # one process reads both shards; it ends as the same resume from a copy on disk does
+    on1, logs = launch("on1", "--init-seed", "7", "--resume", checkpoint)
+    _check_resumed(writer, on1, 48)
+    assert _shard_reads(logs, 0)[0] == ["__0_0.distcp", "__1_0.distcp"]
+    disk = tmp_path / "copy" / f"checkpoint-{CUT}"
+    s3_server.fs().get(checkpoint[5:], str(disk), recursive=True)
+    on_disk, _ = launch("disk", "--init-seed", "7", "--resume", str(disk))
+    assert on1[0]["end"] == on_disk[0]["end"]
 
 
 def test_sharded_saves_from_several_machines_need_a_shared_staging_folder(monkeypatch):
@@ -517,3 +560,38 @@ def test_other_fsspec_protocols_hold_checkpoints_too(tmp_path, workdir, scheme):
     assert first.start == 8
     assert [os.path.basename(p) for p in writing.list_checkpoints(url)] == ["checkpoint-12"]
     assert _local_files(workdir / "cwd") == [] and _local_files(workdir / "staging") == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_search_trial_killed_mid_run_is_resumed_from_the_bucket_by_another_worker(s3_server, tmp_path,
+                                                                                      monkeypatch):
+    optuna = pytest.importorskip("optuna")
+    import test_search_cluster as cluster
+
+    monkeypatch.setenv("FITKIT_STAGING_DIR", str(tmp_path / "staging"))
+    monkeypatch.chdir(tmp_path)
+    url, storage, final = s3_server.bucket() + "/search", f"sqlite:///{tmp_path / 'study.db'}", tmp_path / "final"
+    final.mkdir()
+    # 6 steps an epoch, 3 epochs, checkpoints every 4 steps: killed (-9) at step 9, after checkpoint-8
+    first = cluster.start(storage, url, "--n-trials", 1, "--hold", 9, "--final", final)
+    cluster.wait_for(first, "HOLD")
+    first.kill()
+    first.communicate()
+    assert f"run-0/checkpoint-8/{layout.MANIFEST}" in s3_server.keys(url)
+    code, out = cluster.finish(cluster.start(storage, url, "--n-trials", 1, "--final", final))  # trial 0 goes stale
+    assert code == 0, out
+    assert "BEGIN run-0 8\n" in out  # the re-run of trial 0 resumed from its checkpoint in the bucket
+    study = optuna.load_study(study_name="search", storage=storage)
+    resumed = next(t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE)
+    assert resumed.user_attrs["output_dir"] == f"{url}/run-0" and resumed.user_attrs["resumed_from"] is not None
+    assert resumed.user_attrs["best_checkpoint"].startswith(f"{url}/run-0/checkpoint-")
+    # the same trial uninterrupted, on local disk: the same reports and weights, bit for bit
+    code, out = cluster.finish(cluster.start(f"sqlite:///{tmp_path / 'ref.db'}", tmp_path / "ref", "--n-trials", 1,
+                                             "--enqueue", json.dumps(resumed.params)))
+    assert code == 0, out
+    reference = optuna.load_study(study_name="search", storage=f"sqlite:///{tmp_path / 'ref.db'}").trials[0]
+    assert resumed.intermediate_values == reference.intermediate_values
+    got, want = torch.load(final / "run-0.pt"), torch.load(tmp_path / "ref" / "run-0" / "final.pt")
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    assert not os.path.exists(tmp_path / "s3:") and _local_files(tmp_path / "staging") == []

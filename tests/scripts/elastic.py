@@ -6,7 +6,7 @@ and drops before its layers, so a test can tell exactly which samples each proce
 usage: elastic.py --results DIR --output DIR [--strategy auto|ddp|fsdp] [--devices N] [--num-nodes N]
                   [--sharding full|hybrid] [--full-checkpoint] [--batch-size B] [--save-steps K]
                   [--max-steps K] [--resume CHECKPOINT ...] [--init-seed S] [--optimizer adam|sgd|momentum]
-                  [--async] [--runs JSON]
+                  [--async] [--runs JSON] [--staging-per-rank DIR] [--log-reads DIR]
 """
 
 import argparse
@@ -132,6 +132,22 @@ def report(opts, run, model, track):
         json.dump(result, f)
 
 
+def log_reads(where):
+    """Record every object read (S3's GetObject, whatever fitkit's call reached it) in `where`:
+    its key and the byte range read (`bytes=A-B`, or `whole`), one line each."""
+    import s3fs
+
+    call = s3fs.S3FileSystem._call_s3
+
+    async def logged(self, method, *args, **kwargs):
+        if method == "get_object":
+            with open(where, "a") as f:
+                f.write(f"{kwargs.get('Bucket')}/{kwargs.get('Key')} {kwargs.get('Range', 'whole')}\n")
+        return await call(self, method, *args, **kwargs)
+
+    s3fs.S3FileSystem._call_s3 = logged
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--results", required=True, help="directory for each process's run-R-rank-N.json")
@@ -153,7 +169,11 @@ if __name__ == "__main__":
     parser.add_argument("--runs", default=None, help="a JSON list of per-run options (see `plan`)")
     parser.add_argument("--staging-per-rank", default=None, help="a staging folder of each process's own "
                         "(DIR/rank-N), as on separate machines, for checkpoints in a bucket")
+    parser.add_argument("--log-reads", default=None, help="append the key (and byte range) of every object "
+                        "this process reads from an S3 server to DIR/reads-rank-N.txt")
     opts = parser.parse_args()
+    if opts.log_reads:
+        log_reads(os.path.join(opts.log_reads, f"reads-rank-{os.environ.get('LOCAL_RANK', '0')}.txt"))
     if opts.staging_per_rank:  # Fabric's launcher starts the other processes with their LOCAL_RANK
         os.environ["FITKIT_STAGING_DIR"] = os.path.join(opts.staging_per_rank,
                                                         f"rank-{os.environ.get('LOCAL_RANK', '0')}")

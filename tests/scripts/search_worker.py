@@ -2,11 +2,12 @@
 
 usage: search_worker.py STORAGE OUTPUT_DIR [--journal] [--n-trials N] [--study NAME]
                         [--heartbeat S] [--grace S] [--retry S] [--hold STEP] [--sleep S]
-                        [--enqueue JSON] [--epochs N] [--report-to NAMES]
+                        [--enqueue JSON] [--epochs N] [--report-to NAMES] [--final DIR]
 
 STORAGE is a database URL, or with `--journal` the path of a JournalStorage file. The run
 prints `BEGIN number global_step` when a trial's training starts, `EVAL number epoch step`
-after each evaluation, and saves the trial's final weights as `final.pt` in its output_dir.
+after each evaluation, and saves the trial's final weights as `final.pt` in its output_dir (with
+`--final DIR`: as DIR/<trial folder>.pt, for an output_dir in a bucket).
 `--hold STEP` holds the first trial at the end of optimizer step STEP (printing `HOLD`) until
 the process is killed or sent SIGTERM (fitkit's handler still runs). `--enqueue JSON` queues
 those parameters first (a reference run of one configuration). `--report-to` names trackers
@@ -25,8 +26,8 @@ from fitkit import Model, TrainerCallback
 
 
 class Events(TrainerCallback):
-    def __init__(self, hold, sleep):
-        self.hold, self.sleep, self.held = hold, sleep, False
+    def __init__(self, hold, sleep, final=None):
+        self.hold, self.sleep, self.held, self.final = hold, sleep, False, final
 
     def on_train_begin(self, args, state, control, **kwargs):
         print(f"BEGIN {os.path.basename(args.output_dir)} {state.global_step}", flush=True)
@@ -43,8 +44,9 @@ class Events(TrainerCallback):
 
     def on_train_end(self, args, state, control, model=None, preempted=False, **kwargs):
         if not preempted and model is not None:
-            torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()},
-                       os.path.join(args.output_dir, "final.pt"))
+            where = os.path.join(args.output_dir, "final.pt") if self.final is None else os.path.join(
+                self.final, os.path.basename(args.output_dir) + ".pt")
+            torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, where)
 
 
 def hold():
@@ -68,6 +70,7 @@ def main(argv=None):
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--enqueue", default=None)
     parser.add_argument("--report-to", default="none")
+    parser.add_argument("--final", default=None)
     opts = parser.parse_args(argv)
     torch.set_num_threads(1)
     import optuna
@@ -94,7 +97,7 @@ def main(argv=None):
     best = model.hyperparameter_search(
         x, y, validation_split=0.25, batch_size=16, epochs=opts.epochs, n_trials=opts.n_trials, verbose=0, seed=7,
         hp_space=lambda t: {"learning_rate": t.suggest_float("learning_rate", 1e-3, 1e-1, log=True)},
-        output_dir=opts.output_dir, save_strategy="steps", save_steps=4, callbacks=[Events(opts.hold, opts.sleep)],
+        output_dir=opts.output_dir, save_strategy="steps", save_steps=4, callbacks=[Events(opts.hold, opts.sleep, opts.final)],
         heartbeat_interval=opts.heartbeat, grace_period=opts.grace, storage_retry_timeout=opts.retry,
         storage_connect_timeout=5, report_to=opts.report_to.split(","), **where)
     print("BEST " + json.dumps({"run_id": best.run_id, "objective": best.objective}), flush=True)

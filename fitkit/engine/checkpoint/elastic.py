@@ -246,6 +246,29 @@ def _safe_classes() -> tuple[type, type]:
             metadata.storage_meta.load_id = self.load_id
             return metadata
 
+        def read_data(self, plan: Any, planner: Any) -> Any:
+            # A local copy of a checkpoint in a store holds no shards yet: this process downloads
+            # (and verifies) the ones its plan reads, and no other.
+            from fitkit.engine.checkpoint.verify import fetch_missing
+
+            directory = os.fspath(self.path)
+            base, wanted = os.path.basename(directory), {}
+            for item in plan.items:
+                info = self.storage_data[item.storage_index]
+                wanted.setdefault(f"{base}/{info.relative_path}", []).append((info.offset, info.length))
+            moved = fetch_missing(os.path.dirname(directory), wanted)
+            if not moved:
+                return super().read_data(plan, planner)
+            files = self.fs
+            self.fs = _Redirected(files, {os.path.join(os.path.dirname(directory), *k.split("/")): v
+                                          for k, v in moved.items()})
+            try:
+                return super().read_data(plan, planner)
+            finally:
+                self.fs = files
+                for own in moved.values():
+                    os.remove(own)
+
     class Planner(DefaultLoadPlanner):
         """Non-tensor values (the optimizer's settings) loaded weights-only."""
 
@@ -257,6 +280,19 @@ def _safe_classes() -> tuple[type, type]:
                 self.state_dict[read_item.dest_index.fqn] = loaded
 
     return Reader, Planner
+
+
+class _Redirected:
+    """DCP's file system, reading some files from other local files (`moved`: by full path)."""
+
+    def __init__(self, files: Any, moved: dict[str, str]) -> None:
+        self.files, self.moved = files, moved
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.files, name)
+
+    def create_stream(self, path: Any, mode: str) -> Any:
+        return self.files.create_stream(self.moved.get(os.fspath(path), path), mode)
 
 
 def safe_reader(path: str) -> Any:

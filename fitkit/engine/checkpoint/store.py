@@ -224,18 +224,31 @@ class Store:
             self._parent(key)
             retried("upload", key, functools.partial(self.fs.put_file, source, key))
 
-    def fetch(self, name: str, local: str) -> str:
-        """Download the checkpoint `name` into the local folder `local` (replacing it); its path.
+    def fetch(self, name: str, local: str, files: dict[str, int] | None = None,
+              later: Callable[[str], bool] = lambda rel: False) -> str:
+        """Download the checkpoint `name` (its objects `files`, default: listed now) into the local
+        folder `local` (replacing it), but those for which `later(rel)` holds (a sharded
+        checkpoint's shards: each process downloads the ones it reads, `download`); its path.
         Its URL is kept beside it (`origin`), for processes on other machines to download their own."""
         shutil.rmtree(local, ignore_errors=True)
         os.makedirs(local)
-        for rel in self.checkpoints().get(name, {}):
-            target, key = os.path.join(local, *rel.split("/")), self._key(f"{name}/{rel}")
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            retried("download", key, functools.partial(self.fs.get_file, key, target))
+        for rel in self.checkpoints().get(name, {}) if files is None else files:
+            if not later(rel):
+                self.download(f"{name}/{rel}", os.path.join(local, *rel.split("/")))
         with open(local + ORIGIN, "w", encoding="utf-8") as f:
             f.write(join(self.url, name))
         return local
+
+    def read_range(self, name: str, start: int, length: int) -> bytes:
+        """`length` bytes of the object `name` from `start` (one ranged request)."""
+        key = self._key(name)
+        return retried("read", key, lambda: self.fs.cat_file(key, start=start, end=start + length))
+
+    def download(self, name: str, target: str) -> None:
+        """Download the object `name` into the local file `target` (its folder made)."""
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        key = self._key(name)
+        retried("download", key, functools.partial(self.fs.get_file, key, target))
 
 
 #: Beside a downloaded checkpoint `download/checkpoint-N`: the file `checkpoint-N.origin`, its URL.

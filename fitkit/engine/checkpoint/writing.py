@@ -205,8 +205,39 @@ def describe(directory: str, known: dict[str, str] | None = None) -> dict[str, A
     with ThreadPoolExecutor(max_workers=max(1, min(len(unknown), os.cpu_count() or 1, 8))) as pool:
         hashed = dict(zip(unknown, pool.map(file_digest, unknown)))
     digests = [known[name] if name in known else hashed[path] for name, path in zip(names, full)]
-    return {"files": {n: os.path.getsize(p) for n, p in zip(names, full)}, "digest": ALGORITHM,
-            "digests": dict(zip(names, digests))}
+    described = {"files": {n: os.path.getsize(p) for n, p in zip(names, full)}, "digest": ALGORITHM,
+                 "digests": dict(zip(names, digests))}
+    pieces = {}
+    for name in names:
+        if name.endswith("/.metadata"):
+            pieces.update(small_pieces(directory, name.rsplit("/", 1)[0]))
+    if pieces:
+        described["pieces"] = pieces
+    return described
+
+
+#: A sharded checkpoint's records up to this size get digests of their own in the manifest.
+PIECE_LIMIT = 1 << 16
+
+
+def small_pieces(directory: str, shards: str) -> dict[str, dict[str, str]]:
+    """The digest of each small record (`PIECE_LIMIT`) of the DCP folder `shards` (relative to
+    `directory`), by shard file and `"offset+length"`: the values every process holds alike (the
+    optimizer's settings and step counts), which DCP writes into one process's file. A process
+    that reads its own shards from a store reads these from the other's file by their byte range,
+    each checked against its digest (`verify.fetch_missing`)."""
+    from fitkit.engine.checkpoint.elastic import safe_reader
+
+    folder = os.path.join(directory, *shards.split("/"))
+    found: dict[str, dict[str, str]] = {}
+    for info in safe_reader(folder).read_metadata().storage_data.values():
+        if info.length > PIECE_LIMIT:
+            continue
+        with open(os.path.join(folder, info.relative_path), "rb") as f:
+            f.seek(info.offset)
+            digest = hashlib.new(ALGORITHM, f.read(info.length)).hexdigest()
+        found.setdefault(f"{shards}/{info.relative_path}", {})[f"{info.offset}+{info.length}"] = digest
+    return found
 
 
 def write_manifest(directory: str, content: dict[str, Any], known: dict[str, str] | None = None) -> None:
