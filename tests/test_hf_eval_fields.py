@@ -132,20 +132,32 @@ class PerBatch:
         self.total += len(labels)
         if not compute_result:
             return None
-        values = {"accuracy": self.right / self.total, "batches": torch.tensor(float(len(self.calls)))}
+        batches = sum(isinstance(call, tuple) for call in self.calls)
+        values = {"accuracy": self.right / self.total, "batches": torch.tensor(float(batches))}
         self.calls.append("result")
         self.right = self.total = 0
         return values
 
 
+class StepMarks(transformers.TrainerCallback):
+    """Marks each `on_prediction_step` in a list shared with a `compute_metrics`."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def on_prediction_step(self, args, state, control, **kwargs):
+        self.log.append("step")
+
+
 def test_batch_eval_metrics_calls_compute_metrics_per_batch_as_the_trainer(tmp_path):
     metrics = {"hf": PerBatch(), "fitkit": PerBatch()}
-    runs = {who: both(tmp_path, compute_metrics=metrics[who], only=(who,), batch_eval_metrics=True)[who]
-            for who in metrics}
+    runs = {who: both(tmp_path, compute_metrics=metrics[who], callbacks=[StepMarks(metrics[who].calls)], only=(who,),
+                      batch_eval_metrics=True)[who] for who in metrics}
     (theirs, their_out, _), (ours, our_out, _) = runs["hf"], runs["fitkit"]
     assert_same_logs(theirs, ours)  # eval_accuracy and eval_batches of the fit's evaluation
-    batches = [("Tensor", (6, 2), (6,), False), ("Tensor", (6, 2), (6,), False), ("Tensor", (2, 2), (2,), True),
-               "result"]
+    # each batch's call after its on_prediction_step
+    batches = ["step", ("Tensor", (6, 2), (6,), False), "step", ("Tensor", (6, 2), (6,), False),
+               "step", ("Tensor", (2, 2), (2,), True), "result"]
     assert metrics["hf"].calls == batches * 2  # the fit's evaluation, then predict
     assert metrics["fitkit"].calls == metrics["hf"].calls
     np.testing.assert_allclose(our_out.predictions, their_out.predictions, atol=1e-5, rtol=0)

@@ -297,3 +297,9 @@ def test_callback_states_come_back_only_with_restore_callback_states_from_checkp
         callbacks=[ours], resume_from_checkpoint=checkpoint, verbose=0)
     # the Trainer's default (False) restores no callback's state; True: the 8 steps counted before come back
     assert ours.steps == theirs.steps == (STEPS_PER_EPOCH * EPOCHS if restore else STEPS_PER_EPOCH * EPOCHS - 8)
+
+
+def test_the_trainer_face_restores_no_callback_state_by_default_and_the_keras_face_does():
+    model = Model(tiny_bert(0)).compile()
+    assert model.training_arguments(hf_trainer=True).restore_callback_states_from_checkpoint is False  # the Trainer's
+    assert model.training_arguments().restore_callback_states_from_checkpoint is True  # Keras' resume (BackupAndRestore)
