@@ -121,15 +121,8 @@ def fsdp_options(fsdp: Any, config: Any) -> tuple[dict[str, Any], list[str]]:
             config.setdefault("reshard_after_forward", word)
         elif word == "offload":
             config.setdefault("cpu_offload", True)
-    reshard = config.get("reshard_after_forward", True)
-    if isinstance(reshard, str) and reshard.lower() in _SHARDING:
-        sharding, options["fsdp_reshard_after_forward"] = _SHARDING[reshard.lower()]
-        if sharding != "full":
-            options["fsdp_sharding"] = sharding
-    elif isinstance(reshard, str) and reshard.lower() == "no_shard":
-        _words("no_shard")
-    else:
-        options["fsdp_reshard_after_forward"] = as_bool(reshard, "fsdp_config['reshard_after_forward']")
+    if "reshard_after_forward" in config:
+        options.update(_reshard(config["reshard_after_forward"]))
     if "cpu_offload" in config:
         options["fsdp_cpu_offload"] = as_bool(config["cpu_offload"], "fsdp_config['cpu_offload']")
     if "activation_checkpointing" in config:
@@ -148,6 +141,17 @@ def fsdp_options(fsdp: Any, config: Any) -> tuple[dict[str, Any], list[str]]:
     unread = [k for k, v in config.items() if k not in _READ and not (k in _NEUTRAL and not v)
               and not (k in _FSDP1_ONLY and version == 2)]
     return options, unread
+
+
+def _reshard(value: Any) -> dict[str, Any]:
+    """`reshard_after_forward`: a flag (FSDP2), or FSDP1's sharding strategy name (the legacy words)."""
+    name = value.lower() if isinstance(value, str) else None
+    if name == "no_shard":
+        _words("no_shard")
+    if name in _SHARDING:
+        sharding, reshard = _SHARDING[name]
+        return {"fsdp_reshard_after_forward": reshard, **({"fsdp_sharding": sharding} if sharding != "full" else {})}
+    return {"fsdp_reshard_after_forward": as_bool(value, "fsdp_config['reshard_after_forward']")}
 
 
 def _wrap(config: dict) -> HFWrapPolicy:
