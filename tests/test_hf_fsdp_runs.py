@@ -1,7 +1,8 @@
 """`fit(args=transformers.TrainingArguments(fsdp=..., fsdp_config=...))` on two gloo processes
 (tests/scripts/hf_fsdp_args.py under torchrun): the run equals the one with fitkit's own
 `strategy="fsdp"` options (losses and weights), the FSDP units are the layers named in
-`transformer_layer_cls_to_wrap` (and the root), and `shard_grad_op` with `fsdp_config`'s
+`transformer_layer_cls_to_wrap` (and the root), the losses and weights are the real Trainer's
+with the same arguments, and `shard_grad_op` with `fsdp_config`'s
 `activation_checkpointing` keeps those units gathered after forward and checkpoints them without
 changing a number. The mapping of each key alone: tests/test_hf_distributed.py."""
 
@@ -16,7 +17,7 @@ pytest.importorskip("transformers")
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "hf_fsdp_args.py")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RUNS = ("hf", "fitkit", "ac")
+RUNS = ("hf", "fitkit", "trainer", "ac")
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +38,16 @@ def test_hfs_fsdp_fields_run_as_fitkits_own_fsdp_options(runs):
         assert hf["weights"] == own["weights"]
         assert hf["units"] == own["units"] == ["", "bert.encoder.layer.0", "bert.encoder.layer.1"]
         assert hf["checkpointed"] == [] and hf["kept"] == []
+
+
+@pytest.mark.slow
+def test_hfs_fsdp_fields_give_the_trainers_losses_and_weights(runs):
+    for rank in (0, 1):
+        hf, trainer = runs["hf"][rank], runs["trainer"][rank]
+        assert hf["losses"] == pytest.approx(trainer["losses"], abs=1e-5)
+        assert set(hf["weights"]) == set(trainer["weights"])
+        for name, values in trainer["weights"].items():
+            assert hf["weights"][name] == pytest.approx(values, abs=1e-5), name
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@ for tests/test_hf_fsdp_runs.py, each in the same processes after the other:
 
 - "hf": `fit(args=TrainingArguments(fsdp="full_shard auto_wrap", fsdp_config={...}))`;
 - "fitkit": the same arguments without `fsdp`, and fitkit's own `compile(strategy="fsdp", fsdp_wrap=...)`;
+- "trainer": `transformers.Trainer` with the arguments of "hf";
 - "ac": HF's `fsdp="shard_grad_op"` with `fsdp_config={"activation_checkpointing": True}`.
 
 Each writes its losses, final whole weights, the modules sharded as FSDP units and those
@@ -60,19 +61,36 @@ class Record(TrainerCallback):
             self.losses.append(logs["loss"])
 
 
-def run(out, rank, name, compile_options, **fields):
-    args = transformers.TrainingArguments(
+def hf_arguments(out, name, **fields):
+    return transformers.TrainingArguments(
         output_dir=os.path.join(out, name), report_to="none", disable_tqdm=True, save_strategy="no", max_steps=3,
         per_device_train_batch_size=4, learning_rate=1e-2, logging_steps=1, use_cpu=True, ddp_backend="gloo",
         dataloader_pin_memory=False, **fields)
+
+
+def dump(out, rank, name, module, **values):
+    weights = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().flatten().tolist()
+               for n, p in module.named_parameters()}
+    with open(os.path.join(out, f"{name}-{rank}.json"), "w") as f:
+        json.dump({"weights": weights, **values}, f)
+
+
+def run(out, rank, name, compile_options, **fields):
+    args = hf_arguments(out, name, **fields)
     record = Record()
     model = Model(model_init=bert).compile(devices=2, accelerator="cpu", **compile_options)
     model.fit(Rows(), args=args, callbacks=[record], verbose=0)
-    weights = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().flatten().tolist()
-               for n, p in model.module.named_parameters()}
-    with open(os.path.join(out, f"{name}-{rank}.json"), "w") as f:
-        json.dump({"losses": record.losses, "weights": weights, "units": record.units,
-                   "checkpointed": record.checkpointed, "kept": record.kept}, f)
+    dump(out, rank, name, model.module, losses=record.losses, units=record.units, checkpointed=record.checkpointed,
+         kept=record.kept)
+
+
+def trainer(out, rank):
+    """The real Trainer with the same arguments (on CPU, Accelerate leaves its FSDP plugin off: no units)."""
+    trainer = transformers.Trainer(model=bert(), args=hf_arguments(out, "trainer", fsdp="full_shard auto_wrap",
+                                                                   fsdp_config={"transformer_layer_cls_to_wrap":
+                                                                                ["BertLayer"]}), train_dataset=Rows())
+    trainer.train()
+    dump(out, rank, "trainer", trainer.model, losses=[r["loss"] for r in trainer.state.log_history if "loss" in r])
 
 
 def main() -> None:
@@ -82,6 +100,7 @@ def main() -> None:
     run(out, rank, "hf", {}, fsdp="full_shard auto_wrap", fsdp_config={"transformer_layer_cls_to_wrap": ["BertLayer"]})
     run(out, rank, "fitkit", {"strategy": "fsdp", "fsdp_wrap": {transformers.models.bert.modeling_bert.BertLayer},
                               "fsdp_full_checkpoint": True})
+    trainer(out, rank)
     run(out, rank, "ac", {}, fsdp="shard_grad_op", fsdp_config={"transformer_layer_cls_to_wrap": ["BertLayer"],
                                                                 "activation_checkpointing": True})
 
