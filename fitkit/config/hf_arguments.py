@@ -301,8 +301,8 @@ def prepare_module(module: Any, args: Any) -> None:
     enable = getattr(module, "gradient_checkpointing_enable", None)  # a model with the older name alone
     if callable(enable):
         if not getattr(module, "is_gradient_checkpointing", False):
-            kwargs = getattr(args, "gradient_checkpointing_kwargs", None)
-            enable(**({"gradient_checkpointing_kwargs": kwargs} if kwargs else {}))
+            given = getattr(args, "gradient_checkpointing_kwargs", None)
+            enable(**({"gradient_checkpointing_kwargs": given} if given else {}))
     else:
         warnings.warn(f"`gradient_checkpointing`=True is ignored: {type(module).__name__} has no "
                       "gradient_checkpointing_enable() method (wrap blocks in torch.utils.checkpoint yourself)",

@@ -1,9 +1,10 @@
-"""Hugging Face's `deepspeed` field (a DeepSpeed config dict or a JSON file's path) as the config
-fitkit gives Lightning Fabric's `DeepSpeedStrategy`, its "auto" values filled from the
-`TrainingArguments` as transformers' `HfTrainerDeepSpeedConfig` fills them: when the arguments
-are read (`deepspeed_config`) the batch sizes, clipping, optimizer and warm-up rate, fp16/bf16;
-when the model and the number of steps are known (`finalize_deepspeed`) the bucket sizes from
-the model's hidden size and the scheduler's steps. A value that is not "auto" and disagrees with
+"""Hugging Face's `deepspeed` field as the config of Fabric's `DeepSpeedStrategy`, its "auto"
+values filled as transformers' `HfTrainerDeepSpeedConfig` fills them.
+
+The field is a DeepSpeed config dict or a JSON file's path. When the arguments are read
+(`deepspeed_config`): the batch sizes, clipping, optimizer and warm-up rate, fp16/bf16; when the
+model and the number of steps are known (`finalize_deepspeed`): the bucket sizes from the model's
+hidden size and the scheduler's steps. A value that is not "auto" and disagrees with
 the arguments is an error naming both, as the Trainer's::
 
     deepspeed_config({"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 2}}, hf_args)
@@ -23,7 +24,7 @@ class _Filler:
     """The config being filled, and the values that disagree with the arguments."""
 
     def __init__(self, config: dict) -> None:
-        self.config, self.mismatches = config, []
+        self.config, self.mismatches = config, list[str]()
 
     def node(self, key: str) -> tuple[dict | None, str]:
         *path, leaf = key.split(".")

@@ -1,6 +1,8 @@
-"""Hugging Face's FSDP fields (`fsdp`, `fsdp_config`) and activation checkpointing
-(`activation_checkpointing`, `activation_checkpointing_kwargs`) as fitkit options, read as
-`TrainingArguments.__post_init__` and Accelerate's FSDP2 plugin read them::
+"""Hugging Face's distributed-setup fields (`fsdp`, `fsdp_config`, `activation_checkpointing*`,
+`accelerator_config`) as fitkit options, read as HF's `TrainingArguments` and Accelerate read them.
+
+`fsdp` and `fsdp_config` become `strategy="fsdp"` and fitkit's `fsdp_*` options, with the units
+Accelerate's FSDP2 plugin would shard::
 
     fsdp_options("full_shard auto_wrap", {"transformer_layer_cls_to_wrap": ["BertLayer"]})
     # ({"strategy": "fsdp", "fsdp_wrap": HFWrapPolicy("TRANSFORMER_BASED_WRAP", ("BertLayer",), 0),
@@ -8,7 +10,8 @@
 
 The second value names the `fsdp_config` keys that cannot apply here (PyTorch/XLA's, and FSDP1's
 tuning keys under `version=1`: fitkit runs FSDP2 for both versions), for the one warning of
-`from_hf`. Nothing here imports torch.
+`from_hf`. `activation_checkpointing` is the Trainer's call of the model's method, and
+`accelerator_config` is followed at Accelerate's defaults. Nothing here imports torch.
 """
 
 from __future__ import annotations

@@ -116,21 +116,9 @@ def fsdp2_strategy(precision: str | None, wrap: Any = None, full_checkpoint: boo
                 map_large_blocks()  # whole layers, unmapped when freed: no heap fragmented among shards
 
         def parallelize(self, module: torch.nn.Module, device_mesh) -> torch.nn.Module:
-            from torch.distributed.fsdp import fully_shard
-
             mesh = device_mesh["data_parallel"] if sharding == "full" else self.hybrid_mesh()
             on_cpu = self.root_device.type == "cpu"
-            options = _shard_options(mesh, policy, cpu_offload and not on_cpu)
-            should_wrap = wrap.for_module(module) if hasattr(wrap, "for_module") else _wrap_policy(wrap)
-            units = [sub for sub in list(module.modules())[1:][::-1] if should_wrap(sub)]  # innermost first
-            if activation_checkpointing:
-                from torch.distributed._composable import checkpoint  # keeps the parameters' names
-
-                for sub in units:
-                    checkpoint(sub)
-            for sub in units:
-                fully_shard(sub, reshard_after_forward=reshard_after_forward, **options)
-            fully_shard(module, **options)  # the root last
+            _shard(module, self.settings, _shard_options(mesh, policy, cpu_offload and not on_cpu))
             if on_cpu:
                 lean_cpu_units(module)
             # a module model_init built on meta, or (fsdp_load_once) in rank 0 only
@@ -149,6 +137,24 @@ def fsdp2_strategy(precision: str | None, wrap: Any = None, full_checkpoint: boo
     strategy = FSDP2Strategy(parallelize_fn=lambda module, mesh: strategy.parallelize(module, mesh),
                              save_distributed_checkpoint=not full_checkpoint)
     return strategy
+
+
+def _shard(module: torch.nn.Module, settings: dict[str, Any], options: dict[str, Any]) -> None:
+    """`fully_shard` the units `settings["wrap"]` chooses (innermost first; checkpointed first
+    with `activation_checkpointing`), then the root, with `options` (`_shard_options`)."""
+    from torch.distributed.fsdp import fully_shard
+
+    wrap = settings["wrap"]
+    should_wrap = wrap.for_module(module) if hasattr(wrap, "for_module") else _wrap_policy(wrap)
+    units = [sub for sub in list(module.modules())[1:][::-1] if should_wrap(sub)]
+    if settings["activation_checkpointing"]:
+        from torch.distributed._composable import checkpoint  # keeps the parameters' names
+
+        for sub in units:
+            checkpoint(sub)
+    for sub in units:
+        fully_shard(sub, reshard_after_forward=settings["reshard_after_forward"], **options)
+    fully_shard(module, **options)
 
 
 def _shard_options(mesh: Any, policy: Any, offload: bool) -> dict[str, Any]:
