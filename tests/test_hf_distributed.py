@@ -210,6 +210,11 @@ def test_activation_checkpointing_is_the_trainers_call(tmp_path):
     args, _ = read(hf(tmp_path, activation_checkpointing=True,
                       activation_checkpointing_kwargs={"every_n_layers": 2, "use_reentrant": False}))
     assert args.gradient_checkpointing is True
+    later = hf(tmp_path)  # set after HF mirrored them into gradient_checkpointing*: the new names are read
+    object.__setattr__(later, "activation_checkpointing", True)
+    object.__setattr__(later, "activation_checkpointing_kwargs", {"offload": True})
+    assert (read(later)[0].gradient_checkpointing, read(later)[0].gradient_checkpointing_kwargs) == (
+        True, {"offload": True})
     from fitkit.config.hf_arguments import prepare_module
 
     prepare_module(Net(2, 2), args)
