@@ -77,6 +77,9 @@ def test_each_fsdp_config_key(tmp_path):
     assert options["fsdp_reshard_after_forward"] is False and options["fsdp_cpu_offload"] is True
     assert options["fsdp_load_once"] is True
     assert fsdp_options("hybrid_shard", None)[0]["fsdp_sharding"] == "hybrid"
+    # HF's words as given (a TrainingArguments built by HF has them in fsdp_config already)
+    words = fsdp_options("shard_grad_op offload auto_wrap", None)[0]
+    assert (words["fsdp_reshard_after_forward"], words["fsdp_cpu_offload"]) == (False, True)
     zero2 = fsdp_options(True, {"version": 1, "reshard_after_forward": "hybrid_shard_zero2"})[0]
     assert (zero2["fsdp_sharding"], zero2["fsdp_reshard_after_forward"]) == ("hybrid", False)
     assert fsdp_options(True, {"auto_wrap_policy": "NO_WRAP"})[0]["fsdp_wrap"].policy == "NO_WRAP"
