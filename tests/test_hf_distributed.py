@@ -172,6 +172,8 @@ def test_deepspeed_auto_values_are_filled_as_the_trainer_fills_them(tmp_path):
     assert filled["scheduler"]["params"]["total_num_steps"] == 50
     assert filled["scheduler"]["params"]["warmup_num_steps"] == 5
     assert DS["train_batch_size"] == "auto"  # the user's config is not changed
+    args.world_size = 1  # read before fitkit starts the processes: DeepSpeed derives train_batch_size itself
+    assert "train_batch_size" not in deepspeed_config(DS, args)
     with pytest.raises(ValueError, match=r"`deepspeed`: .*train_micro_batch_size_per_gpu=8 vs "
                                          r"per_device_train_batch_size=4"):
         deepspeed_config({**DS, "train_micro_batch_size_per_gpu": 8}, args)
@@ -196,6 +198,8 @@ def test_deepspeed_under_args_is_a_deepspeed_strategy_or_a_clear_error(tmp_path)
             deepspeed_strategy(args.strategy)
     else:
         assert deepspeed_strategy(args.strategy).config["train_micro_batch_size_per_gpu"] == 8
+    with pytest.raises(ValueError, match=r"\['scheduler.params.total_num_steps'\] are still 'auto'.*finalize_deepspeed"):
+        deepspeed_strategy({"scheduler": {"params": {"total_num_steps": "auto", "warmup_min_lr": 0}}})
     object.__setattr__(hf_args, "fsdp", True)
     with pytest.raises(ValueError, match="`fsdp` and `deepspeed` are both set: pass only one"):
         read(hf_args)

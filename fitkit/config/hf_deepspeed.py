@@ -5,7 +5,9 @@ The field is a DeepSpeed config dict or a JSON file's path. When the arguments a
 (`deepspeed_config`): the batch sizes, clipping, optimizer and warm-up rate, fp16/bf16; when the
 model and the number of steps are known (`finalize_deepspeed`): the bucket sizes from the model's
 hidden size and the scheduler's steps. A value that is not "auto" and disagrees with
-the arguments is an error naming both, as the Trainer's::
+the arguments is an error naming both, as the Trainer's. `train_batch_size` counts every process:
+read before fitkit starts them (one process so far), an "auto" one is left to DeepSpeed, which
+derives it as the same product::
 
     deepspeed_config({"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 2}}, hf_args)
     # {"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 2}}
@@ -58,14 +60,18 @@ class _Filler:
 
 def deepspeed_config(config: Any, hf_args: Any) -> dict:
     """A copy of HF's `deepspeed` config with the values the arguments give filled in (see the module
-    docstring); `train_batch_size` counts every process (`world_size` of the arguments)."""
+    docstring)."""
     filler = _Filler(copy.deepcopy(read_config(config, "deepspeed")))
     micro, accumulation = hf_args.per_device_train_batch_size, hf_args.gradient_accumulation_steps
     auto_batch = bool(getattr(hf_args, "auto_find_batch_size", False))
     filler.fill("train_micro_batch_size_per_gpu", micro, None if auto_batch else "per_device_train_batch_size")
     filler.fill("gradient_accumulation_steps", accumulation, "gradient_accumulation_steps")
-    filler.fill("train_batch_size", getattr(hf_args, "world_size", 1) * micro * accumulation,
-                None if auto_batch else "train_batch_size (world_size x per_device x accumulation)")
+    world = int(getattr(hf_args, "world_size", 1) or 1)
+    if world > 1:  # launched already (torchrun): the Trainer's figure
+        filler.fill("train_batch_size", world * micro * accumulation,
+                    None if auto_batch else "train_batch_size (world_size x per_device x accumulation)")
+    elif filler.is_auto("train_batch_size"):  # fitkit starts the processes later: DeepSpeed derives the same product
+        del filler.config["train_batch_size"]
     filler.fill("gradient_clipping", hf_args.max_grad_norm, "max_grad_norm")
     filler.fill("optimizer.params.lr", hf_args.learning_rate, "learning_rate")
     filler.fill("optimizer.params.betas", [hf_args.adam_beta1, hf_args.adam_beta2], "adam_beta1+adam_beta2")

@@ -38,6 +38,12 @@ def deepspeed_strategy(strategy: Any):
         return strategy
     import importlib.util
 
+    autos = _auto_keys(strategy) if isinstance(strategy, dict) else []
+    if autos:
+        raise ValueError(f"the DeepSpeed config's {autos} are still 'auto' (the model's sizes and the run's steps, "
+                         "which fitkit does not fill yet): give them numbers, or fill them with "
+                         "fitkit.config.hf_deepspeed.finalize_deepspeed(config, model, num_training_steps, warmup) "
+                         "as the Trainer fills them")
     if importlib.util.find_spec("deepspeed") is None:
         raise ValueError("`strategy` (or HF's `deepspeed`) is a DeepSpeed config, and the deepspeed package is not "
                          "installed: pip install deepspeed (CUDA GPUs), or use strategy='fsdp' (sharded parameters, "
@@ -45,6 +51,17 @@ def deepspeed_strategy(strategy: Any):
     from lightning_fabric.strategies import DeepSpeedStrategy
 
     return DeepSpeedStrategy(config=strategy)
+
+
+def _auto_keys(config: dict, prefix: str = "") -> list[str]:
+    """The dotted keys of `config` whose value is still "auto"."""
+    keys = []
+    for key, value in config.items():
+        if isinstance(value, dict):
+            keys += _auto_keys(value, f"{prefix}{key}.")
+        elif value == "auto":
+            keys.append(prefix + key)
+    return keys
 
 
 def single_device_strategy(accelerator: str, devices: Any) -> Any:
