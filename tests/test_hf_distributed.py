@@ -57,6 +57,15 @@ def test_fsdp_words_and_config_become_fitkits_fsdp_options(tmp_path):
                         "cpu_offload": True, "activation_checkpointing": True, "full_checkpoint": False}
 
 
+def test_cpu_offload_is_fsdp2s_offload_policy():
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    from fitkit.engine.devices.strategies import _shard_options
+
+    assert isinstance(_shard_options("mesh", "mp", offload=True)["offload_policy"], CPUOffloadPolicy)
+    assert "offload_policy" not in _shard_options("mesh", "mp", offload=False)  # a CPU run: in host memory already
+
+
 def test_fsdp_true_takes_hfs_defaults(tmp_path):
     args, warned = read(hf(tmp_path, fsdp=True))
     assert warned == []
