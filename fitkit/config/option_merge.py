@@ -78,9 +78,6 @@ def merge(compiled: TrainingArguments, compile_options: dict[str, Any], compile_
         mine = getattr(compiled, name)
         if name not in explicit:
             over[name] = mine
-        elif name == "strategy" and args.hf_trainer and not _same(mine, args.strategy):
-            raise ValueError(f"compile(strategy={_short(mine)}) and the Hugging Face arguments' strategy "
-                             f"({_short(args.strategy)}, from their `fsdp` or `deepspeed`) disagree: drop one of them")
         elif not _same(mine, getattr(args, name)):
             conflicts.append(f"`{name}`: compile({name}={_short(mine)}) and args.{name}={_short(getattr(args, name))}"
                              " -> args= is used")
