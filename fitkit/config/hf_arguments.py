@@ -21,7 +21,7 @@ from typing import Any
 
 from fitkit.config.arguments import TrainingArguments
 from fitkit.config.checks import SCHEDULERS
-from fitkit.config.hf_distributed import accelerator_config_unread, activation_options, fsdp_options
+from fitkit.config.hf_distributed import accelerator_config_unread, activation_options, fsdp_options, read_config
 from fitkit.config.hf_names import HF_OPTIMIZERS, built_defaults, hf_defaults, hf_options, warn_unhonoured
 
 #: HF fields read by a rule of their own rather than copied under the same name.
@@ -160,7 +160,6 @@ def distributed_options(values: dict[str, Any], hf_args: Any = None) -> tuple[di
     options, unread = fsdp_options(fsdp, values.get("fsdp_config"))
     if deepspeed:
         from fitkit.config.hf_deepspeed import deepspeed_config
-        from fitkit.config.hf_distributed import read_config
 
         options["strategy"] = deepspeed_config(deepspeed, hf_args) if hf_args is not None else read_config(
             deepspeed, "deepspeed")
@@ -205,8 +204,7 @@ def hf_explicit(hf_args: Any) -> set[str]:
         if name == "warmup_steps":
             out.add("warmup_ratio" if 0 < (value or 0) < 1 else "warmup_steps")
         if name in _DISTRIBUTED:
-            out.update(distributed_options({name: value, **{k: getattr(hf_args, k, None) for k in _DISTRIBUTED}},
-                                           hf_args)[0])
+            out.update(distributed_options({k: getattr(hf_args, k, None) for k in _DISTRIBUTED}, hf_args)[0])
         target = _FITKIT_NAME.get(name, name)
         if target in mine:
             out.add(target)
