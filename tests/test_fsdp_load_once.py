@@ -134,8 +134,8 @@ def test_hf_cpu_ram_efficient_loading_is_fsdp_load_once(tmp_path):
             warnings.simplefilter("error")
             assert model.training_arguments(hf).fsdp_load_once is True
     hf = transformers.TrainingArguments(output_dir=str(tmp_path), report_to="none",
-                                        fsdp_config={"cpu_ram_efficient_loading": False, "cpu_offload": True})
-    with pytest.warns(UserWarning, match="fsdp_config\\['cpu_offload'\\]"):
+                                        fsdp_config={"cpu_ram_efficient_loading": False, "xla": True})
+    with pytest.warns(UserWarning, match="fsdp_config\\['xla'\\]"):  # PyTorch/XLA's FSDP: not here
         assert model.training_arguments(hf).fsdp_load_once is False
 
 

@@ -234,7 +234,8 @@ def test_use_cache_gradient_checkpointing_kwargs_and_loader_options_reach_the_mo
                                           dataloader_multiprocessing_context="fork", dataloader_in_order=False)
     Model(net).compile().fit(TRAIN, args=args, callbacks=[Spy()])
     assert seen["use_cache"] is False and seen["checkpointing"]  # the Trainer sets use_cache=False too
-    assert calls == [{"gradient_checkpointing_kwargs": {"use_reentrant": False}}]
+    # through activation_checkpointing_enable, which calls the overridden older name as the Trainer's call does
+    assert calls == [{"gradient_checkpointing_kwargs": {"use_reentrant": False}, "every_n_layers": 1, "offload": False}]
     loader = getattr(seen["loader"], "loader", seen["loader"])
     assert loader.persistent_workers and loader.prefetch_factor == 3 and not loader.in_order
     assert loader.multiprocessing_context.get_start_method() == "fork"

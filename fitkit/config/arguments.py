@@ -153,6 +153,9 @@ class TrainingArguments(metaclass=_TakesOtherNames):
     fsdp_full_checkpoint: bool = False  # strategy="fsdp": one full checkpoint file instead of shards
     fsdp_sharding: str = "full"  # strategy="fsdp": "full" over every process, "hybrid" within a node, replicated across
     fsdp_load_once: bool = False  # strategy="fsdp": model_init runs in rank 0 only; the others get its values by shard
+    fsdp_reshard_after_forward: bool = True  # strategy="fsdp": False keeps each unit gathered from forward to backward
+    fsdp_cpu_offload: bool = False  # strategy="fsdp": parameters, gradients and optimizer state kept in host memory
+    fsdp_activation_checkpointing: bool = False  # strategy="fsdp": each unit's activations recomputed in backward
     jit_compile: bool | str | dict = "auto"  # torch.compile the module: True, a mode, a dict of its keywords ("auto": off)
     # -- Hugging Face fields (fitkit.config.hf_arguments maps `fp16`, `bf16`, `disable_tqdm`, `use_cpu` too)
     run_name: str | None = None  # the trackers' run name (None: the output_dir's name)

@@ -53,7 +53,8 @@ _FLOATS: dict[str, tuple[Callable[[float], bool], str, bool]] = {
 _BOOLS: dict[str, bool] = {
     "shuffle": False, "logging_first_step": False, "load_best_model_at_end": False, "greater_is_better": True,
     "save_on_sigterm": True, "save_async": False, "skip_memory_metrics": False, "log_on_each_node": False,
-    "fsdp_full_checkpoint": False, "fsdp_load_once": False, "dataloader_pin_memory": False, "gradient_checkpointing": True, "prefetch": False,
+    "fsdp_full_checkpoint": False, "fsdp_load_once": False, "fsdp_reshard_after_forward": False,
+    "fsdp_cpu_offload": False, "fsdp_activation_checkpointing": False, "dataloader_pin_memory": False, "gradient_checkpointing": True, "prefetch": False,
     "tune_cpu_allocator": False, "predict_with_generate": False, "hf_trainer": False, "ignore_data_skip": False,
     "dataloader_drop_last": False, "logging_nan_inf_filter": False, "eval_on_start": False,
     "prediction_loss_only": False, "use_cache": True, "dataloader_persistent_workers": False,

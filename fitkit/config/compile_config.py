@@ -80,6 +80,9 @@ class CompileConfig:
         if hf_given:
             explicit = hf_explicit(args)
             args = from_hf(args)  # a transformers.TrainingArguments: its values under fitkit's names
+            if "strategy" in explicit and "strategy" in self.argument_options and self.args.strategy != args.strategy:
+                raise ValueError(f"compile(strategy={self.args.strategy!r}) and the Hugging Face arguments' strategy "
+                                 f"({args.strategy!r}, from their `fsdp` or `deepspeed`) disagree: drop one of them")
         elif isinstance(args, TrainingArguments):
             explicit = explicit_fields(args)
         if args is not None and not isinstance(args, TrainingArguments):

@@ -40,6 +40,11 @@ def check_devices(args: TrainingArguments) -> None:
     if args.fsdp_load_once and args.strategy != "fsdp":
         raise ValueError(f"`fsdp_load_once`=True applies to strategy='fsdp', and this run uses strategy={args.strategy!r}: "
                          "pass strategy='fsdp', or leave fsdp_load_once=False")
+    for name, default in (("fsdp_reshard_after_forward", True), ("fsdp_cpu_offload", False),
+                          ("fsdp_activation_checkpointing", False)):
+        if getattr(args, name) != default and args.strategy != "fsdp":
+            raise ValueError(f"`{name}`={getattr(args, name)!r} applies to strategy='fsdp', and this run uses "
+                             f"strategy={args.strategy!r}: pass strategy='fsdp', or leave {name}={default!r}")
     accelerator = _available_accelerator(args.accelerator)
     _check_device_count(args.devices, accelerator)
 

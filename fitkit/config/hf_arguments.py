@@ -21,11 +21,13 @@ from typing import Any
 
 from fitkit.config.arguments import TrainingArguments
 from fitkit.config.checks import SCHEDULERS
+from fitkit.config.hf_distributed import accelerator_config_unread, activation_options, fsdp_options, read_config
 from fitkit.config.hf_names import HF_OPTIMIZERS, built_defaults, hf_defaults, hf_options, warn_unhonoured
 
 #: HF fields read by a rule of their own rather than copied under the same name.
 _TRANSLATED = ("fp16", "bf16", "disable_tqdm", "use_cpu", "lr_scheduler_type", "warmup_steps", "max_grad_norm",
                "metric_for_best_model", "report_to", "num_train_epochs", "optim", "output_dir", "fsdp_config",
+               "fsdp", "deepspeed", "activation_checkpointing", "activation_checkpointing_kwargs", "accelerator_config",
                "torch_compile", "torch_compile_backend", "torch_compile_mode", "enable_jit_checkpoint",
                "tf32", "lr_scheduler_kwargs")
 
@@ -137,10 +139,10 @@ def from_hf(hf_args: Any) -> Any:
                                   if values.get(f"torch_compile_{k}") is not None} or True
     if values.get("enable_jit_checkpoint"):  # HF's checkpoint on SIGTERM: fitkit's save_on_sigterm
         options["save_on_sigterm"] = True
-    load_once, unread = _fsdp_config(values.get("fsdp_config"))
-    if load_once:
-        options["fsdp_load_once"] = True
+    distributed, unread = distributed_options(values, hf_args)
+    options.update(distributed)
     ignored += [f"fsdp_config[{key!r}]" for key in unread]
+    ignored += [f"accelerator_config[{key!r}]" for key in accelerator_config_unread(values.get("accelerator_config"))]
     translated, _ = hf_options({k: values[k] for k in ("fp16", "bf16", "disable_tqdm", "use_cpu") if k in values}, mine)
     options.update(translated)
     options["hf_trainer"] = True  # the Trainer's log history, printed as its printer does under disable_tqdm
@@ -148,29 +150,22 @@ def from_hf(hf_args: Any) -> Any:
     return TrainingArguments(**options)
 
 
-#: The `fsdp_config` entries HF's `__post_init__` fills in (with `fsdp` on), at the values it gives them.
-_FSDP_FILLED = {"reshard_after_forward": True, "min_num_params": 0, "xla": False, "xla_fsdp_v2": False,
-                "xla_fsdp_grad_ckpt": False, "version": 2}
+def distributed_options(values: dict[str, Any], hf_args: Any = None) -> tuple[dict[str, Any], list[str]]:
+    """fitkit's options for HF's `fsdp`, `fsdp_config`, `deepspeed` and `activation_checkpointing*`
+    (`values`: the fields by name), and the `fsdp_config` keys that cannot apply. `hf_args` (the
+    arguments object) fills DeepSpeed's "auto" values; without it the config is taken as it is."""
+    fsdp, deepspeed = values.get("fsdp"), values.get("deepspeed")
+    if fsdp and deepspeed:
+        raise ValueError("`fsdp` and `deepspeed` are both set: pass only one of them (each is a strategy)")
+    options, unread = fsdp_options(fsdp, values.get("fsdp_config"))
+    if deepspeed:
+        from fitkit.config.hf_deepspeed import deepspeed_config
 
-
-def _fsdp_config(config: Any) -> tuple[bool, list[str]]:
-    """From HF's `fsdp_config` (a dict or a JSON file's path): whether `cpu_ram_efficient_loading`
-    is on (fitkit's `fsdp_load_once`; "true" as text too, as HF reads it), and the other keys set
-    to something else than HF fills in (not honoured)."""
-    if not config:
-        return False, []
-    if isinstance(config, str):
-        import json
-
-        try:
-            with open(config, encoding="utf-8") as f:
-                config = json.load(f)
-        except (OSError, ValueError) as err:
-            raise ValueError(f"`fsdp_config`: {config!r} is neither a dict nor a readable JSON file ({err}); "
-                             "pass the dict, or the path of a JSON file holding it") from err
-    config = {k[5:] if k.startswith("fsdp_") else k: v for k, v in dict(config).items()}
-    load_once = str(config.pop("cpu_ram_efficient_loading", False)).lower() in ("true", "1")
-    return load_once, [k for k, v in config.items() if k not in _FSDP_FILLED or not _same_value(v, _FSDP_FILLED[k])]
+        options["strategy"] = deepspeed_config(deepspeed, hf_args) if hf_args is not None else read_config(
+            deepspeed, "deepspeed")
+    options.update(activation_options(values.get("activation_checkpointing"),
+                                      values.get("activation_checkpointing_kwargs")))
+    return options, unread
 
 
 def _same_value(value: Any, default: Any) -> bool:
@@ -185,6 +180,9 @@ def _same_value(value: Any, default: Any) -> bool:
 #: HF fields read under another fitkit name (the others keep theirs).
 _FITKIT_NAME = {"fp16": "precision", "bf16": "precision", "disable_tqdm": "verbose", "use_cpu": "accelerator",
                 "lr_scheduler_type": "lr_scheduler"}
+
+
+_DISTRIBUTED = ("fsdp", "fsdp_config", "deepspeed", "activation_checkpointing", "activation_checkpointing_kwargs")
 
 
 def hf_explicit(hf_args: Any) -> set[str]:
@@ -205,8 +203,8 @@ def hf_explicit(hf_args: Any) -> set[str]:
             continue  # filled in by HF's __post_init__, not given
         if name == "warmup_steps":
             out.add("warmup_ratio" if 0 < (value or 0) < 1 else "warmup_steps")
-        if name == "fsdp_config" and _fsdp_config(value)[0]:
-            out.add("fsdp_load_once")
+        if name in _DISTRIBUTED:
+            out.update(distributed_options({k: getattr(hf_args, k, None) for k in _DISTRIBUTED}, hf_args)[0])
         target = _FITKIT_NAME.get(name, name)
         if target in mine:
             out.add(target)
@@ -291,11 +289,18 @@ def prepare_module(module: Any, args: Any) -> None:
         config.use_cache = use_cache  # as the Trainer sets it
     if not getattr(args, "gradient_checkpointing", False):
         return
-    enable = getattr(module, "gradient_checkpointing_enable", None)
+    enable = getattr(module, "activation_checkpointing_enable", None)
+    if callable(enable):  # as the Trainer calls it: `every_n_layers` and `offload` are its own, the rest torch's
+        if not getattr(module, "is_gradient_checkpointing", False):
+            kwargs = dict(getattr(args, "gradient_checkpointing_kwargs", None) or {})
+            layers, offload = kwargs.pop("every_n_layers", 1), kwargs.pop("offload", False)
+            enable(activation_checkpointing_kwargs=kwargs or None, every_n_layers=layers, offload=offload)
+        return
+    enable = getattr(module, "gradient_checkpointing_enable", None)  # a model with the older name alone
     if callable(enable):
         if not getattr(module, "is_gradient_checkpointing", False):
-            kwargs = getattr(args, "gradient_checkpointing_kwargs", None)
-            enable(**({"gradient_checkpointing_kwargs": kwargs} if kwargs else {}))
+            given = getattr(args, "gradient_checkpointing_kwargs", None)
+            enable(**({"gradient_checkpointing_kwargs": given} if given else {}))
     else:
         warnings.warn(f"`gradient_checkpointing`=True is ignored: {type(module).__name__} has no "
                       "gradient_checkpointing_enable() method (wrap blocks in torch.utils.checkpoint yourself)",

@@ -99,7 +99,10 @@ def _fabric(args: TrainingArguments, accelerator: str) -> Any:
         strategy = deepspeed_strategy(strategy)
     elif strategy == "fsdp":
         strategy = fsdp2_strategy(precision, args.fsdp_wrap, full_checkpoint=args.fsdp_full_checkpoint,
-                                  sharding=args.fsdp_sharding, tune_allocator=args.tune_cpu_allocator)
+                                  sharding=args.fsdp_sharding, tune_allocator=args.tune_cpu_allocator,
+                                  reshard_after_forward=args.fsdp_reshard_after_forward,
+                                  cpu_offload=args.fsdp_cpu_offload,
+                                  activation_checkpointing=args.fsdp_activation_checkpointing)
         if precision in ("bf16-mixed", "16-mixed"):
             precision = "32-true"  # FSDP2's MixedPrecisionPolicy does the casting
     else:

@@ -36,9 +36,32 @@ def deepspeed_strategy(strategy: Any):
     """A Fabric DeepSpeedStrategy for a config dict or JSON path; names pass through to Fabric."""
     if isinstance(strategy, str) and strategy.startswith("deepspeed"):
         return strategy
+    import importlib.util
+
+    autos = _auto_keys(strategy) if isinstance(strategy, dict) else []
+    if autos:
+        raise ValueError(f"the DeepSpeed config's {autos} are still 'auto' (the model's sizes and the run's steps, "
+                         "which fitkit does not fill yet): give them numbers, or fill them with "
+                         "fitkit.config.hf_deepspeed.finalize_deepspeed(config, model, num_training_steps, warmup) "
+                         "as the Trainer fills them")
+    if importlib.util.find_spec("deepspeed") is None:
+        raise ValueError("`strategy` (or HF's `deepspeed`) is a DeepSpeed config, and the deepspeed package is not "
+                         "installed: pip install deepspeed (CUDA GPUs), or use strategy='fsdp' (sharded parameters, "
+                         "gradients and optimizer state)")
     from lightning_fabric.strategies import DeepSpeedStrategy
 
     return DeepSpeedStrategy(config=strategy)
+
+
+def _auto_keys(config: dict, prefix: str = "") -> list[str]:
+    """The dotted keys of `config` whose value is still "auto"."""
+    keys = []
+    for key, value in config.items():
+        if isinstance(value, dict):
+            keys += _auto_keys(value, f"{prefix}{key}.")
+        elif value == "auto":
+            keys.append(prefix + key)
+    return keys
 
 
 def single_device_strategy(accelerator: str, devices: Any) -> Any:
@@ -77,21 +100,30 @@ def _mixed_precision(precision: str | None):
 
 
 def fsdp2_strategy(precision: str | None, wrap: Any = None, full_checkpoint: bool = False, sharding: str = "full",
-                   tune_allocator: bool = True):
+                   tune_allocator: bool = True, reshard_after_forward: bool = True, cpu_offload: bool = False,
+                   activation_checkpointing: bool = False):
     """FSDP2 (data parallel only), with per-layer sharding and the mixed-precision policy mapped
     from `precision`. `sharding="full"` shards over all processes; `"hybrid"` shards within each
     node and replicates across nodes (HSDP: a 2-D device mesh `(replicate, shard)` of
     `num_nodes x devices`), so the all-gathers stay on the fast links inside a node. Checkpoints
     are sharded (DCP) unless `full_checkpoint`. On CPU, `tune_allocator` (fit's
-    `tune_cpu_allocator`) has glibc map the step's layer-size blocks (`map_large_blocks`)."""
+    `tune_cpu_allocator`) has glibc map the step's layer-size blocks (`map_large_blocks`).
+    `reshard_after_forward=False` keeps each unit (not the root) gathered from its forward to its
+    backward (HF's "shard_grad_op"); `cpu_offload` keeps parameters, gradients and optimizer state
+    in host memory (FSDP2's `CPUOffloadPolicy`; on a CPU they are there already);
+    `activation_checkpointing` recomputes each unit's (not the root's) activations in backward."""
     from lightning_fabric.strategies import ModelParallelStrategy
 
-    should_wrap = _wrap_policy(wrap)
     policy = _mixed_precision(precision)
 
     class FSDP2Strategy(ModelParallelStrategy):
         """ModelParallelStrategy with every process in one data-parallel group: each reads its
         own share of the data; the parameters are sharded over all of them, or per node."""
+
+        #: what `parallelize` applies (read by tests and by a user checking the mapping of HF's fsdp_config)
+        settings = {"wrap": wrap, "sharding": sharding, "reshard_after_forward": reshard_after_forward,
+                    "cpu_offload": cpu_offload, "activation_checkpointing": activation_checkpointing,
+                    "full_checkpoint": full_checkpoint}
 
         def setup_environment(self) -> None:
             self._data_parallel_size = self.num_nodes * self.num_processes
@@ -101,14 +133,9 @@ def fsdp2_strategy(precision: str | None, wrap: Any = None, full_checkpoint: boo
                 map_large_blocks()  # whole layers, unmapped when freed: no heap fragmented among shards
 
         def parallelize(self, module: torch.nn.Module, device_mesh) -> torch.nn.Module:
-            from torch.distributed.fsdp import fully_shard
-
             mesh = device_mesh["data_parallel"] if sharding == "full" else self.hybrid_mesh()
-            for sub in list(module.modules())[1:][::-1]:  # innermost first, the root last
-                if should_wrap(sub):
-                    fully_shard(sub, mesh=mesh, mp_policy=policy)
-            fully_shard(module, mesh=mesh, mp_policy=policy)
             on_cpu = self.root_device.type == "cpu"
+            _shard(module, self.settings, _shard_options(mesh, policy, cpu_offload and not on_cpu))
             if on_cpu:
                 lean_cpu_units(module)
             # a module model_init built on meta, or (fsdp_load_once) in rank 0 only
@@ -127,6 +154,33 @@ def fsdp2_strategy(precision: str | None, wrap: Any = None, full_checkpoint: boo
     strategy = FSDP2Strategy(parallelize_fn=lambda module, mesh: strategy.parallelize(module, mesh),
                              save_distributed_checkpoint=not full_checkpoint)
     return strategy
+
+
+def _shard(module: torch.nn.Module, settings: dict[str, Any], options: dict[str, Any]) -> None:
+    """`fully_shard` the units `settings["wrap"]` chooses (innermost first; checkpointed first
+    with `activation_checkpointing`), then the root, with `options` (`_shard_options`)."""
+    from torch.distributed.fsdp import fully_shard
+
+    wrap = settings["wrap"]
+    should_wrap = wrap.for_module(module) if hasattr(wrap, "for_module") else _wrap_policy(wrap)
+    units = [sub for sub in list(module.modules())[1:][::-1] if should_wrap(sub)]
+    if settings["activation_checkpointing"]:
+        from torch.distributed._composable import checkpoint  # keeps the parameters' names
+
+        for sub in units:
+            checkpoint(sub)
+    for sub in units:
+        fully_shard(sub, reshard_after_forward=settings["reshard_after_forward"], **options)
+    fully_shard(module, **options)
+
+
+def _shard_options(mesh: Any, policy: Any, offload: bool) -> dict[str, Any]:
+    """`fully_shard`'s keywords shared by every unit."""
+    if not offload:
+        return {"mesh": mesh, "mp_policy": policy}
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    return {"mesh": mesh, "mp_policy": policy, "offload_policy": CPUOffloadPolicy()}
 
 
 #: Fabric's DDP names and the start method each means.
