@@ -77,9 +77,11 @@ KERAS_DEFAULTS: dict[str, dict[str, Any]] = {
 @dataclass(frozen=True)
 class TorchDefaults:
     """A named optimizer built with torch's defaults (HF's Trainer builds torch's classes so):
-    what `TrainingArguments(optim="adamw_torch")` and the other HF names select."""
+    what `TrainingArguments(optim="adamw_torch")` and the other HF names select; `options`: the
+    keywords HF's `optim_args` gives it (`fitkit.adapters.optim_args`), over the others."""
 
     name: str
+    options: tuple[tuple[str, Any], ...] = ()
 
 
 def check_optimizer(spec: Any) -> None:
@@ -204,6 +206,8 @@ def _named(spec: str | TorchDefaults, params: list, learning_rate: float | None,
         kwargs["betas"] = (first if beta1 is None else beta1, second if beta2 is None else beta2)
     if name in ADAM_FAMILY and eps is not None:
         kwargs["eps"] = eps
+    if isinstance(spec, TorchDefaults):
+        kwargs.update(spec.options)
     if str(precision) in ("16-true", "16") and name in _EPS_FP16:
         kwargs["eps"] = _EPS_FP16[name]  # pure float16 weights: keep the denominator representable
     kind = None if issubclass(cls, keras_optimizers.ForeachOptimizer) else fastest_implementation(name, params, module)

@@ -207,6 +207,12 @@ class TrainingArguments(metaclass=_TakesOtherNames):
     ddp_bucket_cap_mb: int | None = None
     ddp_broadcast_buffers: bool | None = None
     ddp_static_graph: bool | None = None
+    # the training order (HF's): "random", "sequential", or "group_by_length" (batches of samples of about one length,
+    # evaluation too; the lengths from a datasets.Dataset's `length_column_name` column, else each sample's input_ids)
+    train_sampling_strategy: str = "random"
+    length_column_name: str = "length"
+    optim_args: str | None = None  # "key=value,...": HF's options of the `optim` named sgd, adagrad or rmsprop
+    debug: str = ""  # "underflow_overflow": transformers' DebugUnderflowOverflow on the module while training (HF)
 
     def __post_init__(self) -> None:
         check_and_convert(self)
