@@ -195,3 +195,15 @@ def test_batch_rebalance_is_named_in_the_warning(tmp_path):
         ours = from_hf(hf_args(tmp_path, train_sampling_strategy="batch_rebalance"))
     assert ours.train_sampling_strategy == "random"
     assert from_hf(hf_args(tmp_path, train_sampling_strategy="sequential")).train_sampling_strategy == "sequential"
+
+
+def test_evaluation_on_several_processes_splits_the_grouped_order_in_blocks():
+    from fitkit.engine.data.adapt import adapt
+    from fitkit.engine.data.loader_parts import evaluation_shard
+
+    args = TrainingArguments(train_sampling_strategy="group_by_length", seed=4, verbose=0, data_collator=pad)
+    source, _ = adapt(rows(EVAL_N), batch_size=3, shuffle=False, args=args)
+    whole = list(source.loader.sampler)
+    assert whole == length_grouped_order(rows(EVAL_N)["length"], 3, torch.Generator().manual_seed(4))
+    blocks = [list(evaluation_shard(source.loader, rank, 2).sampler) for rank in (0, 1)]
+    assert blocks == [whole[:5], whole[5:]]  # each sample once, gathered in the grouped order

@@ -69,15 +69,19 @@ def block(total: int, rank: int, world_size: int) -> tuple[int, int]:
 
 
 class BlockSampler(torch.utils.data.Sampler):
-    """Evaluation under several processes: this rank's contiguous block, nothing repeated."""
+    """Evaluation under several processes: this rank's contiguous block, nothing repeated; of
+    `order` when given (an evaluation grouped by length), else of the samples in their order."""
 
-    def __init__(self, size: int, rank: int, world_size: int):
+    def __init__(self, size: int, rank: int, world_size: int, order: list[int] | None = None):
         self.start, self.end = block(size, rank, world_size)
+        self.order = order
 
     def __len__(self) -> int:
         return self.end - self.start
 
     def __iter__(self) -> Iterator[int]:
+        if self.order is not None:
+            return iter(self.order[self.start : self.end])
         return iter(range(self.start, self.end))
 
 
