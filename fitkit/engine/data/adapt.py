@@ -154,7 +154,7 @@ def _adapt(x: Any, y: Any, sample_weight: Any, *, batch_size: int, shuffle: bool
         y = _arrays(y, "y", cast_float64) if y is not None else None
         sample_weight = _arrays(sample_weight, "sample_weight", cast_float64) if sample_weight is not None else None
         _check_len(x, y, sample_weight)
-        if getattr(args, "train_sampling_strategy", "random") == "group_by_length":
+        if training and getattr(args, "train_sampling_strategy", "random") == "group_by_length":
             raise ValueError(f"`train_sampling_strategy`='group_by_length' groups the samples of a Dataset by length; "
                              f"`{name}` holds arrays, whose samples all have one length: pass a Dataset of dicts "
                              "(a `datasets.Dataset`, a list of dicts), or train_sampling_strategy='random'")
