@@ -73,8 +73,19 @@ def test_names_whose_builder_ignores_optim_args_ignore_them_without_a_warning(tm
 def test_a_malformed_optim_args_is_refused_naming_it():
     with pytest.raises(ValueError, match="`optim_args`='momentum' is invalid"):
         TrainingArguments(optim="sgd", optim_args="momentum")
+    with pytest.raises(ValueError, match="`optim_args`=.*pass `optim` too"):
+        TrainingArguments(optim_args="momentum=0.9")
     with pytest.raises(ValueError, match="`optim_args`: momentum='fast' is not a number"):
         Model(classifier()).compile().fit(TRAIN, optim="sgd", optim_args="momentum=fast", verbose=0, epochs=1)
+
+
+def test_the_options_of_an_optimizer_fitkit_does_not_build_go_with_its_warning(tmp_path):
+    from fitkit.config.hf_arguments import from_hf
+
+    with pytest.warns(UserWarning, match="optim='galore_adamw'"):
+        ours = from_hf(hf_args(tmp_path, optim="galore_adamw", optim_args="rank=64",
+                               optim_target_modules=["attention"]))
+    assert (ours.optim, ours.optim_args) == (None, None)
 
 
 def exploding():

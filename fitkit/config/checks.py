@@ -290,6 +290,9 @@ def _check_hf_fields(args: Any, fail: Callable[[str, str], NoReturn]) -> None:
     if args.optim_args is not None:
         if not isinstance(args.optim_args, str):
             fail("optim_args", "pass 'key=value,...' (options of the optimizer `optim` names), or None")
+        if args.optim is None and args.optim_args:
+            fail("optim_args", "it gives options to the optimizer `optim` names: pass `optim` too (e.g. 'sgd'), or "
+                 "pass compile an optimizer built with its options")
         from fitkit.adapters.optim_args import parse_optim_args
 
         parse_optim_args(args.optim_args)  # a malformed text fails here, naming `optim_args`

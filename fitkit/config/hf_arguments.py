@@ -136,6 +136,7 @@ def from_hf(hf_args: Any) -> Any:
         options["optim"] = optim
     else:
         ignored.append(f"optim={optim!r}")
+        options.pop("optim_args", None)  # that optimizer's options: not built either
     if any(values.get(k) for k in ("torch_compile", "torch_compile_backend", "torch_compile_mode")):
         # torch.compile with HF's backend and mode (either implies torch_compile, HF fills in the backend)
         options["jit_compile"] = {k: values[f"torch_compile_{k}"] for k in ("backend", "mode")
@@ -216,8 +217,8 @@ def hf_explicit(hf_args: Any) -> set[str]:
             continue
         value = _plain(getattr(hf_args, name))
         try:
-            same = value == _plain(default) or (value in (None, [], "none", ["none"]) and _plain(default) in (
-                None, [], "none", ["none"]))
+            same = value == _plain(default) or (value in (None, [], "", "none", ["none"]) and _plain(default) in (
+                None, [], "", "none", ["none"]))  # `debug`: "" made [] by HF
         except Exception:  # noqa: BLE001 - a value whose == is not a bool
             same = False
         if same or (name == "disable_tqdm" and not value) or (name == "run_name" and value == hf_args.output_dir):
