@@ -3,6 +3,10 @@ in training (recorded at each forward), in each evaluation and in prediction, an
 the same weights (the grouped training order is drawn from torch's global generator, as the Trainer
 draws it)."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -43,6 +47,7 @@ def recorded_bert():
                                   intermediate_size=32, max_position_embeddings=16, num_labels=2,
                                   hidden_dropout_prob=0.3, attention_probs_dropout_prob=0.3)
     net = transformers.BertForSequenceClassification(cfg)
+    net.accepts_loss_kwargs = False  # the Trainer then divides the loss by the accumulated steps, as fitkit does
     seen = {"train": [], "eval": []}
 
     def hook(module, args, kwargs):
@@ -114,6 +119,8 @@ def test_a_group_spans_the_batches_of_one_optimizer_step(tmp_path):
     ours, our_seen = recorded_bert()
     Model(ours).compile().fit(rows(N), args=args, data_collator=pad)
     assert our_seen["train"] == their_seen["train"]
+    for (name, mine), other in zip(ours.named_parameters(), theirs.parameters()):
+        assert torch.allclose(mine, other, atol=1e-6), name
     steps = [token_lengths(our_seen["train"][k] + our_seen["train"][k + 1]) for k in range(0, 20, 2)]
     assert sum(s != sorted(s, reverse=True) for s in steps) <= 1  # each step's two batches sorted as one group
 
@@ -207,3 +214,23 @@ def test_evaluation_on_several_processes_splits_the_grouped_order_in_blocks():
     assert whole == length_grouped_order(rows(EVAL_N)["length"], 3, torch.Generator().manual_seed(4))
     blocks = [list(evaluation_shard(source.loader, rank, 2).sampler) for rank in (0, 1)]
     assert blocks == [whole[:5], whole[5:]]  # each sample once, gathered in the grouped order
+
+
+@pytest.mark.slow
+def test_two_processes_read_the_trainers_grouped_batches(tmp_path):
+    script = os.path.join(os.path.dirname(__file__), "scripts", "hf_sampling_ddp.py")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           script, str(tmp_path)], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    runs = {(form, rank): torch.load(tmp_path / f"{form}-{rank}.pt", weights_only=True)
+            for form in ("trainer", "fitkit") for rank in (0, 1)}
+    for rank in (0, 1):
+        theirs, ours = runs["trainer", rank], runs["fitkit", rank]
+        assert ours["batches"] == theirs["batches"], rank
+        for name, value in ours["weights"].items():
+            assert torch.allclose(value, theirs["weights"][name], atol=1e-5), (rank, name)
+        assert [r.get("loss") for r in ours["log_history"]] == pytest.approx(
+            [r.get("loss") for r in theirs["log_history"]], abs=1e-5)
+    assert runs["trainer", 0]["batches"] != runs["trainer", 1]["batches"]
