@@ -234,3 +234,16 @@ def test_two_processes_read_the_trainers_grouped_batches(tmp_path):
         assert [r.get("loss") for r in ours["log_history"]] == pytest.approx(
             [r.get("loss") for r in theirs["log_history"]], abs=1e-5)
     assert runs["trainer", 0]["batches"] != runs["trainer", 1]["batches"]
+
+
+def test_a_resume_mid_epoch_reads_the_rest_of_the_grouped_order(tmp_path):
+    options = dict(train_sampling_strategy="group_by_length", eval_strategy="no")
+    whole, seen = recorded_bert()
+    Model(whole).compile().fit(rows(N), args=hf_args(tmp_path, save_strategy="steps", save_steps=13, **options),
+                               data_collator=pad)
+    resumed, resumed_seen = recorded_bert()
+    Model(resumed).compile().fit(rows(N), args=hf_args(tmp_path, **options), data_collator=pad,
+                                 resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-13"))  # inside epoch 1
+    assert resumed_seen["train"] == seen["train"][13:]
+    for (name, mine), other in zip(resumed.named_parameters(), whole.parameters()):
+        assert torch.allclose(mine, other, atol=1e-6), name
