@@ -77,9 +77,11 @@ KERAS_DEFAULTS: dict[str, dict[str, Any]] = {
 @dataclass(frozen=True)
 class TorchDefaults:
     """A named optimizer built with torch's defaults (HF's Trainer builds torch's classes so):
-    what `TrainingArguments(optim="adamw_torch")` and the other HF names select."""
+    what `TrainingArguments(optim="adamw_torch")` and the other HF names select; `options`: the
+    keywords HF's `optim_args` gives it (`fitkit.adapters.optim_args`), over the others."""
 
     name: str
+    options: tuple[tuple[str, Any], ...] = ()
 
 
 def check_optimizer(spec: Any) -> None:
@@ -204,6 +206,9 @@ def _named(spec: str | TorchDefaults, params: list, learning_rate: float | None,
         kwargs["betas"] = (first if beta1 is None else beta1, second if beta2 is None else beta2)
     if name in ADAM_FAMILY and eps is not None:
         kwargs["eps"] = eps
+    if isinstance(spec, TorchDefaults):  # the Trainer's: the decay in the groups, the defaults the class's own
+        params = _groups_with_decay(params, kwargs.pop("weight_decay", None))
+        kwargs.update(spec.options)
     if str(precision) in ("16-true", "16") and name in _EPS_FP16:
         kwargs["eps"] = _EPS_FP16[name]  # pure float16 weights: keep the denominator representable
     kind = None if issubclass(cls, keras_optimizers.ForeachOptimizer) else fastest_implementation(name, params, module)
@@ -213,6 +218,17 @@ def _named(spec: str | TorchDefaults, params: list, learning_rate: float | None,
         except (RuntimeError, ValueError):  # a device or dtype this implementation does not take
             pass
     return cls(params, **kwargs)
+
+
+def _groups_with_decay(params: list, decay: float | None) -> list:
+    """`params` as groups that each carry their weight decay (the run's where a group has none),
+    as the Trainer builds its groups: the optimizer's own default `weight_decay` (or the one HF's
+    `optim_args` gives) then decays nothing."""
+    if decay is None or not params:
+        return params
+    if not isinstance(params[0], dict):
+        return [{"params": params, "weight_decay": decay}]
+    return [group if "weight_decay" in group else {**group, "weight_decay": decay} for group in params]
 
 
 def fastest_implementation(name: str, params: list, module: torch.nn.Module | None = None) -> str | None:

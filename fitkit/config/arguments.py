@@ -217,6 +217,12 @@ class TrainingArguments(metaclass=_TakesOtherNames):
     batch_eval_metrics: bool = False  # compute_metrics(eval_pred, compute_result=...) per batch; the last call's dict
     eval_use_gather_object: bool = False  # several processes: non-tensor outputs gathered as objects (pickled)
     restore_callback_states_from_checkpoint: bool = True  # a resume gives callbacks their states (HF's default: False)
+    # the training order (HF's): "random", "sequential", or "group_by_length" (batches of samples of about one length,
+    # evaluation too; the lengths from a datasets.Dataset's `length_column_name` column, else each sample's input_ids)
+    train_sampling_strategy: str = "random"
+    length_column_name: str = "length"
+    optim_args: str | None = None  # "key=value,...": HF's options of the `optim` named sgd, adagrad or rmsprop
+    debug: str = ""  # "underflow_overflow": transformers' DebugUnderflowOverflow on the module while training (HF)
 
     def __post_init__(self) -> None:
         check_and_convert(self)

@@ -26,6 +26,10 @@ LOG_LEVELS = ("passive", "debug", "info", "warning", "error", "critical")
 FSDP_SHARDING = ("full", "hybrid")
 #: `data_order`: fitkit's own (Keras' way), or the batches and global draws of transformers.Trainer.
 DATA_ORDERS = ("fitkit", "trainer")
+#: HF's `train_sampling_strategy` names fitkit builds (the training order, and the evaluation's with grouping).
+SAMPLING_STRATEGIES = ("random", "sequential", "group_by_length")
+#: HF's `debug` options fitkit takes (its other, "tpu_metrics_debug", is XLA's).
+DEBUG_OPTIONS = ("underflow_overflow",)
 
 #: Integer fields: the smallest value allowed, and whether None is allowed too.
 _INTS: dict[str, tuple[int, bool]] = {
@@ -69,6 +73,7 @@ _CHOICES: dict[str, tuple[tuple, bool]] = {
     "save_strategy": (SAVE_STRATEGIES, False), "log_level": (LOG_LEVELS, False),
     "log_level_replica": (LOG_LEVELS, False), "fsdp_sharding": (FSDP_SHARDING, False),
     "data_order": (DATA_ORDERS, False),
+    "train_sampling_strategy": (SAMPLING_STRATEGIES, False), "debug": (("", *DEBUG_OPTIONS), False),
 }
 #: HF's `include_num_input_tokens_seen`: its names (True is "all", False "no").
 TOKENS_SEEN = ("no", "all", "non_padding")
@@ -285,6 +290,17 @@ def _check_hf_fields(args: Any, fail: Callable[[str, str], NoReturn]) -> None:
         if args.optim not in HF_OPTIMIZERS:
             fail("optim", f"{did_you_mean(args.optim, HF_OPTIMIZERS)}use one of {list(HF_OPTIMIZERS)}, or pass an "
                  "optimizer to compile")
+    if args.optim_args is not None:
+        if not isinstance(args.optim_args, str):
+            fail("optim_args", "pass 'key=value,...' (options of the optimizer `optim` names), or None")
+        if args.optim is None and args.optim_args:
+            fail("optim_args", "it gives options to the optimizer `optim` names: pass `optim` too (e.g. 'sgd'), or "
+                 "pass compile an optimizer built with its options")
+        from fitkit.adapters.optim_args import parse_optim_args
+
+        parse_optim_args(args.optim_args)  # a malformed text fails here, naming `optim_args`
+    if not isinstance(args.length_column_name, str) or not args.length_column_name:
+        fail("length_column_name", "pass the name of a datasets.Dataset column holding each sample's length")
     names = args.label_names
     if names is not None and (isinstance(names, str) or not all(isinstance(n, str) for n in names) or not names):
         fail("label_names", "pass a list of the batch keys that hold the target, e.g. ['labels']")

@@ -29,13 +29,15 @@ _TRANSLATED = ("fp16", "bf16", "disable_tqdm", "use_cpu", "lr_scheduler_type", "
                "metric_for_best_model", "report_to", "num_train_epochs", "optim", "output_dir", "fsdp_config",
                "fsdp", "deepspeed", "activation_checkpointing", "activation_checkpointing_kwargs", "accelerator_config",
                "torch_compile", "torch_compile_backend", "torch_compile_mode", "enable_jit_checkpoint",
-               "tf32", "lr_scheduler_kwargs")
+               "tf32", "lr_scheduler_kwargs", "debug", "train_sampling_strategy")
 
 #: HF fields transformers acts on itself when its arguments are built (torch's TF32 flags): in force for fitkit's run.
 APPLIED_BY_TRANSFORMERS = ("tf32",)
 
-#: HF fields the HF Trainer itself does not act on (the example scripts read them; the launcher sets local_rank).
-NOT_TRAINER_FIELDS = ("do_train", "do_eval", "do_predict", "local_rank")
+#: HF fields the HF Trainer itself does not act on (the example scripts read them; the launcher sets local_rank;
+#: transformers 5.23's Seq2SeqTrainer no longer reads `sortish_sampler`; the Trainer reads `optim_target_modules`
+#: only for the optimizers fitkit does not build, GaLore's and APOLLO's, whose `optim` is warned about itself).
+NOT_TRAINER_FIELDS = ("do_train", "do_eval", "do_predict", "local_rank", "sortish_sampler", "optim_target_modules")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,18 +63,21 @@ class HFSchedule:
                              scheduler_specific_kwargs=self.kwargs)
 
 
-def optimizer_spec(optim: str) -> Any:
+def optimizer_spec(optim: str, optim_args: str | None = None) -> Any:
     """The optimizer for an HF `optim` name: a fitkit name built with torch's defaults (as HF's
-    Trainer builds it, not Keras'), or torch's class for "adafactor"."""
+    Trainer builds it, not Keras'), with the options `optim_args` gives that name, or torch's
+    class for "adafactor"."""
     import torch
 
+    from fitkit.adapters.optim_args import optim_options
     from fitkit.adapters.optimizers import TorchDefaults
 
     name = HF_OPTIMIZERS.get(str(optim))
     if name is None:
         raise ValueError(f"`optim`={optim!r} is not available in fitkit; valid names are: {', '.join(HF_OPTIMIZERS)} "
                          "(or pass an optimizer to compile)")
-    return torch.optim.Adafactor if name == "adafactor" else TorchDefaults(name)
+    options = optim_options(str(optim), optim_args)  # a malformed text fails whatever the name, as under the Trainer
+    return torch.optim.Adafactor if name == "adafactor" else TorchDefaults(name, options)
 
 
 #: The Trainer's defaults where fitkit's own differ (the optimizer, its rate and decay, the schedule,
@@ -133,10 +138,18 @@ def from_hf(hf_args: Any) -> Any:
         options["optim"] = optim
     else:
         ignored.append(f"optim={optim!r}")
+        options.pop("optim_args", None)  # that optimizer's options: not built either
     if any(values.get(k) for k in ("torch_compile", "torch_compile_backend", "torch_compile_mode")):
         # torch.compile with HF's backend and mode (either implies torch_compile, HF fills in the backend)
         options["jit_compile"] = {k: values[f"torch_compile_{k}"] for k in ("backend", "mode")
                                   if values.get(f"torch_compile_{k}") is not None} or True
+    options["debug"], unread_debug = _debug(values.get("debug"))
+    ignored += [f"debug={name!r}" for name in unread_debug]
+    strategy = _plain(values.get("train_sampling_strategy", "random"))
+    if strategy == "batch_rebalance":  # not built: the Trainer's default order instead
+        ignored.append("train_sampling_strategy='batch_rebalance'")
+    else:
+        options["train_sampling_strategy"] = strategy
     if values.get("enable_jit_checkpoint"):  # HF's checkpoint on SIGTERM: fitkit's save_on_sigterm
         options["save_on_sigterm"] = True
     distributed, unread = distributed_options(values, hf_args)
@@ -160,12 +173,18 @@ def distributed_options(values: dict[str, Any], hf_args: Any = None) -> tuple[di
     options, unread = fsdp_options(fsdp, values.get("fsdp_config"))
     if deepspeed:
         from fitkit.config.hf_deepspeed import deepspeed_config
-
         options["strategy"] = deepspeed_config(deepspeed, hf_args) if hf_args is not None else read_config(
             deepspeed, "deepspeed")
     options.update(activation_options(values.get("activation_checkpointing"),
                                       values.get("activation_checkpointing_kwargs")))
     return options, unread
+
+
+def _debug(debug: Any) -> tuple[str, list[str]]:
+    """HF's `debug` (its options as text, or the list HF's `__post_init__` makes) as fitkit's field,
+    and the options that cannot apply here ("tpu_metrics_debug": XLA's metrics)."""
+    names = debug.split() if isinstance(debug, str) else [str(_plain(d)) for d in debug or []]
+    return " ".join(n for n in names if n != "tpu_metrics_debug"), [n for n in names if n == "tpu_metrics_debug"]
 
 
 def _same_value(value: Any, default: Any) -> bool:
@@ -195,8 +214,8 @@ def hf_explicit(hf_args: Any) -> set[str]:
             continue
         value = _plain(getattr(hf_args, name))
         try:
-            same = value == _plain(default) or (value in (None, [], "none", ["none"]) and _plain(default) in (
-                None, [], "none", ["none"]))
+            same = value == _plain(default) or (value in (None, [], "", "none", ["none"]) and _plain(default) in (
+                None, [], "", "none", ["none"]))  # `debug`: "" made [] by HF
         except Exception:  # noqa: BLE001 - a value whose == is not a bool
             same = False
         if same or (name == "disable_tqdm" and not value) or (name == "run_name" and value == hf_args.output_dir):
@@ -229,7 +248,7 @@ def is_hf_arguments(args: Any) -> bool:
 
 def run_optimizer(spec: Any, args: Any) -> Any:
     """The optimizer a fit builds: `args.optim` (an HF name) when set, else compile's `spec`."""
-    return optimizer_spec(args.optim) if getattr(args, "optim", None) else spec
+    return optimizer_spec(args.optim, getattr(args, "optim_args", None)) if getattr(args, "optim", None) else spec
 
 
 @contextlib.contextmanager
@@ -271,7 +290,9 @@ def full_determinism() -> None:
 
 
 def prepare_module(module: Any, args: Any) -> None:
-    """At the start of a fit: `full_determinism`; a warning for `label_names` fitkit does not take the target from;
+    """At the start of a fit: `full_determinism`; `debug="underflow_overflow"`: transformers'
+    `DebugUnderflowOverflow` on the module (an inf or nan in a forward: the frames before it printed,
+    then a ValueError), as the Trainer attaches it; a warning for `label_names` fitkit does not take the target from;
     `gradient_checkpointing=True`: `module.gradient_checkpointing_enable()` (a Hugging Face
     model's method); a module without it gets a warning, and trains as it is."""
     names = getattr(args, "label_names", None)
@@ -284,6 +305,10 @@ def prepare_module(module: Any, args: Any) -> None:
                           "batches", UserWarning, stacklevel=3)
     if getattr(args, "full_determinism", False):
         full_determinism()
+    if "underflow_overflow" in str(getattr(args, "debug", "") or "").split():
+        from transformers.debug_utils import DebugUnderflowOverflow
+
+        DebugUnderflowOverflow(module)  # its hooks stay on the module, as the Trainer leaves them
     use_cache, config = getattr(args, "use_cache", None), getattr(module, "config", None)
     if use_cache is not None and config is not None and hasattr(config, "use_cache"):
         config.use_cache = use_cache  # as the Trainer sets it

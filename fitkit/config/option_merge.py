@@ -45,7 +45,8 @@ CARRIED = ("data_collator", "compute_metrics", "remove_unused_columns", "process
 #: Trainer mode (an `evaluate()` after fit logs its record) and, with it, `disable_tqdm`'s printing.
 FROM_FIT = ("hf_trainer", "data_order", "verbose", "prediction_loss_only", "label_smoothing_factor",
             "dataloader_drop_last", "include_for_metrics",
-            "bf16_full_eval", "fp16_full_eval", "eval_do_concat_batches", "batch_eval_metrics", "eval_use_gather_object")
+            "bf16_full_eval", "fp16_full_eval", "eval_do_concat_batches", "batch_eval_metrics", "eval_use_gather_object",
+            "train_sampling_strategy", "length_column_name", "seed", "data_seed")
 
 #: compile's default optimizer: it does not count as given against `args.optim`.
 DEFAULT_OPTIMIZER = "adam"

@@ -172,13 +172,14 @@ class Trainer:
         """The training source and the validation one (None without validation data)."""
         args = self.args
         order_seed = args.seed if args.data_seed is None else args.data_seed  # HF's `data_seed`: the order's own
-        train, tensors = self._source(x, y, sample_weight, batch_size=args.batch_size, shuffle=args.shuffle,
+        shuffle = args.shuffle and args.train_sampling_strategy != "sequential"
+        train, tensors = self._source(x, y, sample_weight, batch_size=args.batch_size, shuffle=shuffle,
                                       seed=order_seed, pad=True)
         if validation_split:
             if validation_data is not None:
                 raise ValueError("pass either `validation_data` or `validation_split`, not both")
             (tx, ty, tsw), (vx, vy, vsw) = split_validation(tensors, x, validation_split)
-            train, _ = self._source(tx, ty, tsw, batch_size=args.batch_size, shuffle=args.shuffle, seed=order_seed,
+            train, _ = self._source(tx, ty, tsw, batch_size=args.batch_size, shuffle=shuffle, seed=order_seed,
                                     pad=True)
             val, _ = self._source(vx, vy, vsw, batch_size=args.eval_batch_size, shuffle=False, seed=None, pad=False,
                                   name="validation_split")

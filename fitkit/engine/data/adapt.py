@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from fitkit.engine.data.batch import batch_size_of
 from fitkit.engine.data.collate import SampleList, is_sample_list, loader_options
 from fitkit.engine.data.keras_data import BatchSequence, is_batch_sequence
+from fitkit.engine.data.length_groups import LengthGroups, sample_lengths
 from fitkit.engine.data.loader_source import LoaderSource
 from fitkit.engine.data.prefetch import MIN_STEP_S, can_prefetch
 from fitkit.engine.data.sampling import EpochSampler, process_group
@@ -153,6 +154,10 @@ def _adapt(x: Any, y: Any, sample_weight: Any, *, batch_size: int, shuffle: bool
         y = _arrays(y, "y", cast_float64) if y is not None else None
         sample_weight = _arrays(sample_weight, "sample_weight", cast_float64) if sample_weight is not None else None
         _check_len(x, y, sample_weight)
+        if training and getattr(args, "train_sampling_strategy", "random") == "group_by_length":
+            raise ValueError(f"`train_sampling_strategy`='group_by_length' groups the samples of a Dataset by length; "
+                             f"`{name}` holds arrays, whose samples all have one length: pass a Dataset of dicts "
+                             "(a `datasets.Dataset`, a list of dicts), or train_sampling_strategy='random'")
         source = TensorSource(x, y, sample_weight, batch_size=batch_size, shuffle=shuffle, seed=seed)
         source.draws = getattr(args, "data_order", "fitkit") == "trainer"
         return source, (x, y, sample_weight)
@@ -211,8 +216,26 @@ def _dataset_source(x: Dataset, *, batch_size: int, shuffle: bool, seed: int | N
     else:
         sampler = EpochSampler(len(x), shuffle, seed, per_batch=batch_size if as_trainer else None)  # type: ignore[arg-type]
         sampler.drop_last = bool(options.get("drop_last", False))  # dealt batches: the incomplete round dropped
+        sampler.groups = _length_groups(x, args, batch_size, seed, training, as_trainer)
         loader = DataLoader(x, batch_size=batch_size, sampler=sampler, generator=g, **options)
         source = LoaderSource(loader, num_samples=len(x))  # type: ignore[arg-type]
         source.sampler = sampler
     source.draws = as_trainer
     return source
+
+
+def _length_groups(x: Dataset, args: Any, batch_size: int, seed: int | None, training: bool,
+                   as_trainer: bool) -> LengthGroups | None:
+    """HF's `train_sampling_strategy="group_by_length"` for a map-style Dataset (None under another
+    strategy): the samples' lengths read as the Trainer reads them, in groups of the Trainer's size
+    (training: the batch size times `gradient_accumulation_steps`). Training draws its order from
+    torch's global generator under the Trainer's order, else from one seeded with `seed` plus the
+    epoch; an evaluation from one seeded with `data_seed` (else `seed`) each pass, as the Trainer's."""
+    if getattr(args, "train_sampling_strategy", "random") != "group_by_length":
+        return None
+    names = getattr(getattr(args, "processing_class", None), "model_input_names", None)
+    lengths = sample_lengths(x, args.length_column_name, names[0] if names else None)
+    if training:
+        return LengthGroups(lengths, batch_size * args.gradient_accumulation_steps,
+                            None if as_trainer else seed or 0, per_epoch=True)
+    return LengthGroups(lengths, batch_size, (args.seed if args.data_seed is None else args.data_seed) or 0)

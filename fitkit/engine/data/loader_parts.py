@@ -68,7 +68,7 @@ def plain_state(value: Any) -> bool:
 def evaluation_shard(loader: DataLoader, rank: int, world_size: int) -> DataLoader:
     """This rank's contiguous block of an evaluation DataLoader, so no sample counts twice.
 
-    Loaders in sequential order are rebuilt over a `BlockSampler`; others keep Fabric's
+    Loaders in sequential order (or grouped by length) are rebuilt over a `BlockSampler`; others keep Fabric's
     distributed sampler, which pads the last shard (a warning says so)."""
     sampler = loader.sampler
     sequential = isinstance(sampler, torch.utils.data.SequentialSampler) or (
@@ -77,7 +77,9 @@ def evaluation_shard(loader: DataLoader, rank: int, world_size: int) -> DataLoad
         logger.warning("evaluating a DataLoader with a custom sampler or batch sampler on %d processes: the "
                        "distributed sampler may repeat samples of the last shard", world_size)
         return loader
-    block_sampler = BlockSampler(len(cast(Sized, loader.dataset)), rank, world_size)  # sequential: map-style
+    groups = sampler.groups if isinstance(sampler, EpochSampler) else None  # grouped by length: blocks of that order
+    order = groups.order(0).tolist() if groups is not None else None
+    block_sampler = BlockSampler(len(cast(Sized, loader.dataset)), rank, world_size, order)  # sequential: map-style
     return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=block_sampler,
                       collate_fn=loader.collate_fn, num_workers=loader.num_workers,
                       pin_memory=loader.pin_memory, drop_last=False, generator=loader.generator)

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import torch
 
+from fitkit.engine.data.length_groups import LengthGroups
 from fitkit.engine.data.trainer_order import batches_per_process, deal_batches
 
 
@@ -68,15 +69,19 @@ def block(total: int, rank: int, world_size: int) -> tuple[int, int]:
 
 
 class BlockSampler(torch.utils.data.Sampler):
-    """Evaluation under several processes: this rank's contiguous block, nothing repeated."""
+    """Evaluation under several processes: this rank's contiguous block, nothing repeated; of
+    `order` when given (an evaluation grouped by length), else of the samples in their order."""
 
-    def __init__(self, size: int, rank: int, world_size: int):
+    def __init__(self, size: int, rank: int, world_size: int, order: list[int] | None = None):
         self.start, self.end = block(size, rank, world_size)
+        self.order = order
 
     def __len__(self) -> int:
         return self.end - self.start
 
     def __iter__(self) -> Iterator[int]:
+        if self.order is not None:
+            return iter(self.order[self.start : self.end])
         return iter(range(self.start, self.end))
 
 
@@ -97,6 +102,8 @@ class EpochSampler(torch.utils.data.DistributedSampler):
         self.epoch = 0
         self.skip = 0  # samples of the epoch's order, over all processes
         self.drop_last = False
+        #: "group_by_length": each epoch's order grouped by the samples' lengths (None: random or sequential)
+        self.groups: LengthGroups | None = None
 
     @property
     def rank(self) -> int:  # type: ignore[override]
@@ -119,7 +126,12 @@ class EpochSampler(torch.utils.data.DistributedSampler):
         return math.ceil(self.size / world_size)
 
     def __iter__(self) -> Iterator[int]:
-        order = epoch_permutation(self.size, self.seed, self.epoch) if self.shuffle else torch.arange(self.size)
+        if self.groups is not None:
+            order = self.groups.order(self.epoch)
+        elif self.shuffle:
+            order = epoch_permutation(self.size, self.seed, self.epoch)
+        else:
+            order = torch.arange(self.size)
         rank, world_size = process_group()
         if self.per_batch is not None:
             return iter(deal_batches(order, self.skip, rank, world_size, self.per_batch, self.drop_last).tolist())
