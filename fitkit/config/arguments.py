@@ -207,6 +207,10 @@ class TrainingArguments(metaclass=_TakesOtherNames):
     ddp_bucket_cap_mb: int | None = None
     ddp_broadcast_buffers: bool | None = None
     ddp_static_graph: bool | None = None
+    # the Trainer face: a `**kwargs` model's loss over the window's label tokens of every process (False: this one's)
+    average_tokens_across_devices: bool = True
+    auto_find_batch_size: bool = False  # an out-of-memory error restarts training with 0.9 x the batch size (HF)
+    save_on_each_node: bool = False  # checkpoints written by each node's local rank 0, not only global rank 0 (HF)
 
     def __post_init__(self) -> None:
         check_and_convert(self)

@@ -59,6 +59,7 @@ _BOOLS: dict[str, bool] = {
     "prediction_loss_only": False, "use_cache": True, "dataloader_persistent_workers": False,
     "dataloader_in_order": False, "ddp_find_unused_parameters": True, "ddp_broadcast_buffers": True,
     "ddp_static_graph": True, "full_determinism": False, "save_only_model": False,
+    "average_tokens_across_devices": False, "auto_find_batch_size": False, "save_on_each_node": False,
 }
 #: String fields taking one of a set of names, and whether None is allowed too.
 _CHOICES: dict[str, tuple[tuple, bool]] = {
