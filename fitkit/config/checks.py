@@ -289,6 +289,8 @@ def _check_hf_fields(args: Any, fail: Callable[[str, str], NoReturn]) -> None:
     for name in ("compute_metrics", "data_collator", "preprocess_logits_for_metrics", "post_process_function"):
         if getattr(args, name) is not None and not callable(getattr(args, name)):
             fail(name, "pass a function, or None")
+    if args.save_on_each_node and args.save_async:
+        fail("save_on_each_node", "each node's writer is the synchronous one: pass save_async=False with it")
     from fitkit.config.hf_processing import check_habit_fields
 
     check_habit_fields(args, fail)
