@@ -80,9 +80,11 @@ def _losses(history):
     return [r["loss"] for r in history if "loss" in r]
 
 
-def test_a_causal_lm_divides_by_the_windows_label_tokens_as_the_trainer(tmp_path):
+@pytest.mark.parametrize("across", [True, False])
+def test_a_causal_lm_divides_by_the_windows_label_tokens_as_the_trainer(tmp_path, across):
+    """On one process `average_tokens_across_devices` changes nothing, in both (two: test_hf_trainer_ddp.py)."""
     data = padded_lm_data(20)
-    hf, ours = both(tmp_path, tiny_gpt2, data)
+    hf, ours = both(tmp_path, tiny_gpt2, data, average_tokens_across_devices=across)
     assert len(_losses(ours[0])) == 4  # windows of 3, 3, 3 and 1 batches
     assert_same_run(hf, ours)
 

@@ -1,11 +1,13 @@
-"""HF's `auto_find_batch_size`: training that fails for want of memory starts again with a
-smaller batch, as the Trainer does through accelerate's `find_executable_batch_size` (the batch
+"""HF's `auto_find_batch_size`: training that runs out of memory starts again with a smaller batch.
+
+As the Trainer does it through accelerate's `find_executable_batch_size` (the batch
 size times 0.9, rounded down, until a run ends or it reaches zero)::
 
     size = with_smaller_batches(lambda size: train(size), start=64, enabled=args.auto_find_batch_size)
 
-What counts as out of memory is accelerate's rule (`fitkit.common.memory_errors`). Between attempts Python's garbage is collected and the accelerator's cache
-emptied; the module keeps the weights the failed attempt left, as the Trainer's does.
+What counts as out of memory is accelerate's rule (`fitkit.common.memory_errors`). Between
+attempts Python's garbage is collected and the accelerator's cache emptied; the module keeps the
+weights (and the optimizer its state) the failed attempt left, as the Trainer's does.
 """
 
 from __future__ import annotations

@@ -100,7 +100,7 @@ class Stepper:
             if isinstance(inputs, dict):
                 items = self._items  # the Trainer's `num_items_in_batch`, in a token-counted training window
                 out = (module(**inputs, labels=target) if items is None
-                       else module(**inputs, labels=target, num_items_in_batch=items.count))
+                       else module(**inputs, labels=target, num_items_in_batch=items.tokens))
             else:
                 out = module(*inputs, target)
             return scalar_loss(model_loss(out)), metric_outputs(out)

@@ -1,6 +1,7 @@
-"""The Trainer's token-count loss (transformers' `num_items_in_batch`): for a model whose `forward`
-takes loss keywords (`**kwargs`, or `accepts_loss_kwargs = True`), the label tokens of the whole
-accumulation window (labels != -100; a causal LM's from the second position on) are counted
+"""The Trainer's token-count loss (transformers' `num_items_in_batch`) under gradient accumulation.
+
+For a model whose `forward` takes loss keywords (`**kwargs`, or `accepts_loss_kwargs = True`),
+the label tokens of the whole accumulation window (labels != -100; a causal LM's from the second position on) are counted
 before its first forward, summed over the processes under `average_tokens_across_devices`, and
 given to every forward of the window as `num_items_in_batch`. The model then divides its summed
 loss by them, so the micro-batches' losses are not divided by the window's length again, and
@@ -30,10 +31,10 @@ IGNORE_INDEX = -100
 
 
 class LossItems(NamedTuple):
-    """What a window's forwards get: `count` (a device tensor) as `num_items_in_batch`, and the
+    """What a window's forwards get: `tokens` (a device tensor) as `num_items_in_batch`, and the
     factor the loss is multiplied by (the number of processes, or 1)."""
 
-    count: torch.Tensor
+    tokens: torch.Tensor
     scale: int
 
 

@@ -42,8 +42,8 @@ from fitkit.common.schedule import steps_per_epoch, unplanned_steps
 from fitkit.engine.checkpoint import run_lock, store, trainer_checkpoints
 from fitkit.engine.checkpoint.layout import CheckpointError
 from fitkit.engine.checkpoint.listing import is_complete, list_checkpoints
-from fitkit.engine.checkpoint.node_writers import writes_checkpoints
 from fitkit.engine.checkpoint.loading import holds_optimizer, load_checkpoint, saved_state, warn_on_resume
+from fitkit.engine.checkpoint.node_writers import writes_checkpoints
 from fitkit.engine.checkpoint.verify import own_copy, resolve, verified
 from fitkit.engine.checkpoint.writing import (
     CheckpointWriter,

@@ -1,6 +1,7 @@
-"""Which processes write a checkpoint's files: the global-zero process, or with HF's
-`save_on_each_node` the local-zero process of every node (the Trainer's `args.should_save`), for
-nodes that do not share the `output_dir`'s disk::
+"""Which processes write a checkpoint's files (HF's `save_on_each_node`).
+
+The global-zero process, or with `save_on_each_node` the local-zero process of every node (the
+Trainer's `args.should_save`), for nodes that do not share the `output_dir`'s disk::
 
     if writes_checkpoints(fabric, args):
         ...                                    # prepare, commit, rotate

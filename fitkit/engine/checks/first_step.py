@@ -20,8 +20,8 @@ import torch
 from fitkit.adapters.losses import Loss
 from fitkit.adapters.outputs import is_structure
 from fitkit.common.keras_idioms import keras_idiom_hint
-from fitkit.common.options import error_line
 from fitkit.common.memory_errors import out_of_memory
+from fitkit.common.options import error_line
 from fitkit.common.tensors import tensors_of
 from fitkit.engine.checks.inputs import _probe_safe, _read_stats, _warn_non_finite, check_batch
 from fitkit.engine.checks.memo import CheckMemo, _identity
