@@ -205,6 +205,7 @@ class Loop(Inference, BestModel):
         args, state, cb, stepper = self.args, self.state, self.handler, self.stepper
         accum = args.gradient_accumulation_steps
         add_loss: Callable[[torch.Tensor, float], None] = self.policy.loss_adder(self.loss, state, args)
+        keep = self.policy.loss_filter(self.loss, state, args)  # for an accumulation window's micro-batches
         per_step = self.loss.per_step  # HF's Trainer log: the mean of the steps' losses, not of the samples'
         flos_key, flos_factor = self.flos or ("", 0)
         metrics = self.train_metrics if self.train_metrics else None
@@ -234,9 +235,11 @@ class Loop(Inference, BestModel):
                     add_loss(loss, 1 if per_step else batch.size)
                 else:  # the Trainer's step loss: the window's losses (divided by its length unless token-counted)
                     part = loss.detach() if items is not None else loss.detach() / cycle
+                    if keep is not None:  # logging_nan_inf_filter, micro-batch by micro-batch as the Trainer's
+                        part = keep(part)
                     window_loss = part if window_loss is None or micro == 1 else window_loss + part
                     if micro == cycle:
-                        add_loss(window_loss, 1)
+                        self.loss.running.add(window_loss, 1)
                 if metrics is not None and batch.target is not None:
                     metrics.update(out, batch.target, batch.sample_weight)
             else:

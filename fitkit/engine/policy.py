@@ -52,6 +52,10 @@ class KerasPolicy:
         """What adds a step's loss to the epoch's running sum (`EpochLoss.running.add`)."""
         return loss.running.add
 
+    def loss_filter(self, loss: Any, state: Any, args: TrainingArguments) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """What a micro-batch's loss goes through before a window's sum (None: nothing)."""
+        return None
+
     def token_loss(self, stepper: Any, args: TrainingArguments) -> TokenLoss | None:
         """What counts the label tokens of each accumulation window: nothing on this face (each
         micro-batch's mean loss, divided by the window's length)."""
@@ -101,6 +105,13 @@ class TrainerPolicy(KerasPolicy):
         if not args.logging_nan_inf_filter:
             return loss.running.add
         return loss.nan_inf_filtered(lambda: state.global_step - max(self._logged_step, 0))
+
+    def loss_filter(self, loss: Any, state: Any, args: TrainingArguments) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """`loss_adder`'s filter alone, for the micro-batches of an accumulation window, which the
+        loop adds up and adds once a step (the Trainer filters each micro-batch's loss)."""
+        if not args.logging_nan_inf_filter:
+            return None
+        return loss.nan_inf_filter(lambda: state.global_step - max(self._logged_step, 0))
 
     def token_loss(self, stepper: Any, args: TrainingArguments) -> TokenLoss | None:
         """The Trainer's `num_items_in_batch` for a module that computes its loss and takes loss

@@ -158,14 +158,25 @@ class EpochLoss:
         """HF's `logging_nan_inf_filter` (`per_step`): an `add` that takes a nan or inf step loss
         as the sum of the steps' losses since the last log over `1 + steps_since_log()`, as the
         Trainer does; on the device (a `where`, no host read)."""
+        keep = self.nan_inf_filter(steps_since_log)
+
         def add(loss: torch.Tensor, size: float) -> None:
+            self.running.add(keep(loss), size)
+
+        return add
+
+    def nan_inf_filter(self, steps_since_log: Callable[[], int]) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The filter of `nan_inf_filtered` alone: a micro-batch's loss, or in its place when nan or
+        inf the losses since the last log over `1 + steps_since_log()` (the Trainer filters each
+        micro-batch of an accumulation window so); what it returns counts as added since the log."""
+        def keep(loss: torch.Tensor) -> torch.Tensor:
             loss = loss.detach()
             since = self._since_log if self._since_log is not None else torch.zeros_like(loss, dtype=torch.float32)
             kept = torch.where(torch.isfinite(loss), loss, since / (1 + steps_since_log()))
             self._since_log = since + kept
-            self.running.add(kept, size)
+            return kept
 
-        return add
+        return keep
 
     def unlogged(self) -> tuple[float, float]:
         """`per_step`: the sums of the closed epochs' steps after their last log, which the next
