@@ -34,7 +34,7 @@ from fitkit.engine.overrides import StepMeans, StepOverrides, StepTools
 from fitkit.engine.preemption import Preemption
 from fitkit.engine.run_context import RunContext
 from fitkit.engine.run_metrics import RunMetrics
-from fitkit.engine.running_loss import EpochLoss
+from fitkit.engine.running_loss import EpochLoss, WindowLoss
 from fitkit.engine.step import Stepper
 from fitkit.engine.token_loss import TokenLoss
 from fitkit.engine.tokens_seen import TokensSeen
@@ -205,7 +205,7 @@ class Loop(Inference, BestModel):
         args, state, cb, stepper = self.args, self.state, self.handler, self.stepper
         accum = args.gradient_accumulation_steps
         add_loss: Callable[[torch.Tensor, float], None] = self.policy.loss_adder(self.loss, state, args)
-        keep = self.policy.loss_filter(self.loss, state, args)  # for an accumulation window's micro-batches
+        window = WindowLoss(self.loss, self.policy.loss_filter(self.loss, state, args))  # per_step accumulation
         per_step = self.loss.per_step  # HF's Trainer log: the mean of the steps' losses, not of the samples'
         flos_key, flos_factor = self.flos or ("", 0)
         metrics = self.train_metrics if self.train_metrics else None
@@ -216,7 +216,6 @@ class Loop(Inference, BestModel):
                  else zip(batches, itertools.repeat(None)))
         micro, cycle = 0, 1
         loss: torch.Tensor | None
-        window_loss: torch.Tensor | None = None  # a token-counted window's summed loss: the Trainer's step loss
         for i, (batch, items) in enumerate(pairs, start):
             inputs = batch.inputs
             if inputs.__class__ is dict and "input_ids" in inputs:  # tokens/s for the display: a shape, no read
@@ -233,13 +232,8 @@ class Loop(Inference, BestModel):
                 loss, out = stepper.forward_backward(batch, cycle, micro == cycle, items)
                 if not per_step or cycle == 1:
                     add_loss(loss, 1 if per_step else batch.size)
-                else:  # the Trainer's step loss: the window's losses (divided by its length unless token-counted)
-                    part = loss.detach() if items is not None else loss.detach() / cycle
-                    if keep is not None:  # logging_nan_inf_filter, micro-batch by micro-batch as the Trainer's
-                        part = keep(part)
-                    window_loss = part if window_loss is None or micro == 1 else window_loss + part
-                    if micro == cycle:
-                        self.loss.running.add(window_loss, 1)
+                else:  # the Trainer's step loss: the window's losses, added once a step
+                    window.add(loss, micro, cycle, counted=items is not None)
                 if metrics is not None and batch.target is not None:
                     metrics.update(out, batch.target, batch.sample_weight)
             else:

@@ -241,6 +241,32 @@ class EpochLoss:
         return record
 
 
+class WindowLoss:
+    """The Trainer's step loss under gradient accumulation (`per_step`): the sum of the window's
+    micro-batch losses, each divided by the window's length unless token-counted (the module
+    divided it by the window's label tokens), each through `keep` (`logging_nan_inf_filter`)
+    first, added to the epoch's running sum once, at the window's last micro-batch::
+
+        window = WindowLoss(epoch_loss, keep=None)
+        window.add(loss, micro=1, cycle=2, counted=False); window.add(loss, micro=2, cycle=2, counted=False)
+    """
+
+    __slots__ = ("epoch_loss", "keep", "total")
+
+    def __init__(self, epoch_loss: EpochLoss, keep: Callable[[torch.Tensor], torch.Tensor] | None) -> None:
+        self.epoch_loss, self.keep = epoch_loss, keep
+        self.total: torch.Tensor | None = None
+
+    def add(self, loss: torch.Tensor, micro: int, cycle: int, counted: bool) -> None:
+        """Micro-batch `micro` (from 1) of a window of `cycle`."""
+        part = loss.detach() if counted else loss.detach() / cycle
+        if self.keep is not None:  # the Trainer filters each micro-batch's loss
+            part = self.keep(part)
+        self.total = part if micro == 1 or self.total is None else self.total + part
+        if micro == cycle:
+            self.epoch_loss.running.add(self.total, 1)
+
+
 def _decode(row: list[float]) -> list[Any]:
     n = int(row[3])
     sizes = [int(s) for s in row[4 + FOLD_EVERY:4 + FOLD_EVERY + n]]
