@@ -160,6 +160,24 @@ def test_logging_nan_inf_filter_logs_the_mean_in_place_of_an_infinite_step_loss(
     assert any(r.get("loss") == float("inf") for r in unfiltered)  # the Trainer's run had its infinite step
 
 
+class InfiniteOnToken1Kwargs(InfiniteOnToken1):
+    """The same, with a forward that takes `**kwargs`: the Trainer's token-count loss path."""
+
+    def forward(self, input_ids, labels=None, **kwargs):
+        return super().forward(input_ids, labels)
+
+
+@pytest.mark.parametrize("make_model", [InfiniteOnToken1, InfiniteOnToken1Kwargs])
+def test_logging_nan_inf_filter_under_accumulation_filters_each_micro_batch(tmp_path, make_model):
+    """One micro-batch of a window infinite: the Trainer filters it alone, in place of it the
+    losses since the last log (the window's earlier micro-batches included) over the steps."""
+    rows = token_data(32, seed=0).to_dict()
+    rows["input_ids"][5][0] = 1
+    logs, _, _ = both_runs(tmp_path, make_model=make_model, train=datasets.Dataset.from_dict(rows), logging_steps=2,
+                           per_device_train_batch_size=4, gradient_accumulation_steps=2)
+    assert all(abs(r["loss"]) != float("inf") for r in logs if "loss" in r)
+
+
 # -- fields fitkit maps onto its own options: what each becomes --------------------------------------------
 def from_hf_fields(**fields):
     from fitkit.config.hf_arguments import from_hf

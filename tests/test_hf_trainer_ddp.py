@@ -16,6 +16,8 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "hf_trainer_ddp.py")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: Values of the log history that are timings (they differ run to run).
 TIMINGS = ("_runtime", "_per_second")
+#: The token-count loss cases of the script (`average_tokens_across_devices` True or False).
+CASES = ("gpt2-across", "gpt2-local", "bert-local")
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +27,11 @@ def runs(tmp_path_factory):
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                            SCRIPT, str(out)], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    return {(form, rank): torch.load(out / f"{form}-{rank}.pt", weights_only=True)
-            for form in ("trainer", "fitkit") for rank in (0, 1)}
+    found = {(form, rank): torch.load(out / f"{form}-{rank}.pt", weights_only=True)
+             for form in ("trainer", "fitkit") for rank in (0, 1)}
+    found.update({(form, case, rank): torch.load(out / f"{form}-{case}-{rank}.pt", weights_only=True)
+                  for form in ("trainer", "fitkit") for case in CASES for rank in (0, 1)})
+    return found
 
 
 @pytest.mark.slow
@@ -38,17 +43,31 @@ def test_each_rank_reads_the_trainers_samples_step_by_step(runs):
     assert runs["trainer", 0]["batches"] != runs["trainer", 1]["batches"]  # the ranks read different samples
 
 
+def assert_same(theirs, ours, rank):
+    for name, value in ours["weights"].items():
+        assert torch.allclose(value, theirs["weights"][name], atol=1e-5), (rank, name)
+    assert len(ours["log_history"]) == len(theirs["log_history"])
+    for mine, other in zip(ours["log_history"], theirs["log_history"]):
+        assert list(mine) == list(other), (mine, other)
+        for key, value in mine.items():
+            if not key.endswith(TIMINGS):
+                assert value == pytest.approx(other[key], rel=1e-5, abs=1e-5), (rank, key, mine, other)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES)
+def test_the_token_count_loss_of_every_rank_is_the_trainers(runs, case):
+    """`num_items_in_batch` over both processes' label tokens (or each one's) and the loss times
+    the number of processes, as the Trainer: the same weights and log history on every rank."""
+    for rank in (0, 1):
+        assert_same(runs["trainer", case, rank], runs["fitkit", case, rank], rank)
+    across, local = runs["fitkit", "gpt2-across", 0]["log_history"], runs["fitkit", "gpt2-local", 0]["log_history"]
+    assert [r["grad_norm"] for r in across[:-1]] != pytest.approx([r["grad_norm"] for r in local[:-1]], abs=1e-4)
+
+
 @pytest.mark.slow
 def test_the_same_weights_and_log_history_on_every_rank(runs):
     for rank in (0, 1):
-        theirs, ours = runs["trainer", rank], runs["fitkit", rank]
-        for name, value in ours["weights"].items():
-            assert torch.allclose(value, theirs["weights"][name], atol=1e-5), (rank, name)
-        assert len(ours["log_history"]) == len(theirs["log_history"])
-        for mine, other in zip(ours["log_history"], theirs["log_history"]):
-            assert list(mine) == list(other), (mine, other)
-            for key, value in mine.items():
-                if not key.endswith(TIMINGS):
-                    assert value == pytest.approx(other[key], rel=1e-5, abs=1e-5), (rank, key, mine, other)
+        assert_same(runs["trainer", rank], runs["fitkit", rank], rank)
     trained, other = runs["trainer", 0]["weights"], runs["trainer", 1]["weights"]
     assert all(torch.equal(value, other[name]) for name, value in trained.items())  # DDP keeps the ranks in sync

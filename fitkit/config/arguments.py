@@ -223,6 +223,10 @@ class TrainingArguments(metaclass=_TakesOtherNames):
     length_column_name: str = "length"
     optim_args: str | None = None  # "key=value,...": HF's options of the `optim` named sgd, adagrad or rmsprop
     debug: str = ""  # "underflow_overflow": transformers' DebugUnderflowOverflow on the module while training (HF)
+    # the Trainer face: a `**kwargs` model's loss over the window's label tokens of every process (False: this one's)
+    average_tokens_across_devices: bool = True
+    auto_find_batch_size: bool = False  # an out-of-memory error restarts training with 0.9 x the batch size (HF)
+    save_on_each_node: bool = False  # checkpoints written by each node's local rank 0, not only global rank 0 (HF)
 
     def __post_init__(self) -> None:
         check_and_convert(self)

@@ -66,6 +66,7 @@ _BOOLS: dict[str, bool] = {
     "ddp_static_graph": True, "full_determinism": False, "save_only_model": False,
     "bf16_full_eval": False, "fp16_full_eval": False, "eval_do_concat_batches": False, "batch_eval_metrics": False,
     "eval_use_gather_object": False, "restore_callback_states_from_checkpoint": False,
+    "average_tokens_across_devices": False, "auto_find_batch_size": False, "save_on_each_node": False,
 }
 #: String fields taking one of a set of names, and whether None is allowed too.
 _CHOICES: dict[str, tuple[tuple, bool]] = {
@@ -307,6 +308,8 @@ def _check_hf_fields(args: Any, fail: Callable[[str, str], NoReturn]) -> None:
     for name in ("compute_metrics", "data_collator", "preprocess_logits_for_metrics", "post_process_function"):
         if getattr(args, name) is not None and not callable(getattr(args, name)):
             fail(name, "pass a function, or None")
+    if args.save_on_each_node and args.save_async:
+        fail("save_on_each_node", "each node's writer is the synchronous one: pass save_async=False with it")
     from fitkit.config.hf_processing import check_habit_fields
 
     check_habit_fields(args, fail)

@@ -34,8 +34,9 @@ from fitkit.engine.overrides import StepMeans, StepOverrides, StepTools
 from fitkit.engine.preemption import Preemption
 from fitkit.engine.run_context import RunContext
 from fitkit.engine.run_metrics import RunMetrics
-from fitkit.engine.running_loss import EpochLoss
+from fitkit.engine.running_loss import EpochLoss, WindowLoss
 from fitkit.engine.step import Stepper
+from fitkit.engine.token_loss import TokenLoss
 from fitkit.engine.tokens_seen import TokensSeen
 from fitkit.events.handler import CallbackHandler
 from fitkit.events.hf_view import evaluated_metrics
@@ -77,6 +78,7 @@ class Loop(Inference, BestModel):
         # the last step's gradient norm when the policy measures it: a device tensor read only when logged
         self.grad_norm: torch.Tensor | None = None
         self.tokens: TokensSeen | None = None  # HF's include_num_input_tokens_seen, set by `train`
+        self.token_loss: TokenLoss | None = None  # the Trainer's num_items_in_batch, set by `train` (policy's)
         self._train_started = 0.0
         self.flos: tuple[str, int] | None = None  # the policy's FLOPs count: (the main input's key, factor)
         self.local_flos = 0  # this process's count since the last `store_flos`
@@ -116,6 +118,7 @@ class Loop(Inference, BestModel):
         first_step = state.global_step
         # HF's include_num_input_tokens_seen (None: not counted)
         self.tokens = TokensSeen.of(args, unwrapped(self.stepper.module), self.fabric, state.num_input_tokens_seen)
+        self.token_loss = self.policy.token_loss(self.stepper, args)
         self._train_started = time.perf_counter()
         if args.eval_on_start and val is not None:  # HF's eval_on_start: no best tracked
             self._evaluate_and_log()
@@ -202,14 +205,18 @@ class Loop(Inference, BestModel):
         args, state, cb, stepper = self.args, self.state, self.handler, self.stepper
         accum = args.gradient_accumulation_steps
         add_loss: Callable[[torch.Tensor, float], None] = self.policy.loss_adder(self.loss, state, args)
+        window = WindowLoss(self.loss, self.policy.loss_filter(self.loss, state, args))  # per_step accumulation
         per_step = self.loss.per_step  # HF's Trainer log: the mean of the steps' losses, not of the samples'
         flos_key, flos_factor = self.flos or ("", 0)
         metrics = self.train_metrics if self.train_metrics else None
         own_step, carry = self.overrides.train_step, self._carry
-        tokens = self.tokens
+        tokens, token_loss = self.tokens, self.token_loss
+        # the Trainer's `num_items_in_batch`: each window read whole and its label tokens counted first
+        pairs = (token_loss.windows(batches, start, accum, n_batches) if token_loss is not None and own_step is None
+                 else zip(batches, itertools.repeat(None)))
         micro, cycle = 0, 1
         loss: torch.Tensor | None
-        for i, batch in enumerate(batches, start):
+        for i, (batch, items) in enumerate(pairs, start):
             inputs = batch.inputs
             if inputs.__class__ is dict and "input_ids" in inputs:  # tokens/s for the display: a shape, no read
                 self.epoch_tokens += inputs["input_ids"].numel()
@@ -222,8 +229,11 @@ class Loop(Inference, BestModel):
                 self.control = cb.on_step_begin(args, state, self.control)
             micro += 1
             if own_step is None:
-                loss, out = stepper.forward_backward(batch, cycle, last=micro == cycle)
-                add_loss(loss, 1 if per_step else batch.size)
+                loss, out = stepper.forward_backward(batch, cycle, micro == cycle, items)
+                if not per_step or cycle == 1:
+                    add_loss(loss, 1 if per_step else batch.size)
+                else:  # the Trainer's step loss: the window's losses, added once a step
+                    window.add(loss, micro, cycle, counted=items is not None)
                 if metrics is not None and batch.target is not None:
                     metrics.update(out, batch.target, batch.sample_weight)
             else:

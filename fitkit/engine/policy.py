@@ -18,6 +18,7 @@ branch of its own on the face::
 | retention at the end | every checkpoint the limit kept | `save_total_limit=1`: the best alone |
 | a norm layer in a wholly frozen part | inference mode (Keras' frozen BatchNorm) | trains, as torch and the Trainer do |
 | parameters frozen or unfrozen since `compile` | Keras' warning (recompile) | no warning |
+| a model whose `forward` takes `**kwargs` and computes its loss | the micro-batches' mean | the window's label tokens as `num_items_in_batch` (`fitkit.engine.token_loss`) |
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from fitkit.config.arguments import TrainingArguments
     from fitkit.engine.checkpoint.checkpointer import Checkpointer
+    from fitkit.engine.token_loss import TokenLoss
 
 
 class KerasPolicy:
@@ -49,6 +51,15 @@ class KerasPolicy:
     def loss_adder(self, loss: Any, state: Any, args: TrainingArguments) -> Callable[[torch.Tensor, float], None]:
         """What adds a step's loss to the epoch's running sum (`EpochLoss.running.add`)."""
         return loss.running.add
+
+    def loss_filter(self, loss: Any, state: Any, args: TrainingArguments) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """What a micro-batch's loss goes through before a window's sum (None: nothing)."""
+        return None
+
+    def token_loss(self, stepper: Any, args: TrainingArguments) -> TokenLoss | None:
+        """What counts the label tokens of each accumulation window: nothing on this face (each
+        micro-batch's mean loss, divided by the window's length)."""
+        return None
 
     def training_record(self, loop: Any, epoch_end: bool) -> dict[str, float] | None:
         """The training values to log now: at an epoch's end the epoch's values (put together
@@ -94,6 +105,20 @@ class TrainerPolicy(KerasPolicy):
         if not args.logging_nan_inf_filter:
             return loss.running.add
         return loss.nan_inf_filtered(lambda: state.global_step - max(self._logged_step, 0))
+
+    def loss_filter(self, loss: Any, state: Any, args: TrainingArguments) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """`loss_adder`'s filter alone, for the micro-batches of an accumulation window, which the
+        loop adds up and adds once a step (the Trainer filters each micro-batch's loss)."""
+        if not args.logging_nan_inf_filter:
+            return None
+        return loss.nan_inf_filter(lambda: state.global_step - max(self._logged_step, 0))
+
+    def token_loss(self, stepper: Any, args: TrainingArguments) -> TokenLoss | None:
+        """The Trainer's `num_items_in_batch` for a module that computes its loss and takes loss
+        keywords (`model_accepts_loss_kwargs`), `average_tokens_across_devices` honoured."""
+        from fitkit.engine.token_loss import TokenLoss
+
+        return TokenLoss.of(stepper, args)
 
     def training_record(self, loop: Any, epoch_end: bool) -> dict[str, float] | None:
         step = loop.state.global_step

@@ -158,14 +158,25 @@ class EpochLoss:
         """HF's `logging_nan_inf_filter` (`per_step`): an `add` that takes a nan or inf step loss
         as the sum of the steps' losses since the last log over `1 + steps_since_log()`, as the
         Trainer does; on the device (a `where`, no host read)."""
+        keep = self.nan_inf_filter(steps_since_log)
+
         def add(loss: torch.Tensor, size: float) -> None:
+            self.running.add(keep(loss), size)
+
+        return add
+
+    def nan_inf_filter(self, steps_since_log: Callable[[], int]) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The filter of `nan_inf_filtered` alone: a micro-batch's loss, or in its place when nan or
+        inf the losses since the last log over `1 + steps_since_log()` (the Trainer filters each
+        micro-batch of an accumulation window so); what it returns counts as added since the log."""
+        def keep(loss: torch.Tensor) -> torch.Tensor:
             loss = loss.detach()
             since = self._since_log if self._since_log is not None else torch.zeros_like(loss, dtype=torch.float32)
             kept = torch.where(torch.isfinite(loss), loss, since / (1 + steps_since_log()))
             self._since_log = since + kept
-            self.running.add(kept, size)
+            return kept
 
-        return add
+        return keep
 
     def unlogged(self) -> tuple[float, float]:
         """`per_step`: the sums of the closed epochs' steps after their last log, which the next
@@ -228,6 +239,32 @@ class EpochLoss:
             record[4 + FOLD_EVERY:4 + FOLD_EVERY + n] = torch.tensor([float(s) for _, s in pending],
                                                                     dtype=torch.float64)
         return record
+
+
+class WindowLoss:
+    """The Trainer's step loss under gradient accumulation (`per_step`): the sum of the window's
+    micro-batch losses, each divided by the window's length unless token-counted (the module
+    divided it by the window's label tokens), each through `keep` (`logging_nan_inf_filter`)
+    first, added to the epoch's running sum once, at the window's last micro-batch::
+
+        window = WindowLoss(epoch_loss, keep=None)
+        window.add(loss, micro=1, cycle=2, counted=False); window.add(loss, micro=2, cycle=2, counted=False)
+    """
+
+    __slots__ = ("epoch_loss", "keep", "total")
+
+    def __init__(self, epoch_loss: EpochLoss, keep: Callable[[torch.Tensor], torch.Tensor] | None) -> None:
+        self.epoch_loss, self.keep = epoch_loss, keep
+        self.total: torch.Tensor | None = None
+
+    def add(self, loss: torch.Tensor, micro: int, cycle: int, counted: bool) -> None:
+        """Micro-batch `micro` (from 1) of a window of `cycle`."""
+        part = loss.detach() if counted else loss.detach() / cycle
+        if self.keep is not None:  # the Trainer filters each micro-batch's loss
+            part = self.keep(part)
+        self.total = part if micro == 1 or self.total is None else self.total + part
+        if micro == cycle:
+            self.epoch_loss.running.add(self.total, 1)
 
 
 def _decode(row: list[float]) -> list[Any]:

@@ -23,6 +23,7 @@ from fitkit.engine.data.batch import Batch
 
 if TYPE_CHECKING:
     from fitkit.config.arguments import TrainingArguments
+    from fitkit.engine.token_loss import LossItems
 
 #: What a step calls as its loss, `loss(outputs, targets, sample_weight)`: a compiled `Loss`, or
 #: the stand-in that checks the first batch (`fitkit.engine.checks`).
@@ -60,6 +61,7 @@ class Stepper:
         self.compute_loss = compute_loss  # a `Model.compute_loss` override, replacing `loss`
         self.direct = plain_single_device(fabric)
         self.hook: FirstStepHook | None = None  # the first-step checks while armed (`forward` calls it)
+        self._items: LossItems | None = None  # set for one training forward of a token-counted window
         self._kept = False  # see `keep_parameters`
         self._params: list[torch.nn.Parameter] | None = None
         # The one place the path is chosen: what forward, backward, clipping and the optimizer call.
@@ -95,7 +97,12 @@ class Stepper:
             if self.label_smoothing is not None and isinstance(inputs, dict):  # the Trainer's LabelSmoother
                 out = module(**inputs)
                 return smoothed_loss(out, target, *self.label_smoothing), metric_outputs(out)
-            out = module(**inputs, labels=target) if isinstance(inputs, dict) else module(*inputs, target)
+            if isinstance(inputs, dict):
+                items = self._items  # the Trainer's `num_items_in_batch`, in a token-counted training window
+                out = (module(**inputs, labels=target) if items is None
+                       else module(**inputs, labels=target, num_items_in_batch=items.tokens))
+            else:
+                out = module(*inputs, target)
             return scalar_loss(model_loss(out)), metric_outputs(out)
         out = module(**inputs) if isinstance(inputs, dict) else module(*inputs)
         if not with_loss:
@@ -124,13 +131,16 @@ class Stepper:
             raise TypeError(f"`compute_loss` must return a scalar tensor, got {type(loss).__name__}")
         return scalar_loss(loss), out
 
-    def forward_backward(self, batch: Batch, cycle: int, last: bool) -> tuple[torch.Tensor, Any]:
+    def forward_backward(self, batch: Batch, cycle: int, last: bool,
+                         items: LossItems | None = None) -> tuple[torch.Tensor, Any]:
         """Forward and backward of one micro-batch of an accumulation cycle of `cycle`; the
-        gradient sync between processes is skipped until the `last` one."""
+        gradient sync between processes is skipped until the `last` one. `items`: the window's
+        label tokens (`fitkit.engine.token_loss`), given to the module as `num_items_in_batch`;
+        its loss is then multiplied by `items.scale` and not divided by `cycle`, as the Trainer's."""
         if cycle > 1 and not self.direct:  # one device has no gradient sync to skip
             with self.fabric.no_backward_sync(self.module, enabled=not last):
-                return self._forward_backward(batch, cycle)
-        return self._forward_backward(batch, cycle)
+                return self._forward_backward(batch, cycle, items)
+        return self._forward_backward(batch, cycle, items)
 
     def no_sync(self, cycle: int, last: bool) -> contextlib.AbstractContextManager[Any]:
         """A context in which backward skips the gradient sync, except at the `last` micro-batch."""
@@ -142,11 +152,20 @@ class Stepper:
         """Backward on this run's path (Fabric's, with its precision and strategy, or torch's)."""
         self._backward(loss)
 
-    def _forward_backward(self, batch: Batch, cycle: int) -> tuple[torch.Tensor, Any]:
-        loss, out = self.forward(batch)
+    def _forward_backward(self, batch: Batch, cycle: int, items: LossItems | None = None) -> tuple[torch.Tensor, Any]:
+        self._items = items
+        try:
+            loss, out = self.forward(batch)
+        finally:
+            self._items = None
         if loss is None:
             raise ValueError("training needs targets: pass `y`, or batches of (x, y), or a module that returns its loss")
-        self._backward(loss / cycle if cycle > 1 else loss)
+        if items is not None:  # normalised over the window's tokens by the module: not divided again
+            if items.scale != 1:
+                loss = loss * items.scale
+            self._backward(loss)
+        else:
+            self._backward(loss / cycle if cycle > 1 else loss)
         return loss, out
 
     # -- the optimizer --------------------------------------------------------------------------

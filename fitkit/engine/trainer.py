@@ -28,6 +28,7 @@ from fitkit.common.wrappers import torch_optimizer, unwrapped
 from fitkit.config.arguments import TrainingArguments
 from fitkit.config.compile_config import CompileConfig
 from fitkit.config.hf_arguments import neftune_noise, prepare_module, run_optimizer
+from fitkit.engine.batch_size_search import with_smaller_batches
 from fitkit.engine.checkpoint.checkpointer import Checkpointer
 from fitkit.engine.checks import check_data, keeps_float64
 from fitkit.engine.data.adapt import adapt
@@ -97,6 +98,19 @@ class Trainer:
         if self.args.tune_cpu_allocator and fabric.device.type == "cpu" and self.args.strategy != "fsdp":
             keep_freed_memory()  # steps stop faulting in their gradients afresh (FSDP: map_large_blocks)
         optimizer = self.runtime.optimizer_for(run_optimizer(config.optimizer, self.args), self.args)
+
+        def attempt(size: int) -> None:  # HF's auto_find_batch_size: a run again with smaller batches
+            if size != self.args.batch_size:
+                self.args = self.args.settled(per_device_train_batch_size=size)
+            self._train(config, fabric, wrapped, optimizer, x, y, sample_weight, validation_data, validation_split,
+                        class_weight, trial, initial_epoch)
+
+        with_smaller_batches(attempt, self.args.batch_size, self.args.auto_find_batch_size)
+
+    def _train(self, config: CompileConfig, fabric: Any, wrapped: torch.nn.Module, optimizer: Any, x: Any, y: Any,
+               sample_weight: Any, validation_data: Any, validation_split: float, class_weight: dict | None,
+               trial: dict | None, initial_epoch: int) -> None:
+        """One training run over the set-up module and optimizer: the data, the plan, the loop."""
         train, val = self._sources(x, y, sample_weight, validation_data, validation_split)
         if class_weight is not None:
             assert isinstance(train, (TensorSource, LoaderSource))  # the sources `adapt` makes

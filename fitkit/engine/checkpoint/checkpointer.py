@@ -43,6 +43,7 @@ from fitkit.engine.checkpoint import run_lock, store, trainer_checkpoints
 from fitkit.engine.checkpoint.layout import CheckpointError
 from fitkit.engine.checkpoint.listing import is_complete, list_checkpoints
 from fitkit.engine.checkpoint.loading import holds_optimizer, load_checkpoint, saved_state, warn_on_resume
+from fitkit.engine.checkpoint.node_writers import writes_checkpoints
 from fitkit.engine.checkpoint.verify import own_copy, resolve, verified
 from fitkit.engine.checkpoint.writing import (
     CheckpointWriter,
@@ -472,7 +473,7 @@ class Checkpointer:
         """Remove every checkpoint of `output_dir` but the best (the Trainer's retention at the end
         under `save_total_limit=1`: `fitkit.engine.policy.TrainerPolicy.retain`)."""
         best = self.state.best_model_checkpoint
-        if best and self.fabric.is_global_zero:
+        if best and writes_checkpoints(self.fabric, self.args):
             for path in list_checkpoints(self.args.output_dir):
                 if os.path.abspath(path) != os.path.abspath(best):
                     remove_checkpoint(path)

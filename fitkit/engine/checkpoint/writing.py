@@ -47,6 +47,7 @@ from fitkit.engine.checkpoint.layout import (
     CheckpointWriteError,
 )
 from fitkit.engine.checkpoint.listing import is_complete, list_checkpoints
+from fitkit.engine.checkpoint.node_writers import save_payload, writes_checkpoints
 from fitkit.engine.checkpoint.state_file import ALGORITHM
 from fitkit.engine.checkpoint.write_errors import is_write_error, unwritten
 from fitkit.events.state import TrainerState
@@ -115,7 +116,7 @@ def save_checkpoint(fabric, output_dir: str, *, state, args, run: RunFiles, modu
     naming the checkpoint, the space it needs and the earlier checkpoint that is intact."""
     final = checkpoint_path(output_dir, state.global_step)
     tmp = temporary_path(output_dir, state.global_step, token)
-    zero = fabric.is_global_zero
+    zero = writes_checkpoints(fabric, args)  # global rank 0, or each node's local rank 0 (`save_on_each_node`)
     failure = agree(fabric, _attempt(lambda: prepare(output_dir, tmp)) if zero else None)
     if failure is None:
         payload: dict[str, Any] = {"model": module}
@@ -125,7 +126,7 @@ def save_checkpoint(fabric, output_dir: str, *, state, args, run: RunFiles, modu
             payload["scheduler"] = scheduler.state_dict()
         if extra:
             payload.update(extra)
-        failure = _attempt(lambda: fabric.save(os.path.join(tmp, WEIGHTS), payload))
+        failure = _attempt(lambda: save_payload(fabric, os.path.join(tmp, WEIGHTS), payload, args))
         if failure is not None and fabric.world_size > 1 and type(failure).__name__ != "CheckpointException":
             # `fabric.save` ends with a barrier, which the others have reached and this process skipped
             # (DCP's own error is raised on every process: then all skipped it)
@@ -464,7 +465,7 @@ class SyncCheckpointWriter(WriterBase):
         path = save_checkpoint(self.fabric, job.directory, state=job.state, args=self.args, run=self.run_files,
                                module=self.module, optimizer=self.optimizer, scheduler=self.scheduler,
                                extra=job.extra, token=job.token)
-        if self.fabric.is_global_zero:
+        if writes_checkpoints(self.fabric, self.args):
             self.rotate_after(job)
         self._done.append(Committed(path, job.own, job.state))  # the live state: on_save follows at once
         return path

@@ -20,6 +20,7 @@ import torch
 from fitkit.adapters.losses import Loss
 from fitkit.adapters.outputs import is_structure
 from fitkit.common.keras_idioms import keras_idiom_hint
+from fitkit.common.memory_errors import out_of_memory
 from fitkit.common.options import error_line
 from fitkit.common.tensors import tensors_of
 from fitkit.engine.checks.inputs import _probe_safe, _read_stats, _warn_non_finite, check_batch
@@ -180,6 +181,8 @@ class _Recorder:
         try:
             return self.module(*args, **kwargs)
         except Exception as err:
+            if out_of_memory(err):  # not the data's fault: raised as it is (`auto_find_batch_size` acts on it)
+                raise
             raise _module_error(self.pending, self.own_loss, err) from err
 
     def __getattr__(self, name: str) -> Any:
@@ -233,8 +236,8 @@ def _call_loss(loss: Any, outputs: Any, targets: Any, sample_weight: Any, pendin
     try:
         return loss(outputs, targets, sample_weight)
     except Exception as err:
-        if isinstance(err, ValueError) and "sample_weight" in str(err):
-            raise  # a loss that cannot weight samples says so itself
+        if (isinstance(err, ValueError) and "sample_weight" in str(err)) or out_of_memory(err):
+            raise  # a loss that cannot weight samples says so itself; memory is not the data's fault
         order = ("called in Keras' order, loss(y_true, y_pred)" if getattr(loss, "keras_order", False) else
                  "called as loss(outputs, targets); name its first two parameters y_true, y_pred for Keras' order")
         raise ValueError(
