@@ -467,6 +467,16 @@ def test_fsdp_checkpoints_in_the_bucket_resume_on_one_process_and_on_two_machine
     s3_server.fs().get(checkpoint[5:], str(disk), recursive=True)
     on_disk, _ = launch("disk", "--init-seed", "7", "--resume", str(disk))
     assert on1[0]["end"] == on_disk[0]["end"]
+    # a shard changed in the bucket (same size): refused by the process that reads it, before it loads
+    fs, key = s3_server.fs(), f"{checkpoint[5:]}/state.pt/__0_0.distcp"
+    data = bytearray(fs.cat_file(key))
+    data[-8] ^= 0xFF
+    fs.pipe_file(key, bytes(data))
+    (tmp_path / "damaged").mkdir()
+    proc = subprocess.run([sys.executable, script, "--results", str(tmp_path / "damaged"), "--output",
+                           f"{url}/damaged", "--resume", checkpoint], capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0 and f"checkpoint {checkpoint!r} is corrupted: state.pt/__0_0.distcp" in proc.stderr, \
+        proc.stderr[-3000:]
 
 
 def test_sharded_saves_from_several_machines_need_a_shared_staging_folder(monkeypatch):
