@@ -122,8 +122,10 @@ def fetch_missing(path: str, wanted: dict[str, list[tuple[int, int]]]) -> dict[s
     the read). A CheckpointError names the checkpoint's URL and the file that differs. A path
     that is no such copy is left as it is."""
     url = store.origin(path)
+    if url is None:
+        return {}
     missing = [n for n in wanted if not os.path.isfile(confined(path, n))]
-    if url is None or not missing:
+    if not missing:
         return {}
     manifest = read_manifest(path)
     parent, name = store.split(url)
