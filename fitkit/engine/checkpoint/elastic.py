@@ -14,7 +14,7 @@ parameter name, so it is resharded with the weights. Reading never runs pickled 
 and the loop's record load with `weights_only=True`, and DCP's `.metadata` (a pickle) is read by
 an unpickler that builds only DCP's own metadata classes. Of a local copy of a checkpoint in a
 store, which holds no shard files yet, each process downloads only what its load plan reads
-(`verify.fetch_missing`).
+(`shards.fetch_missing`).
 
     rest = load_state(fabric, "out/checkpoint-8/state.pt", module=wrapped, optimizer=opt, strict=True)
     rest["loop"], rest["rng"], rest["scheduler"]                  # what is not weights
@@ -259,7 +259,7 @@ def _safe_classes() -> tuple[type, type]:
         def read_data(self, plan: Any, planner: Any) -> Any:
             # A local copy of a checkpoint in a store holds no shards yet: this process downloads
             # (and verifies) the ones its plan reads, and no other.
-            from fitkit.engine.checkpoint.verify import fetch_missing
+            from fitkit.engine.checkpoint.shards import fetch_missing
 
             directory = os.fspath(self.path)
             base, wanted = os.path.basename(directory), {}

@@ -225,7 +225,7 @@ def small_pieces(directory: str, shards: str) -> dict[str, dict[str, str]]:
     `directory`), by shard file and `"offset+length"`: the values every process holds alike (the
     optimizer's settings and step counts), which DCP writes into one process's file. A process
     that reads its own shards from a store reads these from the other's file by their byte range,
-    each checked against its digest (`verify.fetch_missing`)."""
+    each checked against its digest (`shards.fetch_missing`)."""
     from fitkit.engine.checkpoint.elastic import safe_reader
 
     folder = os.path.join(directory, *shards.split("/"))
