@@ -262,7 +262,8 @@ def _safe_classes() -> tuple[type, type]:
             from fitkit.engine.checkpoint.shards import fetch_missing
 
             directory = os.fspath(self.path)
-            base, wanted = os.path.basename(directory), {}
+            base = os.path.basename(directory)
+            wanted: dict[str, list[tuple[int, int]]] = {}
             for item in plan.items:
                 info = self.storage_data[item.storage_index]
                 wanted.setdefault(f"{base}/{info.relative_path}", []).append((info.offset, info.length))
@@ -270,7 +271,9 @@ def _safe_classes() -> tuple[type, type]:
             if not moved:
                 return super().read_data(plan, planner)
             files = self.fs
-            self.fs = _Redirected(files, {os.path.join(os.path.dirname(directory), *k.split("/")): v
+            here = os.path.dirname(directory)
+            # DCP's file system, with some files read from elsewhere
+            self.fs = _Redirected(files, {os.path.join(here, *k.split("/")): v  # type: ignore[assignment]
                                           for k, v in moved.items()})
             try:
                 return super().read_data(plan, planner)
