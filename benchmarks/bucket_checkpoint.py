@@ -7,10 +7,11 @@ thread: about 200 MB a checkpoint); `output_dir` is a bucket of moto's S3 server
 separate process on loopback and reached through s3fs, as a user's run would reach an S3
 endpoint. The no-save and asynchronous runs alternate; the synchronous ones follow.
 
-    python -m benchmarks.bucket_checkpoint            # 130 steps, a save every 40, 2 pairs, 1 synchronous run
+    python -m benchmarks.bucket_checkpoint            # 120 steps, a save every 40, 2 pairs, 1 synchronous run
     python -m benchmarks.bucket_checkpoint --steps 60 --every 10 --reps 3
 
-The defaults take about 2 minutes on an idle 2-core machine (about 5 on a loaded one). `loop`
+The defaults took 78 s on the 2-core development machine at load 1.4 (about 5 min at load 8).
+`loop`
 is the time to the end of the last step: the whole run adds the wait for the last upload,
 which no overlap hides. With the server on the same machine, each 200 MB upload costs CPU
 (moto's and s3fs's) that the training competes for: choose `--every` so that an upload fits
@@ -134,7 +135,7 @@ def run(mode: str, steps: int, every: int, server: int | None = None) -> dict[st
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=130)
+    parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--every", type=int, default=40, help="save every N steps")
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--sync-reps", type=int, default=1)
