@@ -11,9 +11,8 @@ endpoint. The no-save and asynchronous runs alternate; the synchronous ones foll
     python -m benchmarks.bucket_checkpoint --steps 60 --every 10 --reps 3
 
 The defaults took 78 s on the 2-core development machine at load 1.4 (about 5 min at load 8).
-`loop`
-is the time to the end of the last step: the whole run adds the wait for the last upload,
-which no overlap hides. With the server on the same machine, each 200 MB upload costs CPU
+`loop` is the time to the end of the last step: the whole run adds the wait for the last
+upload, which no overlap hides. With the server on the same machine, each 200 MB upload costs CPU
 (moto's and s3fs's) that the training competes for: choose `--every` so that an upload fits
 between two saves (about 40 steps on an idle 2-core machine), or each save waits for the
 previous upload to commit (at most one write is in flight: the loop's wait is counted in
