@@ -467,6 +467,41 @@ def test_fsdp_checkpoints_in_the_bucket_resume_on_one_process_and_on_two_machine
     s3_server.fs().get(checkpoint[5:], str(disk), recursive=True)
     on_disk, _ = launch("disk", "--init-seed", "7", "--resume", str(disk))
     assert on1[0]["end"] == on_disk[0]["end"]
+    # a record read by its byte range is checked against its own digest
+    from fitkit.engine.checkpoint import shards, verify
+
+    fs, other = s3_server.fs(), f"{checkpoint[5:]}/state.pt/__1_0.distcp"
+    at = next(k[1] for k, n in records.items() if k[0] == "__1_0.distcp" and ".param_groups." in n)
+    manifest = json.loads(fs.cat_file(f"{checkpoint[5:]}/{layout.MANIFEST}"))
+    length = next(int(k.split("+")[1]) for k in manifest["pieces"]["state.pt/__1_0.distcp"] if int(k.split("+")[0]) == at)
+    local = verify.verified(checkpoint)
+    try:
+        moved = shards.fetch_missing(local, {"state.pt/__1_0.distcp": [(at, length)]})
+        with open(moved["state.pt/__1_0.distcp"], "rb") as f:
+            f.seek(at)
+            assert f.read(length) == fs.cat_file(other, start=at, end=at + length)
+        assert not os.path.exists(os.path.join(local, "state.pt", "__1_0.distcp"))  # not downloaded whole
+        kept = fs.cat_file(other)
+        data = bytearray(kept)
+        data[at + length // 2] ^= 0xFF
+        fs.pipe_file(other, bytes(data))
+        with pytest.raises(layout.CheckpointError, match=f"{checkpoint}.* is corrupted: state.pt/__1_0.distcp"):
+            shards.fetch_missing(local, {"state.pt/__1_0.distcp": [(at, length)]})
+        fs.pipe_file(other, kept)
+    finally:
+        store.discard([local], True)
+    # a shard changed in the bucket (same size): refused by the process that reads it, before it loads
+    key = f"{checkpoint[5:]}/state.pt/__0_0.distcp"
+    data = bytearray(fs.cat_file(key))
+    data[-8] ^= 0xFF
+    fs.pipe_file(key, bytes(data))
+    (tmp_path / "damaged").mkdir()
+    proc = subprocess.run([sys.executable, script, "--results", str(tmp_path / "damaged"), "--output",
+                           f"{url}/damaged", "--resume", checkpoint], capture_output=True, text=True, timeout=600)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "CheckpointException" not in proc.stderr, proc.stderr[-3000:]  # fitkit's error, not DCP's wrapper of it
+    assert proc.returncode != 0 and last.startswith("fitkit.engine.checkpoint.layout.CheckpointError: checkpoint "
+                                                    f"{checkpoint!r} is corrupted: state.pt/__0_0.distcp"), last
 
 
 def test_sharded_saves_from_several_machines_need_a_shared_staging_folder(monkeypatch):

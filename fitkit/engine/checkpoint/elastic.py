@@ -12,7 +12,9 @@ FSDP's default). Either loads into a module set up for any number of processes:
 The optimizer state goes through `torch.distributed.checkpoint.state_dict`, which keys it by
 parameter name, so it is resharded with the weights. Reading never runs pickled code: tensors
 and the loop's record load with `weights_only=True`, and DCP's `.metadata` (a pickle) is read by
-an unpickler that builds only DCP's own metadata classes.
+an unpickler that builds only DCP's own metadata classes. Of a local copy of a checkpoint in a
+store, which holds no shard files yet, each process downloads only what its load plan reads
+(`shards.fetch_missing`).
 
     rest = load_state(fabric, "out/checkpoint-8/state.pt", module=wrapped, optimizer=opt, strict=True)
     rest["loop"], rest["rng"], rest["scheduler"]                  # what is not weights
@@ -31,6 +33,7 @@ from typing import Any, cast
 import torch
 
 from fitkit.common.wrappers import torch_optimizer
+from fitkit.engine.checkpoint.layout import CheckpointError
 
 #: Fabric writes the non-tensor part of a DCP checkpoint (scheduler, RNG, loop) to this file.
 DCP_EXTRA = "meta.pt"
@@ -115,6 +118,7 @@ def by_index(saved: dict[str, Any], net: torch.nn.Module, opt: torch.optim.Optim
 def _load_shards(path: str, net: torch.nn.Module, opt: Any, strict: bool) -> dict[str, Any]:
     """A DCP directory into any module: DCP reads the pieces each process's tensors need."""
     from torch.distributed.checkpoint import load
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_model_state_dict,
@@ -131,7 +135,13 @@ def _load_shards(path: str, net: torch.nn.Module, opt: Any, strict: bool) -> dic
         state["optimizer"] = get_optimizer_state_dict(net, opt)
     with warnings.catch_warnings():  # one process without a process group: what we mean
         warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process.*")
-        load(state, storage_reader=safe_reader(path), planner=safe_planner())
+        try:
+            load(state, storage_reader=safe_reader(path), planner=safe_planner())
+        except CheckpointException as err:  # a shard that failed its digest on some process: that error
+            found = [f[0] for f in err.failures.values() if isinstance(f[0], CheckpointError)]
+            if found:
+                raise found[0] from None
+            raise
     set_model_state_dict(net, state["model"], options=StateDictOptions(strict=strict))
     if opt is not None:
         set_optimizer_state_dict(net, opt, state["optimizer"], options=StateDictOptions(strict=strict))
@@ -249,10 +259,11 @@ def _safe_classes() -> tuple[type, type]:
         def read_data(self, plan: Any, planner: Any) -> Any:
             # A local copy of a checkpoint in a store holds no shards yet: this process downloads
             # (and verifies) the ones its plan reads, and no other.
-            from fitkit.engine.checkpoint.verify import fetch_missing
+            from fitkit.engine.checkpoint.shards import fetch_missing
 
             directory = os.fspath(self.path)
-            base, wanted = os.path.basename(directory), {}
+            base = os.path.basename(directory)
+            wanted: dict[str, list[tuple[int, int]]] = {}
             for item in plan.items:
                 info = self.storage_data[item.storage_index]
                 wanted.setdefault(f"{base}/{info.relative_path}", []).append((info.offset, info.length))
@@ -260,7 +271,9 @@ def _safe_classes() -> tuple[type, type]:
             if not moved:
                 return super().read_data(plan, planner)
             files = self.fs
-            self.fs = _Redirected(files, {os.path.join(os.path.dirname(directory), *k.split("/")): v
+            here = os.path.dirname(directory)
+            # DCP's file system, with some files read from elsewhere
+            self.fs = _Redirected(files, {os.path.join(here, *k.split("/")): v  # type: ignore[assignment]
                                           for k, v in moved.items()})
             try:
                 return super().read_data(plan, planner)

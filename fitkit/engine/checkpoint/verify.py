@@ -11,7 +11,6 @@ of the Hugging Face Trainer (no manifest) is checked for its files (`trainer_che
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -58,7 +57,7 @@ def verify(path: str, required: tuple[str, ...] = (), remote: dict[str, int] | N
     parsing, and each of `required` (a file, or a directory of files) present. Raises a
     CheckpointError naming the first file that differs and the fix. `remote`: the sizes in a
     store of the files a local copy does not hold yet (each process's shards, checked when
-    downloaded: `fetch_missing`)."""
+    downloaded: `shards.fetch_missing`)."""
     manifest = read_manifest(path)
     files, digests, algorithm = manifest["files"], manifest.get("digests"), manifest.get("digest")
     if not isinstance(digests, dict) or algorithm not in READABLE_DIGESTS:
@@ -88,7 +87,7 @@ def verify(path: str, required: tuple[str, ...] = (), remote: dict[str, int] | N
 
 def _later(name: str) -> bool:
     """A shard of a sharded (DCP) checkpoint: downloaded by each process that reads it, not with
-    the rest (`fetch_missing`)."""
+    the rest (`shards.fetch_missing`)."""
     return name.startswith(WEIGHTS + "/") and name.endswith(".distcp")
 
 
@@ -96,7 +95,7 @@ def _fetched(url: str, folder: str = "download") -> str:
     """The checkpoint at `url` downloaded into `folder` of its staging folder and verified (errors
     name `url`, not the local copy). A sharded checkpoint's shards are not downloaded here (their
     sizes are checked in the listing): each process downloads and verifies the ones its load
-    reads (`fetch_missing`)."""
+    reads (`shards.fetch_missing`)."""
     parent, name = store.split(url)
     where = store.Store.open(parent, "`resume_from_checkpoint`")
     files = where.checkpoints().get(name, {})
@@ -109,60 +108,6 @@ def _fetched(url: str, folder: str = "download") -> str:
     except CheckpointError as err:
         raise CheckpointError(str(err).replace(local, url)) from None
     return local
-
-
-def fetch_missing(path: str, wanted: dict[str, list[tuple[int, int]]]) -> dict[str, str]:
-    """Download into the local copy `path` of a checkpoint in a store (`verified`) what this
-    process's load reads of the files it does not hold yet (a sharded checkpoint's shards):
-    `wanted` names each file (relative to `path`) with the `(offset, length)` byte ranges read.
-    A file is downloaded whole and checked against the manifest's size and digest, unless only
-    some of its records are read and each has a digest of its own in the manifest (`pieces`:
-    the values DCP writes once for every process): those ranges alone are read, each checked,
-    into a file of this process's own, returned by name (`{name: local file}`; remove it after
-    the read). A CheckpointError names the checkpoint's URL and the file that differs. A path
-    that is no such copy is left as it is."""
-    url = store.origin(path)
-    missing = [n for n in wanted if not os.path.isfile(confined(path, n))]
-    if url is None or not missing:
-        return {}
-    manifest = read_manifest(path)
-    parent, name = store.split(url)
-    where = store.Store.open(parent, "`resume_from_checkpoint`", check=False)
-
-    def corrupted(rel: str) -> CheckpointError:
-        return CheckpointError(f"checkpoint {url!r} is corrupted: {rel} differs from the size and {manifest['digest']} "
-                               f"digest recorded when it was written; {FIX_DAMAGED}")
-
-    def whole(rel: str) -> None:
-        target = confined(path, rel)
-        part = f"{target}.part-{os.getpid()}"  # processes sharing this copy may need the same file
-        where.download(f"{name}/{rel}", part)
-        if os.path.getsize(part) != manifest["files"].get(rel) or \
-                file_digest(part, manifest["digest"]) != manifest["digests"].get(rel):
-            os.remove(part)
-            raise corrupted(rel)
-        os.replace(part, target)
-
-    def ranges(rel: str) -> str:
-        pieces, own = manifest.get("pieces", {}).get(rel, {}), f"{confined(path, rel)}.pieces-{os.getpid()}"
-        with open(own, "wb") as f:
-            for offset, length in sorted(set(wanted[rel])):
-                data = where.read_range(f"{name}/{rel}", offset, length)
-                if hashlib.new(manifest["digest"], data).hexdigest() != pieces[f"{offset}+{length}"]:
-                    raise corrupted(rel)
-                f.seek(offset)
-                f.write(data)
-        return own
-
-    def partial(rel: str) -> bool:
-        pieces = manifest.get("pieces", {}).get(rel, {})
-        return isinstance(pieces, dict) and all(f"{o}+{n}" in pieces for o, n in wanted[rel]) and \
-            len(set(wanted[rel])) < len(pieces)
-
-    by_range = [rel for rel in missing if partial(rel)]
-    with ThreadPoolExecutor(max_workers=max(1, min(len(missing), 8))) as pool:
-        list(pool.map(whole, [rel for rel in missing if rel not in by_range]))
-        return dict(zip(by_range, pool.map(ranges, by_range)))
 
 
 def own_copy(url: str, rank: int) -> str:

@@ -226,18 +226,21 @@ def small_pieces(directory: str, shards: str) -> dict[str, dict[str, str]]:
     `directory`), by shard file and `"offset+length"`: the values every process holds alike (the
     optimizer's settings and step counts), which DCP writes into one process's file. A process
     that reads its own shards from a store reads these from the other's file by their byte range,
-    each checked against its digest (`verify.fetch_missing`)."""
+    each checked against its digest (`shards.fetch_missing`)."""
     from fitkit.engine.checkpoint.elastic import safe_reader
 
     folder = os.path.join(directory, *shards.split("/"))
-    found: dict[str, dict[str, str]] = {}
+    by_file: dict[str, list[tuple[int, int]]] = {}
     for info in safe_reader(folder).read_metadata().storage_data.values():
-        if info.length > PIECE_LIMIT:
-            continue
-        with open(os.path.join(folder, info.relative_path), "rb") as f:
-            f.seek(info.offset)
-            digest = hashlib.new(ALGORITHM, f.read(info.length)).hexdigest()
-        found.setdefault(f"{shards}/{info.relative_path}", {})[f"{info.offset}+{info.length}"] = digest
+        if info.length <= PIECE_LIMIT:
+            by_file.setdefault(info.relative_path, []).append((info.offset, info.length))
+    found: dict[str, dict[str, str]] = {}
+    for name, spans in by_file.items():
+        with open(os.path.join(folder, name), "rb") as f:
+            for offset, length in sorted(spans):
+                f.seek(offset)
+                found.setdefault(f"{shards}/{name}", {})[f"{offset}+{length}"] = hashlib.new(
+                    ALGORITHM, f.read(length)).hexdigest()
     return found
 
 
