@@ -218,7 +218,8 @@ class TrainingArguments(metaclass=_TakesOtherNames):
     eval_use_gather_object: bool = False  # several processes: non-tensor outputs gathered as objects (pickled)
     restore_callback_states_from_checkpoint: bool = True  # a resume gives callbacks their states (HF's default: False)
     # the training order (HF's): "random", "sequential", or "group_by_length" (batches of samples of about one length,
-    # evaluation too; the lengths from a datasets.Dataset's `length_column_name` column, else each sample's input_ids)
+    # evaluation too; the lengths from a datasets.Dataset's `length_column_name` column, else each sample's input_ids),
+    # or "batch_rebalance" (training micro-batches of varying size, of about even padded cost: fitkit.engine.data.rebalance)
     train_sampling_strategy: str = "random"
     length_column_name: str = "length"
     optim_args: str | None = None  # "key=value,...": HF's options of the `optim` named sgd, adagrad or rmsprop

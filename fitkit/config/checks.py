@@ -27,7 +27,7 @@ FSDP_SHARDING = ("full", "hybrid")
 #: `data_order`: fitkit's own (Keras' way), or the batches and global draws of transformers.Trainer.
 DATA_ORDERS = ("fitkit", "trainer")
 #: HF's `train_sampling_strategy` names fitkit builds (the training order, and the evaluation's with grouping).
-SAMPLING_STRATEGIES = ("random", "sequential", "group_by_length")
+SAMPLING_STRATEGIES = ("random", "sequential", "group_by_length", "batch_rebalance")
 #: HF's `debug` options fitkit takes (its other, "tpu_metrics_debug", is XLA's).
 DEBUG_OPTIONS = ("underflow_overflow",)
 

@@ -145,11 +145,7 @@ def from_hf(hf_args: Any) -> Any:
                                   if values.get(f"torch_compile_{k}") is not None} or True
     options["debug"], unread_debug = _debug(values.get("debug"))
     ignored += [f"debug={name!r}" for name in unread_debug]
-    strategy = _plain(values.get("train_sampling_strategy", "random"))
-    if strategy == "batch_rebalance":  # not built: the Trainer's default order instead
-        ignored.append("train_sampling_strategy='batch_rebalance'")
-    else:
-        options["train_sampling_strategy"] = strategy
+    options["train_sampling_strategy"] = _plain(values.get("train_sampling_strategy", "random"))
     if values.get("enable_jit_checkpoint"):  # HF's checkpoint on SIGTERM: fitkit's save_on_sigterm
         options["save_on_sigterm"] = True
     distributed, unread = distributed_options(values, hf_args)

@@ -27,6 +27,7 @@ from fitkit.config.jit_compile import jit_kwargs
 from fitkit.engine.checks import CheckMemo
 from fitkit.engine.data.loader_parts import evaluation_shard
 from fitkit.engine.data.loader_source import LoaderSource
+from fitkit.engine.data.rebalance import RebalanceSampler
 from fitkit.engine.data.sampling import BlockSampler
 from fitkit.engine.data.sources import DataSource, TensorSource
 from fitkit.engine.policy import KerasPolicy
@@ -207,7 +208,9 @@ class Runtime:
                 return source
             if distributed and not pad:
                 loader = evaluation_shard(loader, fabric.global_rank, fabric.world_size)
-            use_sampler = distributed and not isinstance(loader.sampler, BlockSampler)
+            # a block of an evaluation, or rebalanced micro-batches, are this process's share already
+            use_sampler = distributed and not isinstance(loader.sampler, BlockSampler) and not isinstance(
+                loader.batch_sampler, RebalanceSampler)
             source.loader = fabric.setup_dataloaders(loader, use_distributed_sampler=use_sampler)
             source.distributed = distributed
         return source

@@ -25,6 +25,7 @@ from fitkit.engine.data.keras_data import BatchSequence, is_batch_sequence
 from fitkit.engine.data.length_groups import LengthGroups, sample_lengths
 from fitkit.engine.data.loader_source import LoaderSource
 from fitkit.engine.data.prefetch import MIN_STEP_S, can_prefetch
+from fitkit.engine.data.rebalance import TRAINER_SEED, RebalanceSampler
 from fitkit.engine.data.sampling import EpochSampler, process_group
 from fitkit.engine.data.sources import DataSource, TensorSource
 from fitkit.engine.data.trainer_order import seed_worker
@@ -154,8 +155,9 @@ def _adapt(x: Any, y: Any, sample_weight: Any, *, batch_size: int, shuffle: bool
         y = _arrays(y, "y", cast_float64) if y is not None else None
         sample_weight = _arrays(sample_weight, "sample_weight", cast_float64) if sample_weight is not None else None
         _check_len(x, y, sample_weight)
-        if training and getattr(args, "train_sampling_strategy", "random") == "group_by_length":
-            raise ValueError(f"`train_sampling_strategy`='group_by_length' groups the samples of a Dataset by length; "
+        strategy = getattr(args, "train_sampling_strategy", "random")
+        if training and strategy in ("group_by_length", "batch_rebalance"):
+            raise ValueError(f"`train_sampling_strategy`={strategy!r} batches the samples of a Dataset by length; "
                              f"`{name}` holds arrays, whose samples all have one length: pass a Dataset of dicts "
                              "(a `datasets.Dataset`, a list of dicts), or train_sampling_strategy='random'")
         source = TensorSource(x, y, sample_weight, batch_size=batch_size, shuffle=shuffle, seed=seed)
@@ -213,6 +215,9 @@ def _dataset_source(x: Dataset, *, batch_size: int, shuffle: bool, seed: int | N
         options["worker_init_fn"] = partial(seed_worker, num_workers=options["num_workers"], rank=process_group()[0])
     if iterable:
         source = LoaderSource(DataLoader(x, batch_size=batch_size, generator=g, **options))
+    elif training and getattr(args, "train_sampling_strategy", "random") == "batch_rebalance":
+        source = _rebalanced_source(x, args, batch_size, shuffle, seed if not as_trainer else TRAINER_SEED, g,
+                                    options)
     else:
         sampler = EpochSampler(len(x), shuffle, seed, per_batch=batch_size if as_trainer else None)  # type: ignore[arg-type]
         sampler.drop_last = bool(options.get("drop_last", False))  # dealt batches: the incomplete round dropped
@@ -221,6 +226,21 @@ def _dataset_source(x: Dataset, *, batch_size: int, shuffle: bool, seed: int | N
         source = LoaderSource(loader, num_samples=len(x))  # type: ignore[arg-type]
         source.sampler = sampler
     source.draws = as_trainer
+    return source
+
+
+def _rebalanced_source(x: Dataset, args: Any, batch_size: int, shuffle: bool, seed: int | None,
+                       g: torch.Generator | None, options: dict[str, Any]) -> LoaderSource:
+    """HF's `train_sampling_strategy="batch_rebalance"`: the loader's `batch_sampler` yields micro-batches of
+    varying size (`fitkit.engine.data.rebalance`), their order drawn from a generator seeded with `seed` plus
+    the epoch (`TRAINER_SEED` under the Trainer's order: its sampler's seed, whatever `args.seed`)."""
+    names = getattr(getattr(args, "processing_class", None), "model_input_names", None)
+    lengths = sample_lengths(x, args.length_column_name, names[0] if names else None, "batch_rebalance")
+    sampler = RebalanceSampler(lengths, batch_size, args.gradient_accumulation_steps, seed or 0, shuffle=shuffle,
+                               drop_last=bool(options.pop("drop_last", False)))
+    loader = DataLoader(x, batch_sampler=sampler, generator=g, **options)
+    source = LoaderSource(loader, num_samples=len(x))  # type: ignore[arg-type]
+    source.sampler = sampler
     return source
 
 

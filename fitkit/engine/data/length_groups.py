@@ -63,10 +63,11 @@ class LengthGroups:
         return torch.tensor(length_grouped_order(self.lengths, self.group, generator), dtype=torch.long)
 
 
-def sample_lengths(dataset: Any, column: str, input_name: str | None) -> list[int]:
+def sample_lengths(dataset: Any, column: str, input_name: str | None, strategy: str = "group_by_length") -> list[int]:
     """Each sample's length, as the Trainer reads it: the `column` of a `datasets.Dataset` that
     has one (`length_column_name`), else the length of every sample's `input_name` entry (the
-    processing class's first model input, `"input_ids"` without one)."""
+    processing class's first model input, `"input_ids"` without one); `strategy` names the
+    strategy that asks, in the error for samples without one."""
     rows = getattr(dataset, "samples", dataset)  # a SampleList: the rows it reads
     if type(rows).__module__.startswith("datasets.") and column in getattr(rows, "column_names", ()):
         lengths = rows[column]
@@ -75,7 +76,7 @@ def sample_lengths(dataset: Any, column: str, input_name: str | None) -> list[in
     first = dataset[0]
     if not isinstance(first, Mapping) or name not in first:
         raise ValueError(
-            f"`train_sampling_strategy`='group_by_length' needs each sample's length: the samples are not dicts "
+            f"`train_sampling_strategy`={strategy!r} needs each sample's length: the samples are not dicts "
             f"with an {name!r} entry; give a `datasets.Dataset` a {column!r} column (`length_column_name`), or "
             "pass train_sampling_strategy='random'")
     return [len(dataset[i][name]) for i in range(len(dataset))]

@@ -19,6 +19,7 @@ from fitkit.engine.data.batch import Batch, split_batch
 from fitkit.engine.data.keras_data import class_weights_for
 from fitkit.engine.data.loader_parts import plain_state, set_loader_epoch, stateful_parts
 from fitkit.engine.data.prefetch import read_ahead
+from fitkit.engine.data.rebalance import RebalanceSampler
 from fitkit.engine.data.sampling import EpochSampler, process_group
 from fitkit.engine.data.sources import CountsSamples
 
@@ -41,7 +42,7 @@ class LoaderSource(CountsSamples):
         self.loader = loader
         self.num_samples = num_samples
         self.class_weight: torch.Tensor | None = None
-        self.sampler: EpochSampler | None = None  # set when fitkit built the loader
+        self.sampler: EpochSampler | RebalanceSampler | None = None  # set when fitkit built the loader
         self.distributed = False
         self.prefetch = False
         # Read ahead only after a step this long (seconds; 0: always): set for evaluation passes.
@@ -66,6 +67,11 @@ class LoaderSource(CountsSamples):
             return None  # a re-iterable of batches, an IterableDataset, a batch sampler
         world_size = process_group()[1] if self.distributed else 1
         return self.num_samples, batch_size, world_size, bool(getattr(self.loader, "drop_last", False))
+
+    def consumed(self, epoch: int, batches: int) -> int | None:
+        if isinstance(self.sampler, RebalanceSampler):  # every optimizer step takes the same samples in all
+            return self.sampler.consumed(batches)
+        return super().consumed(epoch, batches)
 
     def stateful(self) -> list[Any]:
         """The loader's parts with a state to save (see `stateful_parts`); [] for none."""
@@ -134,7 +140,9 @@ class LoaderSource(CountsSamples):
         """One pass over the loader: the batches of `epoch` from batch number `start` on."""
         loader = self.loader
         skip_in_sampler = self.sampler is not None
-        if self.sampler is not None:
+        if isinstance(self.sampler, RebalanceSampler):  # micro-batches of varying size: skipped by number
+            self.sampler.use_epoch(epoch, start)
+        elif self.sampler is not None:
             self.sampler.use_epoch(epoch, self.skipped(epoch, start))
         set_loader_epoch(loader, epoch)
         restored = self._load_state(epoch, start)

@@ -1,0 +1,144 @@
+"""HF's `train_sampling_strategy="batch_rebalance"` beside the real Trainer: the same micro-batches of varying
+size (recorded at each forward), the same logged losses and final weights with gradient accumulation; the
+order equal to transformers' own `BatchRebalanceSampler`'s; a resume mid-epoch; the same refusals."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from test_hf_sampling import N, hf_args, pad, recorded_bert, rows
+
+from fitkit import Model, TrainingArguments
+from fitkit.engine.data import rebalance
+from fitkit.engine.data.rebalance import RebalanceSampler
+
+transformers = pytest.importorskip("transformers")
+datasets = pytest.importorskip("datasets")
+
+LOGGED = ("loss", "grad_norm", "learning_rate", "epoch")
+
+
+def rebalance_args(tmp_path, **kw):
+    options = dict(train_sampling_strategy="batch_rebalance", per_device_train_batch_size=3,
+                   gradient_accumulation_steps=2, eval_strategy="no", logging_steps=1)
+    return hf_args(tmp_path, **{**options, **kw})
+
+
+def test_batch_rebalance_gives_the_trainers_micro_batches_losses_and_weights(tmp_path):
+    args = rebalance_args(tmp_path)
+    theirs, their_seen = recorded_bert()
+    trainer = transformers.Trainer(model=theirs, args=args, train_dataset=rows(N), data_collator=pad)
+    trainer.train()
+    ours, our_seen = recorded_bert()
+    model = Model(ours).compile()
+    model.fit(rows(N), args=args, data_collator=pad)
+    assert our_seen["train"] == their_seen["train"]
+    # 40 samples, 6 a step: 6 full steps and a 7th of the last 4 samples, 2 micro-batches each, per epoch
+    assert len(our_seen["train"]) == 2 * 14
+    assert len({len(batch) for batch in our_seen["train"]}) > 1  # micro-batches of varying size
+    assert sorted(sum(our_seen["train"][:14], [])) == list(range(N))  # each sample once an epoch
+    assert our_seen["train"][:14] != our_seen["train"][14:]  # each epoch its own order
+    their_logs = [r for r in trainer.state.log_history if "loss" in r]
+    our_logs = [r for r in model.state.log_history if "loss" in r]
+    assert len(our_logs) == len(their_logs) == 14
+    for mine, other in zip(our_logs, their_logs):
+        for key in LOGGED:
+            assert mine[key] == pytest.approx(other[key], abs=1e-5), key
+    for (name, mine), other in zip(ours.named_parameters(), theirs.parameters()):
+        assert torch.allclose(mine, other, atol=1e-5), name
+
+
+def spread_lengths(count):
+    """Mostly short samples and a few very long ones: the long ones' micro-batches shrink to one sample,
+    which freezes their slot."""
+    return [400 + i if i % 11 == 3 else 1 + (i * 7) % 13 for i in range(count)]
+
+
+@pytest.mark.parametrize("count, batch, accum, processes, drop_last", [
+    (40, 3, 2, 1, False), (40, 3, 2, 1, True), (57, 4, 3, 2, False), (9, 2, 2, 3, False), (100, 8, 1, 4, False),
+    (33, 5, 4, 1, False)])
+def test_the_rebalanced_order_is_transformers_own(monkeypatch, count, batch, accum, processes, drop_last):
+    from transformers.trainer_pt_utils import BatchRebalanceSampler
+
+    for lengths in ([(i * 37) % 11 + 1 for i in range(count)], spread_lengths(count)):
+        for rank in range(processes):
+            monkeypatch.setattr(rebalance, "process_group", lambda rank=rank: (rank, processes))
+            ours = RebalanceSampler(lengths, batch, accum, seed=42, drop_last=drop_last)
+            theirs = BatchRebalanceSampler(lengths, batch * accum * processes, processes, accum, rank=rank,
+                                           drop_last=drop_last)
+            for epoch in (0, 1):
+                ours.use_epoch(epoch)
+                theirs.set_epoch(epoch)
+                assert list(ours) == list(theirs), (rank, epoch)
+            assert len(ours) == len(theirs)
+            ours.use_epoch(1, skip=3)  # a resume: the epoch's micro-batches from the 4th on
+            assert list(ours) == list(theirs)[3:]
+
+
+def test_fitkits_own_order_rebalances_without_drawing_from_the_global_generator():
+    from fitkit.engine.data.adapt import adapt
+
+    args = TrainingArguments(train_sampling_strategy="batch_rebalance", gradient_accumulation_steps=2, verbose=0)
+    source, _ = adapt(rows(N), batch_size=3, shuffle=True, seed=1, args=args, training=True)
+    sampler = source.sampler
+    state = torch.get_rng_state()
+    orders = []
+    for epoch in (0, 0, 1):
+        sampler.use_epoch(epoch)
+        orders.append(list(sampler))
+    assert torch.equal(torch.get_rng_state(), state)  # its own generator, seeded with the order's seed + epoch
+    assert orders[0] == orders[1] != orders[2]
+    expected = RebalanceSampler(rows(N)["length"], 3, 2, seed=1)  # the `length` column: no columns dropped here
+    assert orders[0] == list(expected)
+    assert source.consumed(0, 4) == 12 and source.consumed(0, 14) == N  # samples: 6 a step, at most the epoch's
+
+
+def test_a_resume_mid_epoch_reads_the_rest_of_the_rebalanced_micro_batches(tmp_path):
+    whole, seen = recorded_bert()
+    Model(whole).compile().fit(rows(N), args=rebalance_args(tmp_path, save_strategy="steps", save_steps=10),
+                               data_collator=pad)
+    resumed, resumed_seen = recorded_bert()
+    Model(resumed).compile().fit(rows(N), args=rebalance_args(tmp_path), data_collator=pad,
+                                 resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-10"))  # inside epoch 1
+    assert resumed_seen["train"] == seen["train"][20:]  # 2 micro-batches a step
+    for (name, mine), other in zip(resumed.named_parameters(), whole.parameters()):
+        assert torch.allclose(mine, other, atol=1e-6), name
+
+
+def test_data_without_lengths_is_refused_as_the_trainer_refuses_it(tmp_path):
+    unlengthed = [{"x": [1, 2], "labels": 0}] * 8
+    net, _ = recorded_bert()
+    with pytest.raises(ValueError, match="infer lengths"):
+        transformers.Trainer(model=net, args=rebalance_args(tmp_path, remove_unused_columns=False),
+                             train_dataset=unlengthed).train()
+    with pytest.raises(ValueError, match="`train_sampling_strategy`='batch_rebalance' needs each sample's length.*"
+                                         "'input_ids' entry"):
+        Model(net).compile().fit(unlengthed, verbose=0, remove_unused_columns=False,
+                                 train_sampling_strategy="batch_rebalance")
+    with pytest.raises(ValueError, match="'batch_rebalance' batches the samples of a Dataset by length.*arrays"):
+        Model(torch.nn.Linear(2, 1)).compile(loss="mse").fit(torch.zeros(4, 2), torch.zeros(4, 1), verbose=0,
+                                                             train_sampling_strategy="batch_rebalance")
+
+
+@pytest.mark.slow
+def test_two_processes_read_the_trainers_rebalanced_micro_batches(tmp_path):
+    script = os.path.join(os.path.dirname(__file__), "scripts", "hf_sampling_ddp.py")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           script, str(tmp_path), "batch_rebalance"], capture_output=True, text=True, timeout=300,
+                          env=env)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    runs = {(form, rank): torch.load(tmp_path / f"{form}-{rank}.pt", weights_only=True)
+            for form in ("trainer", "fitkit") for rank in (0, 1)}
+    for rank in (0, 1):
+        theirs, ours = runs["trainer", rank], runs["fitkit", rank]
+        assert ours["batches"] == theirs["batches"], rank
+        for name, value in ours["weights"].items():
+            assert torch.allclose(value, theirs["weights"][name], atol=1e-5), (rank, name)
+        assert [r.get("loss") for r in ours["log_history"]] == pytest.approx(
+            [r.get("loss") for r in theirs["log_history"]], abs=1e-5)
+    train = [runs["trainer", rank]["batches"]["train"] for rank in (0, 1)]
+    assert train[0] != train[1] and len({len(b) for b in train[0] + train[1]}) > 1
