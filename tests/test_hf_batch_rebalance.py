@@ -58,7 +58,7 @@ def spread_lengths(count):
 
 @pytest.mark.parametrize("count, batch, accum, processes, drop_last", [
     (40, 3, 2, 1, False), (40, 3, 2, 1, True), (57, 4, 3, 2, False), (9, 2, 2, 3, False), (100, 8, 1, 4, False),
-    (33, 5, 4, 1, False)])
+    (33, 5, 4, 1, False), (37, 3, 2, 2, False), (2, 1, 3, 2, False)])
 def test_the_rebalanced_order_is_transformers_own(monkeypatch, count, batch, accum, processes, drop_last):
     from transformers.trainer_pt_utils import BatchRebalanceSampler
 
@@ -140,5 +140,6 @@ def test_two_processes_read_the_trainers_rebalanced_micro_batches(tmp_path):
             assert torch.allclose(value, theirs["weights"][name], atol=1e-5), (rank, name)
         assert [r.get("loss") for r in ours["log_history"]] == pytest.approx(
             [r.get("loss") for r in theirs["log_history"]], abs=1e-5)
-    train = [runs["trainer", rank]["batches"]["train"] for rank in (0, 1)]
+    train = [runs["trainer", rank]["batches"] for rank in (0, 1)]  # the training forwards' sample ids
     assert train[0] != train[1] and len({len(b) for b in train[0] + train[1]}) > 1
+    assert sorted(sum(train[0][:4] + train[1][:4], [])) == list(range(13))  # an epoch: each sample once

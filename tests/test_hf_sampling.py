@@ -195,12 +195,16 @@ def test_sampling_arguments_are_checked(tmp_path):
                                  train_sampling_strategy="group_by_length")
 
 
-def test_batch_rebalance_is_named_in_the_warning(tmp_path):
+def test_every_strategy_is_honoured_from_hf_arguments(tmp_path):
+    import warnings
+
     from fitkit.config.hf_arguments import from_hf
 
-    with pytest.warns(UserWarning, match="train_sampling_strategy='batch_rebalance'"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         ours = from_hf(hf_args(tmp_path, train_sampling_strategy="batch_rebalance"))
-    assert ours.train_sampling_strategy == "random"
+    assert not [w for w in caught if "train_sampling_strategy" in str(w.message)]
+    assert ours.train_sampling_strategy == "batch_rebalance"  # tests/test_hf_batch_rebalance.py
     assert from_hf(hf_args(tmp_path, train_sampling_strategy="sequential")).train_sampling_strategy == "sequential"
 
 

@@ -1,9 +1,9 @@
 """The real `transformers.Trainer` and fitkit on two processes (torchrun, gloo on CPU), one after the
-other, under `train_sampling_strategy="group_by_length"`: samples of 1 to 7 tokens, a one-layer BERT
-with dropout on. Each process writes, per form, the sample ids of its training batches, the final
+other, under `train_sampling_strategy="group_by_length"` (or the strategy STRATEGY names; "batch_rebalance"
+with 2 accumulation steps): samples of 1 to 7 tokens, a one-layer BERT with dropout on. Each process writes, per form, the sample ids of its training batches, the final
 weights and the log history to `RESULT_DIR/<form>-<rank>.pt` (tests/test_hf_sampling.py compares them).
 
-usage: python -m torch.distributed.run --standalone --nproc_per_node 2 hf_sampling_ddp.py RESULT_DIR
+usage: python -m torch.distributed.run --standalone --nproc_per_node 2 hf_sampling_ddp.py RESULT_DIR [STRATEGY]
 """
 
 import os
@@ -40,10 +40,12 @@ def pad(samples):
 
 def main() -> None:
     out = sys.argv[1]
+    strategy = sys.argv[2] if len(sys.argv) > 2 else "group_by_length"
     args = transformers.TrainingArguments(
         output_dir=os.path.join(out, "run"), report_to="none", disable_tqdm=True, save_strategy="no",
         num_train_epochs=2, per_device_train_batch_size=2, learning_rate=1e-2, seed=3, logging_steps=1,
-        train_sampling_strategy="group_by_length", use_cpu=True, ddp_backend="gloo", dataloader_pin_memory=False)
+        train_sampling_strategy=strategy, gradient_accumulation_steps=2 if strategy == "batch_rebalance" else 1,
+        use_cpu=True, ddp_backend="gloo", dataloader_pin_memory=False)
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else int(os.environ["RANK"])
 
     theirs, seen = recorded_bert()
