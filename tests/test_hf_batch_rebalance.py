@@ -26,8 +26,10 @@ def rebalance_args(tmp_path, **kw):
     return hf_args(tmp_path, **{**options, **kw})
 
 
-def test_batch_rebalance_gives_the_trainers_micro_batches_losses_and_weights(tmp_path):
-    args = rebalance_args(tmp_path)
+@pytest.mark.parametrize("remove_unused_columns", [True, False], ids=["column-dropped", "column-kept"])
+def test_batch_rebalance_gives_the_trainers_micro_batches_losses_and_weights(tmp_path, remove_unused_columns):
+    # the `length` column dropped (not a forward argument): the lengths are the tokens'; kept: the column's
+    args = rebalance_args(tmp_path, remove_unused_columns=remove_unused_columns)
     theirs, their_seen = recorded_bert()
     trainer = transformers.Trainer(model=theirs, args=args, train_dataset=rows(N), data_collator=pad)
     trainer.train()
