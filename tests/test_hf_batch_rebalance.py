@@ -52,6 +52,43 @@ def test_batch_rebalance_gives_the_trainers_micro_batches_losses_and_weights(tmp
         assert torch.allclose(mine, other, atol=1e-5), name
 
 
+def lm_rows(n):
+    """`n` token sequences of 2 to 10 tokens (unpadded: the collator pads each micro-batch)."""
+    ids = [[1 + (i * 5 + k) % 30 for k in range(2 + (i * 7) % 9)] for i in range(n)]
+    return datasets.Dataset.from_dict({"input_ids": ids, "labels": ids})
+
+
+def pad_lm(samples):
+    """Pads with token 0, label -100 and mask 0: the micro-batches of a window hold different numbers of label
+    tokens."""
+    width = max(len(s["input_ids"]) for s in samples)
+    ids = torch.zeros(len(samples), width, dtype=torch.long)
+    labels = torch.full((len(samples), width), -100)
+    for row, sample in enumerate(samples):
+        ids[row, : len(sample["input_ids"])] = torch.tensor(sample["input_ids"])
+        labels[row, : len(sample["labels"])] = torch.tensor(sample["labels"])
+    return {"input_ids": ids, "attention_mask": (labels != -100).long(), "labels": labels}
+
+
+def test_a_causal_lm_divides_each_rebalanced_window_by_its_label_tokens_as_the_trainer(tmp_path):
+    from test_hf_token_loss import tiny_gpt2  # its forward takes `num_items_in_batch`: the Trainer counts tokens
+
+    args = rebalance_args(tmp_path, per_device_train_batch_size=2, gradient_accumulation_steps=3)
+    theirs, ours = tiny_gpt2(), tiny_gpt2()
+    trainer = transformers.Trainer(model=theirs, args=args, train_dataset=lm_rows(26), data_collator=pad_lm)
+    trainer.train()
+    model = Model(ours).compile()
+    model.fit(lm_rows(26), args=args, data_collator=pad_lm)
+    their_logs = [r for r in trainer.state.log_history if "loss" in r]
+    our_logs = [r for r in model.state.log_history if "loss" in r]
+    assert len(our_logs) == len(their_logs) == 2 * 5  # 26 samples, 6 a step: 4 full steps and one of 2
+    for mine, other in zip(our_logs, their_logs):
+        for key in LOGGED:
+            assert mine[key] == pytest.approx(other[key], abs=1e-5), key
+    for (name, mine), other in zip(ours.named_parameters(), theirs.parameters()):
+        assert torch.allclose(mine, other, atol=1e-5), name
+
+
 def spread_lengths(count):
     """Mostly short samples and a few very long ones: the long ones' micro-batches shrink to one sample,
     which freezes their slot."""
