@@ -26,10 +26,12 @@ def rebalance_args(tmp_path, **kw):
     return hf_args(tmp_path, **{**options, **kw})
 
 
-@pytest.mark.parametrize("remove_unused_columns", [True, False], ids=["column-dropped", "column-kept"])
-def test_batch_rebalance_gives_the_trainers_micro_batches_losses_and_weights(tmp_path, remove_unused_columns):
+@pytest.mark.parametrize("remove_unused_columns, drop_last", [(True, False), (False, False), (True, True)],
+                         ids=["column-dropped", "column-kept", "drop-last"])
+def test_batch_rebalance_gives_the_trainers_micro_batches_losses_and_weights(tmp_path, remove_unused_columns,
+                                                                             drop_last):
     # the `length` column dropped (not a forward argument): the lengths are the tokens'; kept: the column's
-    args = rebalance_args(tmp_path, remove_unused_columns=remove_unused_columns)
+    args = rebalance_args(tmp_path, remove_unused_columns=remove_unused_columns, dataloader_drop_last=drop_last)
     theirs, their_seen = recorded_bert()
     trainer = transformers.Trainer(model=theirs, args=args, train_dataset=rows(N), data_collator=pad)
     trainer.train()
@@ -37,14 +39,16 @@ def test_batch_rebalance_gives_the_trainers_micro_batches_losses_and_weights(tmp
     model = Model(ours).compile()
     model.fit(rows(N), args=args, data_collator=pad)
     assert our_seen["train"] == their_seen["train"]
-    # 40 samples, 6 a step: 6 full steps and a 7th of the last 4 samples, 2 micro-batches each, per epoch
-    assert len(our_seen["train"]) == 2 * 14
+    # 40 samples, 6 a step: 6 full steps and (unless dropped) a 7th of the last 4 samples, 2 micro-batches each
+    steps = 6 if drop_last else 7
+    assert len(our_seen["train"]) == 2 * 2 * steps
     assert len({len(batch) for batch in our_seen["train"]}) > 1  # micro-batches of varying size
-    assert sorted(sum(our_seen["train"][:14], [])) == list(range(N))  # each sample once an epoch
-    assert our_seen["train"][:14] != our_seen["train"][14:]  # each epoch its own order
+    epoch = sum(our_seen["train"][: 2 * steps], [])
+    assert len(epoch) == len(set(epoch)) == (36 if drop_last else N)  # each sample once an epoch
+    assert our_seen["train"][: 2 * steps] != our_seen["train"][2 * steps :]  # each epoch its own order
     their_logs = [r for r in trainer.state.log_history if "loss" in r]
     our_logs = [r for r in model.state.log_history if "loss" in r]
-    assert len(our_logs) == len(their_logs) == 14
+    assert len(our_logs) == len(their_logs) == 2 * steps
     for mine, other in zip(our_logs, their_logs):
         for key in LOGGED:
             assert mine[key] == pytest.approx(other[key], abs=1e-5), key
