@@ -138,6 +138,18 @@ def test_fitkits_own_order_rebalances_without_drawing_from_the_global_generator(
     assert source.consumed(0, 4) == 12 and source.consumed(0, 14) == N  # samples: 6 a step, at most the epoch's
 
 
+def test_a_keras_style_fit_trains_on_the_rebalanced_micro_batches():
+    net, seen = recorded_bert()
+    history = Model(net).compile(optimizer="adam").fit(
+        rows(N), batch_size=3, gradient_accumulation_steps=2, train_sampling_strategy="batch_rebalance",
+        data_collator=pad, epochs=2, seed=5, verbose=0)
+    expected = RebalanceSampler([len(ids) for ids in rows(N)["input_ids"]], 3, 2, seed=5)  # `length` dropped
+    for epoch in (0, 1):
+        expected.use_epoch(epoch)
+        assert seen["train"][14 * epoch : 14 * (epoch + 1)] == list(expected), epoch
+    assert len(history.history["loss"]) == 2
+
+
 def test_a_resume_mid_epoch_reads_the_rest_of_the_rebalanced_micro_batches(tmp_path):
     whole, seen = recorded_bert()
     Model(whole).compile().fit(rows(N), args=rebalance_args(tmp_path, save_strategy="steps", save_steps=10),
