@@ -30,6 +30,7 @@ from fitkit.config.compile_config import CompileConfig
 from fitkit.config.hf_arguments import neftune_noise, prepare_module, run_optimizer
 from fitkit.engine.batch_size_search import with_smaller_batches
 from fitkit.engine.checkpoint.checkpointer import Checkpointer
+from fitkit.engine.checkpoint.loading import resumed_batch_size
 from fitkit.engine.checks import check_data, keeps_float64
 from fitkit.engine.data.adapt import adapt
 from fitkit.engine.data.batch import Batch
@@ -105,7 +106,9 @@ class Trainer:
             self._train(config, fabric, wrapped, optimizer, x, y, sample_weight, validation_data, validation_split,
                         class_weight, trial, initial_epoch)
 
-        with_smaller_batches(attempt, self.args.batch_size, self.args.auto_find_batch_size)
+        # a resume starts at the size the checkpoint trained at (one the search shrank to), as the Trainer's
+        start = resumed_batch_size(fabric, self.args) or self.args.batch_size
+        with_smaller_batches(attempt, start, self.args.auto_find_batch_size)
 
     def _train(self, config: CompileConfig, fabric: Any, wrapped: torch.nn.Module, optimizer: Any, x: Any, y: Any,
                sample_weight: Any, validation_data: Any, validation_split: float, class_weight: dict | None,
