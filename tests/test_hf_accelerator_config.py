@@ -16,9 +16,8 @@ import torch
 from fitkit import Model
 
 transformers = pytest.importorskip("transformers")
-from test_hf_data_order import BATCH, N, Rows, hf_args, recorded, tiny_bert  # noqa: E402
-
 from hf_tiny import assert_same_logs  # noqa: E402
+from test_hf_data_order import BATCH, N, Rows, hf_args, recorded, tiny_bert  # noqa: E402
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "hf_accelerator_ddp.py")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
