@@ -30,7 +30,7 @@ from fitkit.config.compile_config import CompileConfig
 from fitkit.config.hf_arguments import neftune_noise, prepare_module, run_optimizer
 from fitkit.engine.batch_size_search import with_smaller_batches
 from fitkit.engine.checkpoint.checkpointer import Checkpointer
-from fitkit.engine.checkpoint.loading import resumed_batch_size
+from fitkit.engine.checkpoint.verify import resumed_batch_size
 from fitkit.engine.checks import check_data, keeps_float64
 from fitkit.engine.data.adapt import adapt
 from fitkit.engine.data.batch import Batch

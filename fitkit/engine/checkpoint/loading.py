@@ -179,25 +179,3 @@ def warn_on_resume(args: Any, state: Any, saved: Any) -> None:
                        "for this run.", best)
         state.best_model_checkpoint = None
 
-
-def resumed_batch_size(fabric: Any, args: Any) -> int | None:
-    """With `auto_find_batch_size` and `resume_from_checkpoint`, the per-device batch size the
-    checkpoint's `trainer_state.json` recorded (`train_batch_size`), as the Trainer takes it back so
-    a size the search shrank to is kept; None otherwise. Read on the global-zero process and shared::
-
-        size = resumed_batch_size(fabric, args) or args.batch_size
-    """
-    if not (getattr(args, "auto_find_batch_size", False) and getattr(args, "resume_from_checkpoint", None)):
-        return None
-    from fitkit.engine.checkpoint.verify import resolve  # (verify -> trainer_checkpoints -> this module)
-
-    size = None
-    if fabric.is_global_zero:  # an error here is raised again, on every process, by the checkpointer's resume
-        try:
-            path = resolve(args.resume_from_checkpoint, args.output_dir)
-            size = saved_state(path).train_batch_size if path is not None else None
-        except CheckpointError:
-            size = None
-    if fabric.world_size > 1:
-        size = fabric.broadcast(size)
-    return size
