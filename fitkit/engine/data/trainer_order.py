@@ -19,7 +19,11 @@ What the Trainer does, and fitkit under `data_order="trainer"` with it:
   in-memory data draws the same number (`draw_as_a_loader`), so dropout draws the same masks after;
 - on several processes, accelerate's `BatchSamplerShard` deals whole batches round robin (rank `r` takes
   batches `r`, `r + W`, ...) and completes the last round with the epoch's first samples (`deal_batches`),
-  where fitkit's own way deals samples as `DistributedSampler` does;
+  where fitkit's own way deals samples as `DistributedSampler` does; HF's `accelerator_config` changes
+  it as Accelerate does: `split_batches` (each process's batch the batch size over the processes, the
+  same per-process batches), `even_batches=False` (the last round left incomplete), and
+  `use_seedable_sampler=False` (each epoch's order from a seed drawn from the global generator,
+  `drawn_permutation`);
 - worker processes are seeded by `seed_worker` (the Trainer's rule).
 """
 
