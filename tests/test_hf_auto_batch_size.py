@@ -36,9 +36,10 @@ class Picky(torch.nn.Module):
 
 
 def hf_args(tmp_path, name, **fields):
+    fields = {"save_strategy": "no", **fields}
     return transformers.TrainingArguments(output_dir=str(tmp_path / name), report_to="none", disable_tqdm=True,
                                           num_train_epochs=2, per_device_train_batch_size=8, logging_steps=2,
-                                          save_strategy="no", seed=0, learning_rate=0.05, **fields)
+                                          seed=0, learning_rate=0.05, **fields)
 
 
 def test_the_batch_size_shrinks_as_the_trainers_and_the_run_is_its_run(tmp_path):
@@ -84,3 +85,35 @@ def test_out_of_memory_is_accelerates_rule_and_other_errors_pass_through(caplog)
         with_smaller_batches(lambda size: attempt(size + 10), 2, enabled=True)
     with pytest.raises(ValueError):
         with_smaller_batches(lambda size: (_ for _ in ()).throw(ValueError("no")), 8, enabled=True)
+
+
+def test_a_resume_keeps_the_size_the_search_shrank_to_as_the_trainers(tmp_path):
+    """Shrunk 8 -> 5 and saved at step 4; resumed where batches of 8 would now fit, both train on at 5."""
+    runs = {}
+    for name in ("hf", "fitkit"):
+        args = hf_args(tmp_path, name, auto_find_batch_size=True, save_strategy="steps", save_steps=4)
+        if name == "hf":
+            transformers.Trainer(model=Picky(), args=args, train_dataset=TRAIN).train()
+        else:
+            Model(Picky()).compile().fit(TRAIN, args=args)
+        again = Picky(limit=8)
+        args = hf_args(tmp_path, name, auto_find_batch_size=True, resume_from_checkpoint=str(tmp_path / name / "checkpoint-4"))
+        if name == "hf":
+            trainer = transformers.Trainer(model=again, args=args, train_dataset=TRAIN)
+            trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+            runs[name] = again, trainer.state
+        else:
+            model = Model(again).compile()
+            model.fit(TRAIN, args=args)
+            runs[name] = again, model.state
+    (theirs, hf_state), (ours, state) = runs["hf"], runs["fitkit"]
+    assert hf_state.train_batch_size == state.train_batch_size == 5
+    assert set(theirs.sizes) == set(ours.sizes) == {5} and len(ours.sizes) == len(theirs.sizes) == 12  # steps 5-16
+    hf_logs = hf_state.log_history
+    assert hf_logs[-1].pop("total_flos") == 0
+    # the closing `train_loss` of a resumed run is left out: the Trainer's counts the resumed steps' losses
+    # only, over all steps (tests/test_hf_trainer_resume.py compares the step records alone, too)
+    assert list(hf_logs[-1]) == list(state.log_history[-1])
+    assert_same_logs(hf_logs[:-1], state.log_history[:-1])
+    for a, b in zip(theirs.parameters(), ours.parameters()):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=0)

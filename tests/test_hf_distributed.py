@@ -14,7 +14,7 @@ import torch
 
 from fitkit import Model, TrainingArguments
 from fitkit.config.hf_deepspeed import deepspeed_config, finalize_deepspeed
-from fitkit.config.hf_distributed import HFWrapPolicy, accelerator_config_unread, fsdp_options
+from fitkit.config.hf_distributed import HFWrapPolicy, accelerator_config_unread, accelerator_options, fsdp_options
 
 transformers = pytest.importorskip("transformers")
 
@@ -242,19 +242,30 @@ def test_activation_checkpointing_is_the_trainers_call(tmp_path):
         read(hf_args)
 
 
-def test_accelerator_config_away_from_the_defaults_is_named(tmp_path):
+def test_accelerator_config_entries_are_read_and_the_others_named(tmp_path):
     from transformers.trainer_pt_utils import AcceleratorConfig
 
-    assert accelerator_config_unread(AcceleratorConfig()) == []
+    assert accelerator_options(AcceleratorConfig()) == ({"split_batches": False, "even_batches": True,
+                                                         "use_seedable_sampler": True}, [])
     assert accelerator_config_unread({"non_blocking": True, "even_batches": True}) == []
-    assert accelerator_config_unread(AcceleratorConfig(split_batches=True, even_batches=False,
-                                                       use_seedable_sampler=False)) == [
-        "split_batches", "even_batches", "use_seedable_sampler"]
+    options, unread = accelerator_options(AcceleratorConfig(
+        split_batches=True, even_batches=False, use_seedable_sampler=False, dispatch_batches=True,
+        gradient_accumulation_kwargs={"num_steps": 3, "sync_each_batch": True, "adjust_scheduler": True}))
+    assert options == {"split_batches": True, "even_batches": False, "use_seedable_sampler": False,
+                       "gradient_accumulation_steps": 3, "sync_each_batch": True} and unread == ["dispatch_batches"]
+    args, warned = read(hf(tmp_path, accelerator_config={"split_batches": True, "even_batches": False,
+                                                         "gradient_accumulation_kwargs": {"num_steps": 2}}))
+    assert (args.split_batches, args.even_batches, args.gradient_accumulation_steps) == (True, False, 2)
+    assert warned == []
     _, warned = read(hf(tmp_path, accelerator_config={"dispatch_batches": False}))
     assert len(warned) == 1 and "accelerator_config['dispatch_batches']" in warned[0]
     assert read(hf(tmp_path, accelerator_config={"non_blocking": True}))[1] == []
     with pytest.raises(ValueError, match="`accelerator_config`=3 is invalid: pass a dict"):
         accelerator_config_unread(3)
+    with pytest.raises(ValueError, match="'num_steps'\\]` and `gradient_accumulation_steps` > 1 are both set"):
+        accelerator_options({"gradient_accumulation_kwargs": {"num_steps": 2}}, accumulation=4)
+    with pytest.raises(ValueError, match="\\['steps'\\] are not keywords"):
+        accelerator_options({"gradient_accumulation_kwargs": {"steps": 2}})
 
 
 def test_parallelism_config_is_named(tmp_path):

@@ -228,6 +228,11 @@ class TrainingArguments(metaclass=_TakesOtherNames):
     average_tokens_across_devices: bool = True
     auto_find_batch_size: bool = False  # an out-of-memory error restarts training with 0.9 x the batch size (HF)
     save_on_each_node: bool = False  # checkpoints written by each node's local rank 0, not only global rank 0 (HF)
+    # HF's `accelerator_config` entries, as Accelerate's prepared training loader and the Trainer's loop follow them:
+    split_batches: bool = False  # several processes: each batch of per_device_train_batch_size split among them
+    even_batches: bool = True  # several processes: the last round of batches completed with the epoch's first samples
+    use_seedable_sampler: bool = True  # False: each epoch's order drawn from torch's global generator (RandomSampler)
+    sync_each_batch: bool = False  # gradients synced between processes at every micro-batch, not only the last
 
     def __post_init__(self) -> None:
         check_and_convert(self)

@@ -67,6 +67,7 @@ _BOOLS: dict[str, bool] = {
     "bf16_full_eval": False, "fp16_full_eval": False, "eval_do_concat_batches": False, "batch_eval_metrics": False,
     "eval_use_gather_object": False, "restore_callback_states_from_checkpoint": False,
     "average_tokens_across_devices": False, "auto_find_batch_size": False, "save_on_each_node": False,
+    "split_batches": False, "even_batches": False, "use_seedable_sampler": False, "sync_each_batch": False,
 }
 #: String fields taking one of a set of names, and whether None is allowed too.
 _CHOICES: dict[str, tuple[tuple, bool]] = {

@@ -21,7 +21,7 @@ from typing import Any
 
 from fitkit.config.arguments import TrainingArguments
 from fitkit.config.checks import SCHEDULERS
-from fitkit.config.hf_distributed import accelerator_config_unread, activation_options, fsdp_options, read_config
+from fitkit.config.hf_distributed import accelerator_options, activation_options, fsdp_options, read_config
 from fitkit.config.hf_names import HF_OPTIMIZERS, built_defaults, hf_defaults, hf_options, warn_unhonoured
 
 #: HF fields read by a rule of their own rather than copied under the same name.
@@ -151,7 +151,10 @@ def from_hf(hf_args: Any) -> Any:
     distributed, unread = distributed_options(values, hf_args)
     options.update(distributed)
     ignored += [f"fsdp_config[{key!r}]" for key in unread]
-    ignored += [f"accelerator_config[{key!r}]" for key in accelerator_config_unread(values.get("accelerator_config"))]
+    accelerator, unread = accelerator_options(values.get("accelerator_config"),
+                                            int(values.get("gradient_accumulation_steps") or 1))
+    options.update(accelerator)
+    ignored += [f"accelerator_config[{key!r}]" for key in unread]
     translated, _ = hf_options({k: values[k] for k in ("fp16", "bf16", "disable_tqdm", "use_cpu") if k in values}, mine)
     options.update(translated)
     options["hf_trainer"] = True  # the Trainer's log history, printed as its printer does under disable_tqdm
@@ -220,6 +223,8 @@ def hf_explicit(hf_args: Any) -> set[str]:
             out.add("warmup_ratio" if 0 < (value or 0) < 1 else "warmup_steps")
         if name in _DISTRIBUTED:
             out.update(distributed_options({k: getattr(hf_args, k, None) for k in _DISTRIBUTED}, hf_args)[0])
+        if name == "accelerator_config":
+            out.update(accelerator_options(value, int(getattr(hf_args, "gradient_accumulation_steps", 1) or 1))[0])
         target = _FITKIT_NAME.get(name, name)
         if target in mine:
             out.add(target)

@@ -11,7 +11,8 @@ Accelerate's FSDP2 plugin would shard::
 The second value names the `fsdp_config` keys that cannot apply here (PyTorch/XLA's, and FSDP1's
 tuning keys under `version=1`: fitkit runs FSDP2 for both versions), for the one warning of
 `from_hf`. `activation_checkpointing` is the Trainer's call of the model's method, and
-`accelerator_config` is followed at Accelerate's defaults. Nothing here imports torch.
+`accelerator_config` becomes fitkit's loader options (`split_batches`, `even_batches`,
+`use_seedable_sampler`, `sync_each_batch`). Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -188,26 +189,61 @@ def activation_options(enabled: Any, kwargs: Any) -> dict[str, Any]:
     return out
 
 
-#: `accelerator_config` entries at Accelerate's defaults, which are what fitkit does: whole batches dealt to the
-#: processes, the last round made even, the Trainer's seeded sampler, no dispatching from rank 0.
-_ACCELERATOR_DEFAULTS = {"split_batches": False, "dispatch_batches": None, "even_batches": True,
-                         "use_seedable_sampler": True, "gradient_accumulation_kwargs": None,
-                         "use_configured_state": False}
+#: `accelerator_config` entries fitkit follows, as fitkit options of the same name (Accelerate's training loader).
+_ACCELERATOR_READ = ("split_batches", "even_batches", "use_seedable_sampler")
+#: `gradient_accumulation_kwargs` keys with no effect on the Trainer's run: it steps its own scheduler (not
+#: Accelerate's, which `adjust_scheduler` acts on) and sets when gradients sync itself (`sync_with_dataloader`).
+_NO_EFFECT = ("adjust_scheduler", "sync_with_dataloader")
+#: What fitkit does by itself for each entry left unread, at Accelerate's default.
+_ACCELERATOR_DEFAULTS = {"dispatch_batches": None, "use_configured_state": False}
 
 
-def accelerator_config_unread(config: Any) -> list[str]:
-    """The entries of HF's `accelerator_config` (a dict, a JSON file's path, or transformers'
-    `AcceleratorConfig`) that fitkit does not follow: those away from Accelerate's defaults, but
-    `non_blocking` (fitkit's copies to a GPU are non-blocking either way; results do not change)."""
+def accelerator_options(config: Any, accumulation: int = 1) -> tuple[dict[str, Any], list[str]]:
+    """fitkit's options for HF's `accelerator_config` (a dict, a JSON file's path, or transformers'
+    `AcceleratorConfig`), and the entries that cannot apply here (away from Accelerate's defaults).
+    `accumulation`: HF's `gradient_accumulation_steps`, which `gradient_accumulation_kwargs["num_steps"]`
+    replaces when it is 1, as the Trainer's (an error otherwise)::
+
+        accelerator_options({"split_batches": True, "gradient_accumulation_kwargs": {"sync_each_batch": True}})
+        # ({"split_batches": True, "sync_each_batch": True}, [])
+
+    `non_blocking` is followed as it is (fitkit's copies to a GPU are non-blocking either way)."""
     if config is None:
-        return []
+        return {}, []
     if dataclasses.is_dataclass(config) and not isinstance(config, type):
         config = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
     config = read_config(config, "accelerator_config")
-    return [k for k, v in config.items() if k != "non_blocking" and not _at_default(k, v)]
+    options = {k: as_bool(config[k], f"accelerator_config[{k!r}]") for k in _ACCELERATOR_READ if k in config}
+    options.update(_accumulation_options(config.get("gradient_accumulation_kwargs"), accumulation))
+    unread = [k for k, v in config.items() if k in _ACCELERATOR_DEFAULTS and v != _ACCELERATOR_DEFAULTS[k]]
+    unread += [k for k in config if k not in _ACCELERATOR_DEFAULTS and k not in _ACCELERATOR_READ
+               and k not in ("non_blocking", "gradient_accumulation_kwargs")]
+    return options, unread
 
 
-def _at_default(key: str, value: Any) -> bool:
-    if key == "gradient_accumulation_kwargs":
-        return not value
-    return key in _ACCELERATOR_DEFAULTS and value == _ACCELERATOR_DEFAULTS[key]
+def _accumulation_options(kwargs: Any, accumulation: int) -> dict[str, Any]:
+    """`gradient_accumulation_kwargs` (Accelerate's `GradientAccumulationPlugin` keywords) as fitkit options."""
+    if not kwargs:
+        return {}
+    if not isinstance(kwargs, dict):
+        raise ValueError(f"`accelerator_config['gradient_accumulation_kwargs']`={kwargs!r} is invalid: pass a dict")
+    unknown = [k for k in kwargs if k not in ("num_steps", "sync_each_batch", *_NO_EFFECT)]
+    if unknown:
+        raise ValueError(f"`accelerator_config['gradient_accumulation_kwargs']`: {unknown} are not keywords of "
+                         "Accelerate's GradientAccumulationPlugin; use num_steps, sync_each_batch, adjust_scheduler "
+                         "or sync_with_dataloader")
+    options: dict[str, Any] = {}
+    if "num_steps" in kwargs:
+        if accumulation > 1:
+            raise ValueError("`accelerator_config['gradient_accumulation_kwargs']['num_steps']` and "
+                             "`gradient_accumulation_steps` > 1 are both set: pass only one of them")
+        options["gradient_accumulation_steps"] = kwargs["num_steps"]
+    if "sync_each_batch" in kwargs:
+        options["sync_each_batch"] = as_bool(kwargs["sync_each_batch"],
+                                             "accelerator_config['gradient_accumulation_kwargs']['sync_each_batch']")
+    return options
+
+
+def accelerator_config_unread(config: Any) -> list[str]:
+    """The entries of HF's `accelerator_config` that fitkit cannot follow (`accelerator_options`)."""
+    return accelerator_options(config)[1]

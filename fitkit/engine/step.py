@@ -137,14 +137,14 @@ class Stepper:
         gradient sync between processes is skipped until the `last` one. `items`: the window's
         label tokens (`fitkit.engine.token_loss`), given to the module as `num_items_in_batch`;
         its loss is then multiplied by `items.scale` and not divided by `cycle`, as the Trainer's."""
-        if cycle > 1 and not self.direct:  # one device has no gradient sync to skip
+        if cycle > 1 and not self.direct and not self.sync_each_batch:  # one device has no gradient sync to skip
             with self.fabric.no_backward_sync(self.module, enabled=not last):
                 return self._forward_backward(batch, cycle, items)
         return self._forward_backward(batch, cycle, items)
 
     def no_sync(self, cycle: int, last: bool) -> contextlib.AbstractContextManager[Any]:
         """A context in which backward skips the gradient sync, except at the `last` micro-batch."""
-        if cycle > 1 and not self.direct:
+        if cycle > 1 and not self.direct and not self.sync_each_batch:
             return self.fabric.no_backward_sync(self.module, enabled=not last)
         return contextlib.nullcontext()
 
@@ -215,6 +215,8 @@ class Stepper:
     #: norm layers of wholly frozen parts run in inference mode while training (Keras); the run
     #: policy turns it off for a Trainer run, whose `model.train()` trains every BatchNorm
     freeze_norms = True
+    #: Accelerate's `sync_each_batch` (HF's `accelerator_config`): every micro-batch's backward syncs gradients
+    sync_each_batch = False
 
     def train_mode(self, mode: bool) -> None:
         set_training(self.module, mode, self.freeze_norms)

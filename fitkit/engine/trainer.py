@@ -30,6 +30,7 @@ from fitkit.config.compile_config import CompileConfig
 from fitkit.config.hf_arguments import neftune_noise, prepare_module, run_optimizer
 from fitkit.engine.batch_size_search import with_smaller_batches
 from fitkit.engine.checkpoint.checkpointer import Checkpointer
+from fitkit.engine.checkpoint.verify import resumed_batch_size
 from fitkit.engine.checks import check_data, keeps_float64
 from fitkit.engine.data.adapt import adapt
 from fitkit.engine.data.batch import Batch
@@ -105,7 +106,9 @@ class Trainer:
             self._train(config, fabric, wrapped, optimizer, x, y, sample_weight, validation_data, validation_split,
                         class_weight, trial, initial_epoch)
 
-        with_smaller_batches(attempt, self.args.batch_size, self.args.auto_find_batch_size)
+        # a resume starts at the size the checkpoint trained at (one the search shrank to), as the Trainer's
+        start = resumed_batch_size(fabric, self.args) or self.args.batch_size
+        with_smaller_batches(attempt, start, self.args.auto_find_batch_size)
 
     def _train(self, config: CompileConfig, fabric: Any, wrapped: torch.nn.Module, optimizer: Any, x: Any, y: Any,
                sample_weight: Any, validation_data: Any, validation_split: float, class_weight: dict | None,
@@ -167,6 +170,7 @@ class Trainer:
         stepper = Stepper(fabric, wrapped, optimizer, config.loss_fn, self.overrides.compute_loss,
                           label_smoothing_for(args, wrapped))
         stepper.freeze_norms = self.context.policy.freezes_frozen_norms
+        stepper.sync_each_batch = args.sync_each_batch
         loop = Loop(stepper, handler, self.context, state, self.control, metrics=config.logged_metrics,
                     scheduler=scheduler, checkpointer=self.checkpointer, directions=directions,
                     overrides=self.overrides, epoch_length=batches)
@@ -187,13 +191,14 @@ class Trainer:
         args = self.args
         order_seed = args.seed if args.data_seed is None else args.data_seed  # HF's `data_seed`: the order's own
         shuffle = args.shuffle and args.train_sampling_strategy != "sequential"
-        train, tensors = self._source(x, y, sample_weight, batch_size=args.batch_size, shuffle=shuffle,
+        batch_size = per_process_batch(args, self.runtime.fabric.world_size)
+        train, tensors = self._source(x, y, sample_weight, batch_size=batch_size, shuffle=shuffle,
                                       seed=order_seed, pad=True)
         if validation_split:
             if validation_data is not None:
                 raise ValueError("pass either `validation_data` or `validation_split`, not both")
             (tx, ty, tsw), (vx, vy, vsw) = split_validation(tensors, x, validation_split)
-            train, _ = self._source(tx, ty, tsw, batch_size=args.batch_size, shuffle=shuffle, seed=order_seed,
+            train, _ = self._source(tx, ty, tsw, batch_size=batch_size, shuffle=shuffle, seed=order_seed,
                                     pad=True)
             val, _ = self._source(vx, vy, vsw, batch_size=args.eval_batch_size, shuffle=False, seed=None, pad=False,
                                   name="validation_split")
@@ -321,3 +326,19 @@ def _start_at_epoch(state: TrainerState, initial_epoch: int, batches: int | None
     state.epoch = float(initial_epoch)
     if batches is not None:
         state.global_step = initial_epoch * (-(-batches // args.gradient_accumulation_steps))
+
+
+def per_process_batch(args: TrainingArguments, world_size: int) -> int:
+    """The training batch each process reads: with `split_batches`, Accelerate's rule (each batch of
+    `per_device_train_batch_size` split among the processes, which must divide it), else the whole."""
+    if world_size > 1 and not args.use_seedable_sampler:
+        logger.warning("`use_seedable_sampler=False` on %d processes: each process draws the epoch's order from its "
+                       "own global generator (the same draw while their seeds agree), not from the generator "
+                       "Accelerate seeds once and shares", world_size)
+    if not args.split_batches or world_size == 1:
+        return args.batch_size
+    if args.batch_size % world_size:
+        raise ValueError(f"`split_batches=True`: the batch size ({args.batch_size}) needs to be a round multiple of "
+                         f"the number of processes ({world_size}); pass a per_device_train_batch_size it divides")
+    return args.batch_size // world_size
+

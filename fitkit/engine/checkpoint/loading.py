@@ -178,3 +178,4 @@ def warn_on_resume(args: Any, state: Any, saved: Any) -> None:
         logger.warning("The best checkpoint %s recorded in the resumed state does not exist anymore. Ignoring it "
                        "for this run.", best)
         state.best_model_checkpoint = None
+

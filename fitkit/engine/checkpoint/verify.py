@@ -31,6 +31,7 @@ from fitkit.engine.checkpoint.layout import (
     CheckpointError,
 )
 from fitkit.engine.checkpoint.listing import confined, is_complete, list_checkpoints, read_manifest
+from fitkit.engine.checkpoint.loading import saved_state
 from fitkit.engine.checkpoint.writing import file_digest
 
 logger = logging.getLogger("fitkit")
@@ -226,3 +227,24 @@ def _newest_verified(output_dir: str) -> str | None:
         f"`resume_from_checkpoint`=True but none of the {len(found)} checkpoints in {output_dir!r} verifies (each "
         "one is named in a warning above): restore them from a copy, or move them away and pass "
         "resume_from_checkpoint=False to start fresh")
+
+
+def resumed_batch_size(fabric: Any, args: Any) -> int | None:
+    """With `auto_find_batch_size` and `resume_from_checkpoint`, the per-device batch size the
+    checkpoint's `trainer_state.json` recorded (`train_batch_size`), as the Trainer takes it back so
+    a size the search shrank to is kept; None otherwise. Read on the global-zero process and shared::
+
+        size = resumed_batch_size(fabric, args) or args.batch_size
+    """
+    if not (getattr(args, "auto_find_batch_size", False) and getattr(args, "resume_from_checkpoint", None)):
+        return None
+    size = None
+    if fabric.is_global_zero:  # an error here is raised again, on every process, by the checkpointer's resume
+        try:
+            path = resolve(args.resume_from_checkpoint, args.output_dir)
+            size = saved_state(path).train_batch_size if path is not None else None
+        except CheckpointError:
+            size = None
+    if fabric.world_size > 1:
+        size = fabric.broadcast(size)
+    return size

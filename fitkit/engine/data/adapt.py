@@ -221,6 +221,8 @@ def _dataset_source(x: Dataset, *, batch_size: int, shuffle: bool, seed: int | N
     else:
         sampler = EpochSampler(len(x), shuffle, seed, per_batch=batch_size if as_trainer else None)  # type: ignore[arg-type]
         sampler.drop_last = bool(options.get("drop_last", False))  # dealt batches: the incomplete round dropped
+        sampler.even = getattr(args, "even_batches", True)  # HF's accelerator_config entries
+        sampler.drawn = training and not getattr(args, "use_seedable_sampler", True)
         sampler.groups = _length_groups(x, args, batch_size, seed, training, as_trainer)
         loader = DataLoader(x, batch_size=batch_size, sampler=sampler, generator=g, **options)
         source = LoaderSource(loader, num_samples=len(x))  # type: ignore[arg-type]

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import torch
 
 from fitkit.engine.data.length_groups import LengthGroups
-from fitkit.engine.data.trainer_order import batches_per_process, deal_batches
+from fitkit.engine.data.trainer_order import deal_batches, drawn_permutation, samples_per_process
 
 
 def epoch_permutation(size: int, seed: int | None, epoch: int) -> torch.Tensor:
@@ -102,6 +102,10 @@ class EpochSampler(torch.utils.data.DistributedSampler):
         self.epoch = 0
         self.skip = 0  # samples of the epoch's order, over all processes
         self.drop_last = False
+        #: `even_batches` (dealt batches): the last round completed with the epoch's first samples
+        self.even = True
+        #: `use_seedable_sampler=False`: each epoch's order drawn from torch's global generator
+        self.drawn = False
         #: "group_by_length": each epoch's order grouped by the samples' lengths (None: random or sequential)
         self.groups: LengthGroups | None = None
 
@@ -122,17 +126,20 @@ class EpochSampler(torch.utils.data.DistributedSampler):
     def __len__(self) -> int:
         world_size = self.num_replicas
         if self.per_batch is not None and world_size > 1:
-            return batches_per_process(self.size, self.per_batch, world_size, self.drop_last) * self.per_batch
+            return samples_per_process(self.size, self.per_batch, world_size, self.rank, self.drop_last, self.even)
         return math.ceil(self.size / world_size)
 
     def __iter__(self) -> Iterator[int]:
         if self.groups is not None:
             order = self.groups.order(self.epoch)
+        elif self.shuffle and self.drawn:
+            order = drawn_permutation(self.size)
         elif self.shuffle:
             order = epoch_permutation(self.size, self.seed, self.epoch)
         else:
             order = torch.arange(self.size)
         rank, world_size = process_group()
         if self.per_batch is not None:
-            return iter(deal_batches(order, self.skip, rank, world_size, self.per_batch, self.drop_last).tolist())
+            return iter(deal_batches(order, self.skip, rank, world_size, self.per_batch, self.drop_last,
+                                     self.even).tolist())
         return iter(deal(order, self.skip, rank, world_size).tolist())

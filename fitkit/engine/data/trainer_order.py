@@ -19,7 +19,11 @@ What the Trainer does, and fitkit under `data_order="trainer"` with it:
   in-memory data draws the same number (`draw_as_a_loader`), so dropout draws the same masks after;
 - on several processes, accelerate's `BatchSamplerShard` deals whole batches round robin (rank `r` takes
   batches `r`, `r + W`, ...) and completes the last round with the epoch's first samples (`deal_batches`),
-  where fitkit's own way deals samples as `DistributedSampler` does;
+  where fitkit's own way deals samples as `DistributedSampler` does; HF's `accelerator_config` changes
+  it as Accelerate does: `split_batches` (each process's batch the batch size over the processes, the
+  same per-process batches), `even_batches=False` (the last round left incomplete), and
+  `use_seedable_sampler=False` (each epoch's order from a seed drawn from the global generator,
+  `drawn_permutation`);
 - worker processes are seeded by `seed_worker` (the Trainer's rule).
 """
 
@@ -42,13 +46,25 @@ def batches_per_process(total: int, batch_size: int, world_size: int, drop_last:
     return batches // world_size if drop_last else math.ceil(batches / world_size)
 
 
+def samples_per_process(total: int, batch_size: int, world_size: int, rank: int, drop_last: bool = False,
+                        even: bool = True) -> int:
+    """The samples `rank` reads of `total` dealt batch by batch (`deal_batches`)."""
+    if even or drop_last:
+        return batches_per_process(total, batch_size, world_size, drop_last) * batch_size
+    rounds = total // batch_size // world_size
+    first = (rounds * world_size + rank) * batch_size  # its batch of the incomplete last round, if any
+    return rounds * batch_size + max(min(batch_size, total - first), 0)
+
+
 def deal_batches(order: torch.Tensor, skip: int, rank: int, world_size: int, batch_size: int,
-                 drop_last: bool = False) -> torch.Tensor:
+                 drop_last: bool = False, even: bool = True) -> torch.Tensor:
     """`rank`'s samples of an epoch's `order` from global sample `skip` on, batch after batch, as
-    accelerate's `BatchSamplerShard` (`split_batches=False`, `even_batches=True`) deals the batches of
-    `order` to `world_size` processes: batch `i` goes to rank `i % world_size`; the last round of
-    batches is completed with the first samples of the epoch, so every rank reads as many full
-    batches (`drop_last`: the incomplete round is dropped instead)."""
+    accelerate's `BatchSamplerShard` deals the batches of `order` to `world_size` processes: batch
+    `i` goes to rank `i % world_size`; the last round of batches is completed with the first
+    samples of the epoch, so every rank reads as many full batches (`drop_last`: the incomplete
+    round is dropped instead; not `even` (`even_batches=False`): each rank reads what the round
+    holds for it, an incomplete batch or none). With `split_batches=True` Accelerate splits each
+    batch of `world_size * batch_size` samples into these same per-rank batches."""
     rest = order[skip:]
     if world_size == 1:
         return rest
@@ -59,7 +75,9 @@ def deal_batches(order: torch.Tensor, skip: int, rank: int, world_size: int, bat
     rounds = sum(len(b) == batch_size for b in batches) // world_size  # rounds whose batches are all full
     mine = [batches[k * world_size + rank] for k in range(rounds)]
     leftover = batches[rounds * world_size :]
-    if leftover and not drop_last:
+    if leftover and not drop_last and not even:
+        mine += leftover[rank : rank + 1]
+    elif leftover and not drop_last:
         # the epoch's first `world_size` batches, repeated while shorter than one round
         first = order[: world_size * batch_size].tolist()
         while len(first) < world_size * batch_size:
@@ -72,6 +90,14 @@ def deal_batches(order: torch.Tensor, skip: int, rank: int, world_size: int, bat
                 mine.append(batch + first[cycle:end])
             cycle = end
     return torch.tensor([i for batch in mine for i in batch], dtype=torch.long)
+
+
+def drawn_permutation(size: int) -> torch.Tensor:
+    """An epoch's order as a `RandomSampler` without a generator draws it (`use_seedable_sampler=False`):
+    its seed drawn from torch's global generator, then a permutation from a generator of that seed."""
+    generator = torch.Generator()
+    generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+    return torch.randperm(size, generator=generator)
 
 
 def seed_worker(worker_id: int, num_workers: int, rank: int) -> None:
