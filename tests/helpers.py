@@ -182,3 +182,24 @@ def stress_only(*values):
     """Parameters that only `make stress` runs (marked `stress`, skipped in the default run)."""
     mark = [pytest.mark.stress, pytest.mark.skipif(not STRESS, reason="a long case: `make stress` runs it")]
     return pytest.param(*values, marks=mark)
+
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+def torchrun(script, *args, nproc=2, timeout=300):
+    """Run `tests/scripts/<script>` under `torch.distributed.run --standalone` on `nproc` CPU
+    processes, this checkout's `fitkit` first on the path; fails the test with the end of the
+    output when a process fails::
+
+        torchrun("hf_trainer_ddp.py", str(tmp_path))
+    """
+    import subprocess
+    import sys
+
+    root = os.path.dirname(TESTS)
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                           str(nproc), os.path.join(TESTS, "scripts", script), *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]

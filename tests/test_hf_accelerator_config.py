@@ -6,12 +6,10 @@ by the Trainer's `RandomSampler`) and `gradient_accumulation_kwargs["num_steps"]
 under torchrun, `tests/scripts/hf_accelerator_ddp.py`)."""
 
 import copy
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from helpers import torchrun
 
 from fitkit import Model
 
@@ -19,8 +17,6 @@ transformers = pytest.importorskip("transformers")
 from hf_tiny import assert_same_logs  # noqa: E402
 from test_hf_data_order import BATCH, N, Rows, hf_args, recorded, tiny_bert  # noqa: E402
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "hf_accelerator_ddp.py")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMINGS = ("_runtime", "_per_second")
 
 
@@ -68,10 +64,7 @@ def test_num_steps_is_gradient_accumulation_and_the_other_entries_change_nothing
 
 @pytest.mark.slow
 def test_two_processes_split_and_deal_batches_as_accelerate_and_train_to_the_trainers_weights(tmp_path):
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           SCRIPT, str(tmp_path)], capture_output=True, text=True, timeout=400, env=env)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    torchrun("hf_accelerator_ddp.py", tmp_path, timeout=400)
     runs = {(form, case, rank): torch.load(tmp_path / f"{form}-{case}-{rank}.pt", weights_only=True)
             for form in ("trainer", "fitkit") for case in ("split", "uneven") for rank in (0, 1)}
     # rank 1's last batch of each epoch: the one sample the short last batch leaves it, not completed

@@ -2,13 +2,10 @@
 size (recorded at each forward), the same logged losses and final weights with gradient accumulation; the
 order equal to transformers' own `BatchRebalanceSampler`'s; a resume mid-epoch; the same refusals."""
 
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
-from test_hf_sampling import N, hf_args, pad, recorded_bert, rows
+from test_hf_sampling import N, hf_args, pad, recorded_bert, rows, two_process_runs
 
 from fitkit import Model, TrainingArguments
 from fitkit.engine.data import rebalance
@@ -179,22 +176,7 @@ def test_data_without_lengths_is_refused_as_the_trainer_refuses_it(tmp_path):
 
 @pytest.mark.slow
 def test_two_processes_read_the_trainers_rebalanced_micro_batches(tmp_path):
-    script = os.path.join(os.path.dirname(__file__), "scripts", "hf_sampling_ddp.py")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           script, str(tmp_path), "batch_rebalance"], capture_output=True, text=True, timeout=300,
-                          env=env)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    runs = {(form, rank): torch.load(tmp_path / f"{form}-{rank}.pt", weights_only=True)
-            for form in ("trainer", "fitkit") for rank in (0, 1)}
-    for rank in (0, 1):
-        theirs, ours = runs["trainer", rank], runs["fitkit", rank]
-        assert ours["batches"] == theirs["batches"], rank
-        for name, value in ours["weights"].items():
-            assert torch.allclose(value, theirs["weights"][name], atol=1e-5), (rank, name)
-        assert [r.get("loss") for r in ours["log_history"]] == pytest.approx(
-            [r.get("loss") for r in theirs["log_history"]], abs=1e-5)
+    runs = two_process_runs(tmp_path, "batch_rebalance")
     train = [runs["trainer", rank]["batches"] for rank in (0, 1)]  # the training forwards' sample ids
     assert train[0] != train[1] and len({len(b) for b in train[0] + train[1]}) > 1
     assert sorted(sum(train[0][:4] + train[1][:4], [])) == list(range(13))  # an epoch: each sample once

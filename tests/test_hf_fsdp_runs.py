@@ -7,26 +7,19 @@ with the same arguments, and `shard_grad_op` with `fsdp_config`'s
 changing a number. The mapping of each key alone: tests/test_hf_distributed.py."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
+from helpers import torchrun
 
 pytest.importorskip("transformers")
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "hf_fsdp_args.py")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUNS = ("hf", "fitkit", "trainer", "ac")
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("hf_fsdp")
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           SCRIPT, str(out)], capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    torchrun("hf_fsdp_args.py", out, timeout=600)
     return {name: [json.loads((out / f"{name}-{rank}.json").read_text()) for rank in (0, 1)] for name in RUNS}
 
 

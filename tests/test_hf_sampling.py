@@ -3,12 +3,10 @@ in training (recorded at each forward), in each evaluation and in prediction, an
 the same weights (the grouped training order is drawn from torch's global generator, as the Trainer
 draws it)."""
 
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from helpers import torchrun
 
 from fitkit import Model, TrainingArguments
 from fitkit.engine.data.length_groups import length_grouped_order
@@ -220,14 +218,10 @@ def test_evaluation_on_several_processes_splits_the_grouped_order_in_blocks():
     assert blocks == [whole[:5], whole[5:]]  # each sample once, gathered in the grouped order
 
 
-@pytest.mark.slow
-def test_two_processes_read_the_trainers_grouped_batches(tmp_path):
-    script = os.path.join(os.path.dirname(__file__), "scripts", "hf_sampling_ddp.py")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           script, str(tmp_path)], capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+def two_process_runs(tmp_path, strategy):
+    """tests/scripts/hf_sampling_ddp.py with `strategy` on two processes, the Trainer and fitkit:
+    each rank's recorded batches, weights and losses equal; {(form, rank): run}."""
+    torchrun("hf_sampling_ddp.py", tmp_path, strategy)
     runs = {(form, rank): torch.load(tmp_path / f"{form}-{rank}.pt", weights_only=True)
             for form in ("trainer", "fitkit") for rank in (0, 1)}
     for rank in (0, 1):
@@ -237,6 +231,12 @@ def test_two_processes_read_the_trainers_grouped_batches(tmp_path):
             assert torch.allclose(value, theirs["weights"][name], atol=1e-5), (rank, name)
         assert [r.get("loss") for r in ours["log_history"]] == pytest.approx(
             [r.get("loss") for r in theirs["log_history"]], abs=1e-5)
+    return runs
+
+
+@pytest.mark.slow
+def test_two_processes_read_the_trainers_grouped_batches(tmp_path):
+    runs = two_process_runs(tmp_path, "group_by_length")
     assert runs["trainer", 0]["batches"] != runs["trainer", 1]["batches"]
 
 

@@ -3,17 +3,13 @@ against fitkit with the same `transformers.TrainingArguments` and `devices=2, st
 (issue 35): each rank reads the same samples at each step, dropout draws the same masks, and
 both end with the same weights and log the same losses."""
 
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
+from helpers import torchrun
 
 pytest.importorskip("transformers")
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "hf_trainer_ddp.py")
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: Values of the log history that are timings (they differ run to run).
 TIMINGS = ("_runtime", "_per_second")
 #: The token-count loss cases of the script (`average_tokens_across_devices` True or False).
@@ -23,10 +19,7 @@ CASES = ("gpt2-across", "gpt2-local", "bert-local")
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("trainer_ddp")
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           SCRIPT, str(out)], capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    torchrun("hf_trainer_ddp.py", out)
     found = {(form, rank): torch.load(out / f"{form}-{rank}.pt", weights_only=True)
              for form in ("trainer", "fitkit") for rank in (0, 1)}
     found.update({(form, case, rank): torch.load(out / f"{form}-{case}-{rank}.pt", weights_only=True)
