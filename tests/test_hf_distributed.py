@@ -14,7 +14,7 @@ import torch
 
 from fitkit import Model, TrainingArguments
 from fitkit.config.hf_deepspeed import deepspeed_config, finalize_deepspeed
-from fitkit.config.hf_distributed import HFWrapPolicy, accelerator_config_unread, accelerator_options, fsdp_options
+from fitkit.config.hf_distributed import HFWrapPolicy, accelerator_options, fsdp_options
 
 transformers = pytest.importorskip("transformers")
 
@@ -247,7 +247,7 @@ def test_accelerator_config_entries_are_read_and_the_others_named(tmp_path):
 
     assert accelerator_options(AcceleratorConfig()) == ({"split_batches": False, "even_batches": True,
                                                          "use_seedable_sampler": True}, [])
-    assert accelerator_config_unread({"non_blocking": True, "even_batches": True}) == []
+    assert accelerator_options({"non_blocking": True, "even_batches": True})[1] == []
     options, unread = accelerator_options(AcceleratorConfig(
         split_batches=True, even_batches=False, use_seedable_sampler=False, dispatch_batches=True,
         gradient_accumulation_kwargs={"num_steps": 3, "sync_each_batch": True, "adjust_scheduler": True}))
@@ -261,7 +261,7 @@ def test_accelerator_config_entries_are_read_and_the_others_named(tmp_path):
     assert len(warned) == 1 and "accelerator_config['dispatch_batches']" in warned[0]
     assert read(hf(tmp_path, accelerator_config={"non_blocking": True}))[1] == []
     with pytest.raises(ValueError, match="`accelerator_config`=3 is invalid: pass a dict"):
-        accelerator_config_unread(3)
+        accelerator_options(3)[1]
     with pytest.raises(ValueError, match="'num_steps'\\]` and `gradient_accumulation_steps` > 1 are both set"):
         accelerator_options({"gradient_accumulation_kwargs": {"num_steps": 2}}, accumulation=4)
     with pytest.raises(ValueError, match="\\['steps'\\] are not keywords"):

@@ -242,8 +242,3 @@ def _accumulation_options(kwargs: Any, accumulation: int) -> dict[str, Any]:
         options["sync_each_batch"] = as_bool(kwargs["sync_each_batch"],
                                              "accelerator_config['gradient_accumulation_kwargs']['sync_each_batch']")
     return options
-
-
-def accelerator_config_unread(config: Any) -> list[str]:
-    """The entries of HF's `accelerator_config` that fitkit cannot follow (`accelerator_options`)."""
-    return accelerator_options(config)[1]

@@ -85,19 +85,6 @@ def evaluation_shard(loader: DataLoader, rank: int, world_size: int) -> DataLoad
                       pin_memory=loader.pin_memory, drop_last=False, generator=loader.generator)
 
 
-
-def generators_of(loader: Any) -> list[torch.Generator]:
-    """The generators a DataLoader draws from besides the global one (its own, its samplers')."""
-    found: dict[int, torch.Generator] = {}
-    sampler = getattr(loader, "sampler", None)
-    batch_sampler = getattr(loader, "batch_sampler", None)
-    for owner in (loader, sampler, getattr(batch_sampler, "sampler", None)):
-        g = getattr(owner, "generator", None)
-        if isinstance(g, torch.Generator):
-            found[id(g)] = g
-    return list(found.values())
-
-
 def set_loader_epoch(loader: Any, epoch: int) -> None:
     """Tell a loader which epoch comes (a distributed sampler shuffles by it). Fabric's loader
     wrapper sets its sampler's epoch from its own count of iterations, so that count is set."""
